@@ -1,0 +1,8 @@
+"""The event engine: `Engine`, `Events`, filters and handles. Pure Python; it does not import JAX."""
+
+from ember.engine._dispatch import RemovableEventHandle
+from ember.engine._engine import Engine
+from ember.engine._events import EventEnum, Events, EventsList, FilteredEvent
+from ember.engine._state import State
+
+__all__ = ["Engine", "EventEnum", "Events", "EventsList", "FilteredEvent", "RemovableEventHandle", "State"]

@@ -1,0 +1,273 @@
+"""The run loop: a generator that fires events in Ignite's order and suspends on interrupt.
+
+The loop is written for speed. Deciding whether to fire costs one attribute test per event when an
+event has no handlers; flags set by ``terminate``/``terminate_epoch``/``interrupt`` are folded into
+one ``_signal`` bool checked after each event; nothing is formatted or logged per iteration.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import Any
+
+from ember.engine._dispatch import Dispatch
+from ember.engine._events import EventEnum, Events
+from ember.engine._state import State
+
+#: What the run generator yields to its driver.
+PAUSE = "pause"  # an ``iterate`` event fired: hand the state to the caller
+INTERRUPT = "interrupt"  # ``interrupt()`` was called: return from ``run()``
+
+Signal = str
+RunGen = Generator[Signal, None, None]
+
+_NO_TERMINATE_EPOCH = (Events.STARTED, Events.EPOCH_STARTED)
+_EPOCH_ALREADY_ENDED = (Events.EPOCH_COMPLETED, Events.TERMINATE_SINGLE_EPOCH)
+
+
+class _Terminate(Exception):
+    """Raised inside the loop to end the run after ``terminate()``."""
+
+
+class _TerminateEpoch(Exception):
+    """Raised inside the loop to end the epoch after ``terminate_epoch()``."""
+
+
+class RunLoop:
+    """The engine's run loop; `Engine` adds the public API on top."""
+
+    def __init__(self, process_fn: Callable[[Any, Any], Any]) -> None:
+        self._process_fn = process_fn
+        self.state = State()
+        self.last_event_name: EventEnum | str | None = None
+        self.should_terminate = False
+        self._skip_completed = False
+        self._terminate_epoch = False
+        self._skip_epoch_completed = False
+        self._interrupt = False
+        self._pause = False
+        self._signal = False
+        self._dispatch: dict[EventEnum | str, Dispatch] = {e: Dispatch() for e in Events}
+        self._gen: RunGen | None = None  # a run suspended by interrupt() or iterate()
+        self._iter: Iterator[Any] | None = None  # the live data iterator
+        self._epoch_open = False  # an epoch has started and not yet completed
+        self._epoch_pos = 0  # iterations done in the current epoch
+        self._data_state: Any = None  # a data position from load_state_dict, applied at the next fetch
+        self._exhausted = False
+
+    # -- signals ---------------------------------------------------------------------------------
+
+    def _update_signal(self) -> None:
+        self._signal = self.should_terminate or self._terminate_epoch or self._interrupt or self._pause
+
+    def _clear_signals(self) -> None:
+        self.should_terminate = self._skip_completed = False
+        self._terminate_epoch = self._skip_epoch_completed = False
+        self._interrupt = self._pause = self._signal = False
+
+    def _pause_point(self) -> RunGen:
+        if self._pause:
+            self._pause = False
+            self._update_signal()
+            yield PAUSE
+
+    def _on_signal(self, event: EventEnum) -> RunGen:
+        """Act on flags set by the handlers of ``event``, after all of them have run."""
+        yield from self._pause_point()
+        if self.should_terminate:
+            raise _Terminate
+        if self._terminate_epoch:
+            if event in _NO_TERMINATE_EPOCH:
+                self._terminate_epoch = self._skip_epoch_completed = False
+                self._update_signal()
+                raise RuntimeError(
+                    f"terminate_epoch() was called from a {event!r} handler, before the epoch has any "
+                    "iteration to end; call it from an iteration or batch event, or call terminate()."
+                )
+            if event not in _EPOCH_ALREADY_ENDED:
+                raise _TerminateEpoch
+            self._terminate_epoch = self._skip_epoch_completed = False  # the epoch is over already
+            self._update_signal()
+        if self._interrupt:
+            self._interrupt = False
+            self._update_signal()
+            self._fire(Events.INTERRUPT, self.state.iteration)
+            yield INTERRUPT
+
+    def _fire(self, event: EventEnum, value: int, *extra: Any) -> None:
+        self.last_event_name = event
+        d = self._dispatch[event]
+        if d.regs:
+            d.fire(self, value, *extra)
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    def _is_done(self) -> bool:
+        st = self.state
+        if st.max_iters is not None and st.iteration >= st.max_iters:
+            return True
+        if st.max_epochs is None:
+            return False
+        if st.epoch - self._epoch_open >= st.max_epochs:
+            return True
+        return st.epoch_length is not None and st.iteration >= st.epoch_length * st.max_epochs
+
+    def _run_gen(self) -> RunGen:
+        st = self.state
+        self._clear_signals()
+        self._exhausted = False
+        st.times = {"EPOCH_COMPLETED": None, "COMPLETED": None}
+        run_start = time.perf_counter()
+        try:
+            try:
+                self._fire(Events.STARTED, st.epoch)
+                if self._signal:
+                    yield from self._on_signal(Events.STARTED)
+                while not self._exhausted and not self._is_done():
+                    epoch_start = time.perf_counter()
+                    if not self._epoch_open:
+                        st.epoch += 1
+                        self._epoch_open = True
+                        self._epoch_pos = 0
+                        self._fire(Events.EPOCH_STARTED, st.epoch)
+                        if self._signal:
+                            yield from self._on_signal(Events.EPOCH_STARTED)
+                    completed = yield from self._run_epoch()
+                    self._epoch_open = False
+                    st.times["EPOCH_COMPLETED"] = time.perf_counter() - epoch_start
+                    if completed:
+                        self._fire(Events.EPOCH_COMPLETED, st.epoch)
+                        st.times["EPOCH_COMPLETED"] = time.perf_counter() - epoch_start
+                        if self._signal:
+                            yield from self._on_signal(Events.EPOCH_COMPLETED)
+            except _Terminate:
+                self._fire(Events.TERMINATE, st.epoch)
+                yield from self._pause_point()
+            st.times["COMPLETED"] = time.perf_counter() - run_start
+            if not self._skip_completed:
+                self._fire(Events.COMPLETED, st.epoch)
+                st.times["COMPLETED"] = time.perf_counter() - run_start
+                yield from self._pause_point()
+        except GeneratorExit:
+            raise
+        except BaseException as e:
+            self._iter = None
+            self._fire(Events.EXCEPTION_RAISED, st.iteration, e)
+            raise
+
+    def _run_epoch(self) -> Generator[Signal, None, bool]:
+        """Run one epoch (or its rest); return whether EPOCH_COMPLETED should fire."""
+        st = self.state
+        d = self._dispatch
+        gbs, gbc = d[Events.GET_BATCH_STARTED], d[Events.GET_BATCH_COMPLETED]
+        its, itc = d[Events.ITERATION_STARTED], d[Events.ITERATION_COMPLETED]
+        process = self._process_fn
+        length = st.epoch_length
+        if self._iter is None and st.dataloader is not None:
+            self._iter = self._open_iter(st.dataloader)
+        pos = self._epoch_pos
+        try:
+            while True:
+                st.batch = st.output = None
+                if self._iter is not None:
+                    self.last_event_name = Events.GET_BATCH_STARTED
+                    if gbs.regs:
+                        gbs.fire(self, st.iteration)
+                    if self._signal:
+                        yield from self._on_signal(Events.GET_BATCH_STARTED)
+                    try:
+                        st.batch = next(self._iter)  # type: ignore[arg-type]  # not None: tested above
+                    except StopIteration:
+                        fetched = yield from self._refetch(pos)
+                        if not fetched:
+                            return True
+                    self.last_event_name = Events.GET_BATCH_COMPLETED
+                    if gbc.regs:
+                        gbc.fire(self, st.iteration)
+                    if self._signal:
+                        yield from self._on_signal(Events.GET_BATCH_COMPLETED)
+                pos += 1
+                self._epoch_pos = pos
+                st.iteration += 1
+                self.last_event_name = Events.ITERATION_STARTED
+                if its.regs:
+                    its.fire(self, st.iteration)
+                if self._signal:
+                    yield from self._on_signal(Events.ITERATION_STARTED)
+                st.output = process(self, st.batch)
+                self.last_event_name = Events.ITERATION_COMPLETED
+                if itc.regs:
+                    itc.fire(self, st.iteration)
+                if self._signal:
+                    yield from self._on_signal(Events.ITERATION_COMPLETED)
+                if pos == length:
+                    return True
+                if st.max_iters is not None and st.iteration >= st.max_iters:
+                    self.should_terminate = True
+                    raise _Terminate
+        except _TerminateEpoch:
+            skip = self._skip_epoch_completed
+            self._terminate_epoch = self._skip_epoch_completed = False
+            self._update_signal()
+            self._fire(Events.TERMINATE_SINGLE_EPOCH, st.epoch)
+            if st.dataloader is not None:
+                self._iter = iter(st.dataloader)
+            if self._signal:
+                yield from self._on_signal(Events.TERMINATE_SINGLE_EPOCH)
+            return not skip
+
+    def _refetch(self, pos: int) -> Generator[Signal, None, bool]:
+        """After the iterator ran out: put the next batch in ``state.batch`` or end the epoch (``False``)."""
+        st = self.state
+        restarted = False
+        while True:
+            if st.epoch_length is None:  # data of unknown length: this was the end of the first epoch
+                if pos == 0:
+                    raise ValueError("`data` produced no batches; pass data with at least one batch.")
+                st.epoch_length = pos
+                if st.max_iters is not None:
+                    st.max_epochs = math.ceil(st.max_iters / pos)
+                return False
+            if restarted:
+                total = st.max_iters if st.max_iters is not None else st.epoch_length * (st.max_epochs or 0)
+                warnings.warn(
+                    f"The data ran out at iteration {st.iteration} of {total}, in epoch {st.epoch}; the run "
+                    "stops here. Pass data that can be iterated again (a list, or an object whose __iter__ "
+                    "starts over), or ask for fewer iterations.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                self._exhausted = True
+                return False
+            self._fire(Events.DATALOADER_STOP_ITERATION, st.iteration)
+            if self._signal:
+                yield from self._on_signal(Events.DATALOADER_STOP_ITERATION)
+            data: Iterable[Any] = st.dataloader  # type: ignore[assignment]  # only called when there is data
+            it = iter(data)
+            self._iter = it
+            restarted = True
+            try:
+                st.batch = next(it)
+                return True
+            except StopIteration:
+                pass
+
+    def _open_iter(self, data: Iterable[Any]) -> Iterator[Any]:
+        """A fresh iterator positioned where the current epoch stands."""
+        if self._data_state is not None:
+            data.load_state_dict(self._data_state)  # type: ignore[attr-defined]
+            self._data_state = None
+            return iter(data)
+        it = iter(data)
+        for skipped in range(self._epoch_pos):
+            try:
+                next(it)
+            except StopIteration:
+                raise ValueError(
+                    f"Cannot resume at iteration {self._epoch_pos} of epoch {self.state.epoch}: the data ran out "
+                    f"after {skipped} batches. Pass the same data the run was started with."
+                ) from None
+        return it

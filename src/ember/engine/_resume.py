@@ -1,0 +1,85 @@
+"""The engine's ``state_dict`` format and its validation on load (Ignite's rules)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ember.engine._state import State
+
+
+def _has_position(data: object) -> bool:
+    return callable(getattr(data, "state_dict", None)) and callable(getattr(data, "load_state_dict", None))
+
+
+def engine_state_dict(state: State, user_keys: list[str]) -> dict[str, Any]:
+    """The keys Ignite saves, user keys, and the data's own position when it can report one."""
+    out: dict[str, Any] = {"epoch_length": state.epoch_length, "iteration": state.iteration}
+    if state.max_iters is not None:
+        out["max_iters"] = state.max_iters
+    else:
+        out["max_epochs"] = state.max_epochs
+    for k in user_keys:
+        if not hasattr(state, k):
+            raise AttributeError(
+                f"`state_dict_user_keys` names {k!r}, but engine.state has no attribute {k!r}; set it first."
+            )
+        out[k] = getattr(state, k)
+    if _has_position(state.dataloader):
+        out["data"] = state.dataloader.state_dict()  # type: ignore[union-attr]
+    return out
+
+
+def _one_of(sd: Mapping[str, Any], a: str, b: str) -> str:
+    given = [k for k in (a, b) if k in sd]
+    if len(given) != 1:
+        raise ValueError(f"`state_dict` must hold exactly one of {a!r} and {b!r}; it holds {sorted(sd)}.")
+    return given[0]
+
+
+def _count(sd: Mapping[str, Any], key: str, *, allow_zero: bool) -> int:
+    v = sd[key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < (0 if allow_zero else 1):
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise ValueError(f"`state_dict[{key!r}]` must be {kind} int, got {v!r}.")
+    return v
+
+
+def load_engine_state(state: State, sd: Mapping[str, Any], user_keys: list[str]) -> Any:
+    """Check ``sd`` and write it into ``state``; return the saved data position, if any."""
+    if not isinstance(sd, Mapping):
+        raise TypeError(f"`state_dict` must be a mapping, got {type(sd).__name__}.")
+    if "epoch_length" not in sd:
+        raise ValueError(f"`state_dict` is missing the required key 'epoch_length'; it holds {sorted(sd)}.")
+    missing = [k for k in user_keys if k not in sd]
+    if missing:
+        raise ValueError(f"`state_dict` is missing the user keys {missing} named in state_dict_user_keys.")
+    position, limit = _one_of(sd, "iteration", "epoch"), _one_of(sd, "max_epochs", "max_iters")
+    epoch_length = None if sd["epoch_length"] is None else _count(sd, "epoch_length", allow_zero=False)
+    n = _count(sd, position, allow_zero=True)
+    if position == "epoch":
+        if epoch_length is None:
+            raise ValueError("`state_dict` gives 'epoch' but 'epoch_length' is None; give 'iteration' instead.")
+        iteration = n * epoch_length
+    else:
+        iteration = n
+        if epoch_length is None and iteration > 0:
+            raise ValueError(
+                f"`state_dict` places the run at iteration {iteration} but 'epoch_length' is None; "
+                "the engine cannot tell where in an epoch that is."
+            )
+    m = _count(sd, limit, allow_zero=False)
+    end = m if limit == "max_iters" else (m * epoch_length if epoch_length else None)
+    if end is not None and iteration > end:
+        raise ValueError(f"`state_dict` places the run at iteration {iteration}, past its end at iteration {end}.")
+    state.epoch_length = epoch_length
+    state.iteration = iteration
+    if limit == "max_iters":
+        state.max_iters = m
+        state.max_epochs = math.ceil(m / epoch_length) if epoch_length else None
+    else:
+        state.max_epochs, state.max_iters = m, None
+    for k in user_keys:
+        setattr(state, k, sd[k])
+    return sd.get("data")

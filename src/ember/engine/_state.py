@@ -1,0 +1,51 @@
+"""`State`: the counters and values an engine shares with its handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+class State:
+    """What an :class:`Engine` knows about its run, read and written by handlers.
+
+    Counters are Python ints, 1-based once running: the first iteration is 1, the first epoch is 1.
+    Handlers may add their own attributes (``engine.state.best_score = ...``); list the ones a
+    checkpoint must carry in :attr:`Engine.state_dict_user_keys`.
+
+    Attributes:
+        iteration: iterations run so far, over all epochs.
+        epoch: the current epoch (the one in progress, or the last one completed).
+        epoch_length: iterations per epoch; ``None`` until known for data of unknown length.
+        max_epochs: the epoch at which the run ends.
+        max_iters: the iteration at which the run ends, when the run was given ``max_iters``.
+        output: what the process function returned for the current iteration, untouched.
+        batch: the current batch.
+        metrics: values written by metrics, by name.
+        dataloader: the data the engine iterates.
+        times: seconds taken by the last epoch (``"EPOCH_COMPLETED"``) and by the run
+            (``"COMPLETED"``), including handlers.
+
+    Example:
+        >>> from ember import Engine
+        >>> state = Engine(lambda engine, batch: batch).run([1, 2, 3], max_epochs=2)
+        >>> state.iteration, state.epoch, state.epoch_length, state.output
+        (6, 2, 3, 3)
+    """
+
+    def __init__(self) -> None:
+        self.iteration: int = 0
+        self.epoch: int = 0
+        self.epoch_length: int | None = None
+        self.max_epochs: int | None = None
+        self.max_iters: int | None = None
+        self.output: Any = None
+        self.batch: Any = None
+        self.metrics: dict[str, Any] = {}
+        self.dataloader: Iterable[Any] | None = None
+        self.times: dict[str, float | None] = {"EPOCH_COMPLETED": None, "COMPLETED": None}
+
+    def __repr__(self) -> str:
+        fields = ("iteration", "epoch", "epoch_length", "max_epochs", "max_iters")
+        shown = ", ".join(f"{k}={getattr(self, k)!r}" for k in fields)
+        return f"State({shown}, output={type(self.output).__name__}, metrics={self.metrics!r})"

@@ -1,0 +1,38 @@
+"""Argument checks for `Engine.run`, done before anything changes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+def check_count(name: str, value: object) -> None:
+    """Raise unless ``value`` is ``None`` or a positive int."""
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a positive int or None, got {type(value).__name__} {value!r}.")
+    if value <= 0:
+        raise ValueError(f"`{name}` must be a positive int, got {value}.")
+
+
+def check_run_args(
+    data: Iterable[Any] | None, max_epochs: int | None, max_iters: int | None, epoch_length: int | None
+) -> None:
+    """Validate the arguments of ``run()``: types, ranges, and combinations."""
+    if data is not None:
+        if not isinstance(data, Iterable):
+            raise TypeError(
+                f"`data` must be an iterable of batches (a list, a generator, a data loader) or None, "
+                f"got {type(data).__name__}."
+            )
+        if hasattr(data, "__len__") and len(data) == 0:  # type: ignore[arg-type]
+            raise ValueError("`data` is empty; pass at least one batch.")
+    check_count("max_epochs", max_epochs)
+    check_count("max_iters", max_iters)
+    check_count("epoch_length", epoch_length)
+    if max_epochs is not None and max_iters is not None:
+        raise ValueError(
+            f"`max_epochs` and `max_iters` are mutually exclusive; got max_epochs={max_epochs} and "
+            f"max_iters={max_iters}. Pass one of them."
+        )

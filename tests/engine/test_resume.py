@@ -1,0 +1,182 @@
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ember import Engine, Events
+from tests.engine.recording import batches_seen
+
+
+class Positioned:
+    """A re-iterable that reports and restores its own position, and counts how it was iterated."""
+
+    def __init__(self, items: list[str]) -> None:
+        self.items = items
+        self.pos = 0
+        self.fetched = 0
+
+    def __iter__(self) -> Iterator[str]:
+        while self.pos < len(self.items):
+            self.pos += 1
+            self.fetched += 1
+            yield self.items[self.pos - 1]
+        self.pos = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, sd: dict[str, int]) -> None:
+        self.pos = sd["pos"]
+
+
+def test_state_dict_holds_ignite_keys():
+    """state_dict() holds epoch_length, iteration and max_epochs, or max_iters for a max_iters run."""
+    engine = Engine(lambda e, b: b)
+    engine.run([1, 2, 3], max_epochs=2)
+    assert engine.state_dict() == {"epoch_length": 3, "iteration": 6, "max_epochs": 2}
+    engine.state.max_epochs = None
+    engine.run([1, 2, 3], max_iters=4)
+    assert engine.state_dict() == {"epoch_length": 3, "iteration": 4, "max_iters": 4}
+
+
+def test_state_dict_user_keys_are_saved_and_restored():
+    """Attributes named in state_dict_user_keys travel through the state dict."""
+    engine = Engine(lambda e, b: b)
+    engine.state_dict_user_keys.append("alpha")
+    engine.state.alpha = 0.5  # type: ignore[attr-defined]
+    sd = engine.state_dict()
+    assert sd["alpha"] == 0.5
+    other = Engine(lambda e, b: b)
+    other.state_dict_user_keys.append("alpha")
+    other.load_state_dict({**sd, "epoch_length": 3, "max_epochs": 2})
+    assert other.state.alpha == 0.5  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"missing the user keys \['alpha'\]"):
+        other.load_state_dict({"epoch_length": 3, "iteration": 0, "max_epochs": 2})
+    bare = Engine(lambda e, b: b)
+    bare.state_dict_user_keys.append("beta")
+    with pytest.raises(AttributeError, match=r"`state_dict_user_keys` names 'beta', but engine.state has no"):
+        bare.state_dict()
+
+
+def test_mid_epoch_resume_delivers_the_batch_an_uninterrupted_run_would():
+    """After load_state_dict(iteration=5, epoch_length=3), run(['a','b','c']) processes 'c' at iteration 6."""
+    engine = Engine(lambda e, b: b)
+    seen = batches_seen(engine)
+    engine.load_state_dict({"iteration": 5, "epoch_length": 3, "max_epochs": 3})
+    assert (engine.state.epoch, engine.state.iteration) == (2, 5)
+    engine.run(["a", "b", "c"])
+    assert seen == [(2, 6, "c"), (3, 7, "a"), (3, 8, "b"), (3, 9, "c")]
+
+
+def test_resume_does_not_start_the_continued_epoch_again():
+    """A resumed mid-epoch run fires STARTED but not EPOCH_STARTED for the epoch it continues."""
+    engine = Engine(lambda e, b: b)
+    starts = []
+    engine.add_event_handler(Events.EPOCH_STARTED, lambda e: starts.append(e.state.epoch))
+    engine.add_event_handler(Events.STARTED, lambda e: starts.append("run"))
+    engine.load_state_dict({"iteration": 4, "epoch_length": 3, "max_epochs": 3})
+    engine.run([1, 2, 3])
+    assert starts == ["run", 3]
+
+
+def test_resume_at_an_epoch_boundary_starts_the_next_epoch():
+    """load_state_dict with 'epoch' resumes at the start of the following epoch."""
+    engine = Engine(lambda e, b: b)
+    seen = batches_seen(engine)
+    engine.load_state_dict({"epoch": 1, "epoch_length": 2, "max_epochs": 2})
+    assert (engine.state.epoch, engine.state.iteration) == (1, 2)
+    engine.run(["x", "y"])
+    assert seen == [(2, 3, "x"), (2, 4, "y")]
+
+
+def test_data_with_its_own_position_is_restored_not_skipped():
+    """Data that saves its position is restored through load_state_dict, without fetching skipped batches."""
+    data = Positioned(["a", "b", "c", "d"])
+    first = Engine(lambda e, b: b)
+    first.add_event_handler(Events.ITERATION_COMPLETED(once=6), lambda e: e.terminate())
+    first.run(data, max_epochs=2)
+    sd = first.state_dict()
+    assert sd == {"epoch_length": 4, "iteration": 6, "max_epochs": 2, "data": {"pos": 2}}
+
+    fresh = Positioned(["a", "b", "c", "d"])
+    second = Engine(lambda e, b: b)
+    seen = batches_seen(second)
+    second.load_state_dict(sd)
+    second.run(fresh)
+    assert [b for _, _, b in seen] == ["c", "d"]
+    assert fresh.fetched == 2
+
+
+def test_resume_straight_equals_uninterrupted_run():
+    """Stopping at every iteration and resuming from the state dict reproduces the uninterrupted batches."""
+    data = list(range(5))
+    straight = Engine(lambda e, b: b)
+    expected = batches_seen(straight)
+    straight.run(data, max_epochs=3)
+    for stop in range(1, 15):
+        first = Engine(lambda e, b: b)
+        got = batches_seen(first)
+        first.add_event_handler(Events.ITERATION_COMPLETED(once=stop), lambda e: e.terminate())
+        first.run(data, max_epochs=3)
+        second = Engine(lambda e, b: b)
+        second.add_event_handler(
+            Events.ITERATION_COMPLETED, lambda e: got.append((e.state.epoch, e.state.iteration, e.state.batch))
+        )
+        second.load_state_dict(first.state_dict())
+        second.run(data)
+        assert got == expected, f"stopped at {stop}"
+
+
+def test_resume_skipping_past_short_data_fails_clearly():
+    """Resuming beyond what the given data holds raises, naming the position."""
+    engine = Engine(lambda e, b: b)
+    engine.load_state_dict({"iteration": 4, "epoch_length": 5, "max_epochs": 2})
+    with pytest.raises(ValueError, match=r"Cannot resume at iteration 4 of epoch 1: the data ran out after 2 batches"):
+        engine.run(iter([1, 2]))
+
+
+def test_run_with_different_data_after_terminate_starts_that_data_from_its_beginning():
+    """New data given to a continued run replaces the live iterator, like set_data."""
+    engine = Engine(lambda e, b: b)
+    seen = batches_seen(engine)
+    engine.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda e: e.terminate())
+    engine.run([1, 2, 3], max_epochs=1)
+    engine.run(["x", "y", "z"])
+    assert [b for _, _, b in seen] == [1, 2, "x"]
+
+
+@pytest.mark.parametrize(
+    ("sd", "error", "match"),
+    [
+        ([("iteration", 1)], TypeError, r"`state_dict` must be a mapping, got list"),
+        ({"iteration": 1, "max_epochs": 2}, ValueError, r"missing the required key 'epoch_length'"),
+        ({"epoch_length": 3, "max_epochs": 2}, ValueError, r"exactly one of 'iteration' and 'epoch'"),
+        ({"epoch_length": 3, "iteration": 1, "epoch": 1, "max_epochs": 2}, ValueError, r"exactly one of 'iteration'"),
+        ({"epoch_length": 3, "iteration": 1}, ValueError, r"exactly one of 'max_epochs' and 'max_iters'"),
+        (
+            {"epoch_length": 3, "iteration": 1, "max_epochs": 2, "max_iters": 6},
+            ValueError,
+            r"exactly one of 'max_epochs' and 'max_iters'",
+        ),
+        ({"epoch_length": 3, "iteration": 7, "max_epochs": 2}, ValueError, r"iteration 7, past its end at iteration 6"),
+        ({"epoch_length": 3, "iteration": 5, "max_iters": 4}, ValueError, r"iteration 5, past its end at iteration 4"),
+        ({"epoch_length": 3, "iteration": -1, "max_epochs": 2}, ValueError, r"must be a non-negative int, got -1"),
+        ({"epoch_length": 0, "iteration": 0, "max_epochs": 2}, ValueError, r"'epoch_length'\]` must be a positive int"),
+        ({"epoch_length": None, "epoch": 1, "max_epochs": 2}, ValueError, r"gives 'epoch' but 'epoch_length' is None"),
+        ({"epoch_length": None, "iteration": 3, "max_epochs": 2}, ValueError, r"'epoch_length' is None; the engine"),
+    ],
+)
+def test_load_state_dict_validates_like_ignite(sd: Any, error: type[Exception], match: str):
+    """Malformed state dicts are refused with an error naming the problem, and the state is untouched."""
+    engine = Engine(lambda e, b: b)
+    with pytest.raises(error, match=match):
+        engine.load_state_dict(sd)
+    assert (engine.state.iteration, engine.state.max_epochs) == (0, None)
+
+
+def test_load_state_dict_with_max_iters_derives_max_epochs():
+    """A max_iters state dict sets max_epochs from epoch_length, and the run stops at max_iters."""
+    engine = Engine(lambda e, b: b)
+    engine.load_state_dict({"epoch_length": 3, "iteration": 2, "max_iters": 7})
+    assert (engine.state.max_epochs, engine.state.max_iters) == (3, 7)
+    assert engine.run([1, 2, 3]).iteration == 7
