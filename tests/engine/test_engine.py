@@ -315,7 +315,8 @@ def test_state_times_are_measured():
     """state.times holds the last epoch's and the run's durations in seconds."""
     state = Engine(lambda e, b: b).run([1, 2], max_epochs=2)
     epoch, run = state.times["EPOCH_COMPLETED"], state.times["COMPLETED"]
-    assert epoch is not None and run is not None
+    assert epoch is not None
+    assert run is not None
     assert 0 <= epoch <= run
 
 

@@ -42,7 +42,7 @@ def test_events_are_named_as_in_ignite():
     ],
 )
 def test_events_print_as_written(event, text):
-    """repr shows an event, a filtered event and a list as they are written in code."""
+    """Printing shows an event, a filtered event and a list as they are written in code."""
     assert repr(event) == text
 
 
@@ -62,7 +62,7 @@ def test_filtered_event_equals_and_hashes_like_its_base_event():
     filtered = Events.ITERATION_COMPLETED(every=2)
     assert isinstance(filtered, FilteredEvent)
     assert filtered == Events.ITERATION_COMPLETED
-    assert Events.ITERATION_COMPLETED == filtered
+    assert Events.ITERATION_COMPLETED == filtered  # noqa: SIM300  # the reflected comparison is what is tested
     assert filtered == Events.ITERATION_COMPLETED(once=3)
     assert hash(filtered) == hash(Events.ITERATION_COMPLETED)
     assert filtered != Events.ITERATION_STARTED
@@ -86,4 +86,4 @@ def test_events_list_is_built_with_or():
 def test_events_list_refuses_non_events():
     """Or-ing an event with something that is not an event raises TypeError naming it."""
     with pytest.raises(TypeError, match=r"An EventsList holds events .* got int 3"):
-        Events.STARTED | 3  # noqa: B018  # the expression is the test
+        Events.STARTED | 3

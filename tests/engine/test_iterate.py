@@ -13,7 +13,13 @@ def test_iterate_yields_the_state_each_time_the_event_fires():
     for state in trainer.iterate(range(50), Events.ITERATION_COMPLETED(every=25), max_epochs=4):
         order.append("loop")
         got.append((state.epoch, state.iteration, state.output))
-    assert got == [(1, 25, 240), (1, 50, 490), (2, 75, 240), (2, 100, 490), (3, 125, 240), (3, 150, 490)] + [
+    assert got == [
+        (1, 25, 240),
+        (1, 50, 490),
+        (2, 75, 240),
+        (2, 100, 490),
+        (3, 125, 240),
+        (3, 150, 490),
         (4, 175, 240),
         (4, 200, 490),
     ]

@@ -120,7 +120,7 @@ def test_resume_straight_equals_uninterrupted_run():
         first.run(data, max_epochs=3)
         second = Engine(lambda e, b: b)
         second.add_event_handler(
-            Events.ITERATION_COMPLETED, lambda e: got.append((e.state.epoch, e.state.iteration, e.state.batch))
+            Events.ITERATION_COMPLETED, lambda e, got=got: got.append((e.state.epoch, e.state.iteration, e.state.batch))
         )
         second.load_state_dict(first.state_dict())
         second.run(data)

@@ -1,3 +1,4 @@
+import contextlib
 from collections.abc import Callable
 
 import pytest
@@ -46,10 +47,8 @@ def _events_after_call(scenario: str) -> list[str]:
             call(e)
 
     engine.add_event_handler(event, trigger)  # after the recorder: the marker follows the event's own entry
-    try:
+    with contextlib.suppress(RuntimeError):  # terminate_epoch() too early: the rows show EXCEPTION_RAISED
         engine.run([10, 20, 30], max_epochs=2)
-    except RuntimeError as exc:
-        assert "terminate_epoch() was called from a" in str(exc)
     after = log[log.index(marker) + 1 :]
     return after[: after.index("EPOCH_STARTED") + 1] if "EPOCH_STARTED" in after else after
 

@@ -161,11 +161,13 @@ class RemovableEventHandle:
         >>> from ember import Engine, Events
         >>> engine = Engine(lambda engine, batch: None)
         >>> seen = []
-        >>> with engine.add_event_handler(Events.EPOCH_COMPLETED, lambda e: seen.append(e.state.epoch)):
+        >>> def log_epoch(engine):
+        ...     seen.append(engine.state.epoch)
+        >>> with engine.add_event_handler(Events.EPOCH_COMPLETED, log_epoch):
         ...     _ = engine.run([0], max_epochs=2)
         >>> seen
         [1, 2]
-        >>> engine.has_event_handler(seen.append)
+        >>> engine.has_event_handler(log_epoch)
         False
     """
 

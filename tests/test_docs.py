@@ -1,0 +1,62 @@
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import ember
+from tests.engine import expectations as expect
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+EVENTS_PAGE = (DOCS / "concepts" / "events.md").read_text()
+
+
+def _block_after(marker: str) -> str:
+    start = EVENTS_PAGE.index(f"<!-- expect: {marker} -->")
+    return EVENTS_PAGE[start:].split("\n\n", 1)[0]
+
+
+@pytest.mark.parametrize("name", ["RUN_TWO_EPOCHS", "RUN_WITHOUT_DATA", "RUN_MAX_ITERS"])
+def test_event_orders_in_the_docs_match_the_tested_expectations(name):
+    """Each event sequence shown in docs/concepts/events.md is the one the engine tests assert."""
+    block = _block_after(name)
+    lines = block.split("```text\n", 1)[1].split("```", 1)[0].split()
+    assert lines == getattr(expect, name)
+
+
+def test_termination_table_in_the_docs_matches_the_tested_expectations():
+    """The termination table lists exactly the tested scenarios, each with its tested events."""
+    start = EVENTS_PAGE.index("<!-- expect: TERMINATION -->")
+    rows = re.findall(r"^\| `(.+?)` \| (.+?) \|$", EVENTS_PAGE[start:].split("\n\n", 1)[0], flags=re.M)
+    table = {call: [e.strip() for e in events.split(",")] for call, events in rows}
+    assert table == expect.TERMINATION
+
+
+PUBLIC = [name for name in ember.__all__ if name != "__version__"]
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_name_has_a_docstring_with_an_example_and_an_api_page(name):
+    """Each exported name is documented: a docstring with a runnable example, and a heading in docs/api."""
+    obj = getattr(ember, name)
+    doc = inspect.getdoc(obj) or ""
+    assert "Example:" in doc, f"{name} needs a docstring with an Example"
+    assert ">>> " in doc, f"{name}'s example must be a runnable doctest"
+    pages = "\n".join(p.read_text() for p in (DOCS / "api").glob("*.md"))
+    assert f"## `{name}`" in pages, f"{name} needs a section in docs/api/"
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_method_has_a_docstring(name):
+    """Each public method and property of an exported class says what it does."""
+    obj = getattr(ember, name)
+    if not inspect.isclass(obj):
+        pytest.skip("not a class")
+    missing = [
+        attr
+        for attr, member in vars(obj).items()
+        if not attr.startswith("_")
+        and (callable(member) or isinstance(member, property))
+        and not inspect.getdoc(member)
+    ]
+    assert missing == []
