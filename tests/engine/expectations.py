@@ -5,22 +5,19 @@
 
 ITER = ["GET_BATCH_STARTED", "GET_BATCH_COMPLETED", "ITERATION_STARTED", "ITERATION_COMPLETED"]
 
-#: ``Engine(...).run([10, 20, 30], max_epochs=2)``: 31 events.
-RUN_TWO_EPOCHS = [
-    "STARTED",
-    "EPOCH_STARTED",
-    *ITER * 3,
-    "EPOCH_COMPLETED",
+# Epoch 1 over three batches, then the start of epoch 2: its first fetch finds the data exhausted.
+_FIRST_EPOCH = ["STARTED", "EPOCH_STARTED", *ITER * 3, "EPOCH_COMPLETED"]
+_SECOND_EPOCH_FIRST_ITERATION = [
     "EPOCH_STARTED",
     "GET_BATCH_STARTED",
     "DATALOADER_STOP_ITERATION",
     "GET_BATCH_COMPLETED",
     "ITERATION_STARTED",
     "ITERATION_COMPLETED",
-    *ITER * 2,
-    "EPOCH_COMPLETED",
-    "COMPLETED",
 ]
+
+#: ``Engine(...).run([10, 20, 30], max_epochs=2)``: 31 events.
+RUN_TWO_EPOCHS = [*_FIRST_EPOCH, *_SECOND_EPOCH_FIRST_ITERATION, *ITER * 2, "EPOCH_COMPLETED", "COMPLETED"]
 
 #: ``run(data=None, epoch_length=2, max_epochs=1)``: no GET_BATCH events.
 RUN_WITHOUT_DATA = [
@@ -32,20 +29,7 @@ RUN_WITHOUT_DATA = [
 ]
 
 #: ``run([1, 2, 3], max_iters=4)``: the partial second epoch ends with TERMINATE, no EPOCH_COMPLETED.
-RUN_MAX_ITERS = [
-    "STARTED",
-    "EPOCH_STARTED",
-    *ITER * 3,
-    "EPOCH_COMPLETED",
-    "EPOCH_STARTED",
-    "GET_BATCH_STARTED",
-    "DATALOADER_STOP_ITERATION",
-    "GET_BATCH_COMPLETED",
-    "ITERATION_STARTED",
-    "ITERATION_COMPLETED",
-    "TERMINATE",
-    "COMPLETED",
-]
+RUN_MAX_ITERS = [*_FIRST_EPOCH, *_SECOND_EPOCH_FIRST_ITERATION, "TERMINATE", "COMPLETED"]
 
 #: The termination table: for each call (made by a handler of the named event, during the first
 #: epoch of ``run([10, 20, 30], max_epochs=2)``), the events that follow that event, up to and

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ember import Engine, Events
+from ember import Engine, Events, FilteredEvent
 
 
 def record(engine: Engine, events: Iterable[Events] = tuple(Events)) -> list[str]:
@@ -32,3 +32,11 @@ def batches_seen(engine: Engine) -> list[tuple[int, int, Any]]:
         Events.ITERATION_COMPLETED, lambda e: seen.append((e.state.epoch, e.state.iteration, e.state.batch))
     )
     return seen
+
+
+def terminated_at(event: FilteredEvent, data: Iterable[Any], max_epochs: int) -> Engine:
+    """An engine whose run over ``data`` was ended by ``terminate()`` in a handler of ``event``."""
+    engine = Engine(lambda engine, batch: batch)
+    engine.add_event_handler(event, lambda e: e.terminate())
+    engine.run(data, max_epochs=max_epochs)
+    return engine

@@ -5,7 +5,7 @@ import pytest
 
 from ember import Engine, Events
 from tests.engine import expectations as expect
-from tests.engine.recording import batches_seen, recording_engine
+from tests.engine.recording import batches_seen, recording_engine, terminated_at
 
 # Where each scenario calls its method: (event, counter value) during run([10, 20, 30], max_epochs=2).
 _CALLS: dict[str, tuple[Events, int, Callable[[Engine], None]]] = {
@@ -150,9 +150,7 @@ def test_run_again_with_larger_max_epochs_continues():
 
 def test_run_again_with_smaller_max_epochs_than_reached_raises():
     """A max_epochs below the epoch reached is refused, naming the restart recipe."""
-    engine = Engine(lambda e, b: b)
-    engine.add_event_handler(Events.EPOCH_COMPLETED(once=3), lambda e: e.terminate())
-    engine.run([1, 2], max_epochs=5)
+    engine = terminated_at(Events.EPOCH_COMPLETED(once=3), [1, 2], max_epochs=5)
     with pytest.raises(ValueError, match=r"`max_epochs`=2 is below the epoch this engine reached \(3\).*= None"):
         engine.run([1, 2], max_epochs=2)
 
@@ -172,9 +170,7 @@ def test_run_again_after_completion_restarts_from_zero():
 
 def test_setting_max_epochs_to_none_forces_a_restart():
     """state.max_epochs = None makes the next run() start from zero even mid-run."""
-    engine = Engine(lambda e, b: b)
-    engine.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate())
-    engine.run([1, 2], max_epochs=5)
+    engine = terminated_at(Events.ITERATION_COMPLETED(once=3), [1, 2], max_epochs=5)
     engine.state.max_epochs = None
     state = engine.run([1, 2], max_epochs=1)
     assert (state.epoch, state.iteration) == (1, 2)
@@ -182,9 +178,7 @@ def test_setting_max_epochs_to_none_forces_a_restart():
 
 def test_continuing_with_a_different_epoch_length_is_refused():
     """epoch_length cannot change while continuing a run."""
-    engine = Engine(lambda e, b: b)
-    engine.add_event_handler(Events.ITERATION_COMPLETED(once=1), lambda e: e.terminate())
-    engine.run([1, 2], max_epochs=3)
+    engine = terminated_at(Events.ITERATION_COMPLETED(once=1), [1, 2], max_epochs=3)
     with pytest.raises(ValueError, match=r"`epoch_length`=5 differs from the run being continued \(2\)"):
         engine.run([1, 2], epoch_length=5)
 
