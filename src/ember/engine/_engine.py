@@ -80,6 +80,11 @@ class Engine(RunLoop):
         self._event_to_attr: dict[EventEnum | str, str] = dict(_EVENT_TO_ATTR)
         self._state_dict_user_keys: list[str] = []
         self._running = False
+        self._source: Iterable[Any] | None = None  # the data as given; state.dataloader may wrap it
+
+    def _wrap_data(self, data: Iterable[Any]) -> Iterable[Any]:
+        """Hook for subclasses: what the engine iterates for ``data`` (a trainer puts it on device)."""
+        return data
 
     # -- handlers --------------------------------------------------------------------------------
 
@@ -359,8 +364,9 @@ class Engine(RunLoop):
         """
         if not isinstance(data, Iterable):
             raise TypeError(f"`data` must be an iterable of batches, got {type(data).__name__}.")
-        self.state.dataloader = data
-        self._iter = iter(data)
+        self._source = data
+        self.state.dataloader = self._wrap_data(data)
+        self._iter = iter(self.state.dataloader)
         self._data_state = None
 
     def run(
@@ -507,7 +513,8 @@ class Engine(RunLoop):
             max_epochs = math.ceil(max_iters / epoch_length)
         st.iteration = st.epoch = 0
         st.max_epochs, st.max_iters, st.epoch_length = max_epochs, max_iters, epoch_length
-        st.dataloader = data
+        self._source = data
+        st.dataloader = None if data is None else self._wrap_data(data)
         self._gen = self._iter = self._data_state = None
         self._epoch_open, self._epoch_pos = False, 0
         self._reset_filters()
@@ -539,9 +546,10 @@ class Engine(RunLoop):
         st = self.state
         if data is None and st.dataloader is None and st.epoch_length is None:
             raise ValueError("`epoch_length` is required when `data` is None: the engine cannot count batches.")
-        if data is not None and not _same_data(data, st.dataloader):
+        if data is not None and not _same_data(data, self._source):
             if self._iter is None:  # nothing live: position the new data where the run stands
-                st.dataloader = data
+                self._source = data
+                st.dataloader = self._wrap_data(data)
             else:
                 self.set_data(data)
 

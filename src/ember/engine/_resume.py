@@ -27,7 +27,9 @@ def engine_state_dict(state: State, user_keys: list[str]) -> dict[str, Any]:
             )
         out[k] = getattr(state, k)
     if _has_position(state.dataloader):
-        out["data"] = state.dataloader.state_dict()  # type: ignore[union-attr]
+        position = state.dataloader.state_dict()  # type: ignore[union-attr]
+        if position is not None:  # a wrapper over data without a position reports None
+            out["data"] = position
     return out
 
 

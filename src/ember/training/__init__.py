@@ -1,0 +1,22 @@
+"""Training: `TrainState`, compiled steps from a loss function, placement on devices, trainers."""
+
+from ember.training._placement import DataParallel, Placement, Pmap, SingleDevice, default_placement
+from ember.training._steps import BoundModel, make_eval_step, make_train_step
+from ember.training._train_state import TrainState
+from ember.training._trainer import TrainingEngine, TrainingState, create_evaluator, create_trainer
+
+__all__ = [
+    "BoundModel",
+    "DataParallel",
+    "Placement",
+    "Pmap",
+    "SingleDevice",
+    "TrainState",
+    "TrainingEngine",
+    "TrainingState",
+    "create_evaluator",
+    "create_trainer",
+    "default_placement",
+    "make_eval_step",
+    "make_train_step",
+]

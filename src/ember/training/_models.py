@@ -1,0 +1,93 @@
+"""Model adapters: one calling convention for Flax linen, Flax NNX and plain functions.
+
+Every adapter is an ``apply_fn(params, model_state, key, train, *args, **kwargs) -> (outputs,
+new_model_state)``. ``model_state`` holds the non-trainable collections (batch statistics); ``key`` is
+the step's RNG key, or ``None`` for a deterministic call.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from flax import linen as nn
+from flax import nnx
+
+ApplyFn = Callable[..., tuple[Any, Any]]
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def linen_apply_fn(module: nn.Module, rng_names: Sequence[str], train_arg: str | None) -> ApplyFn:
+    """The adapter for a linen module: params and the other collections as separate trees."""
+    pass_train = train_arg is not None and _accepts(module.__call__, train_arg)
+
+    def apply(params: Any, model_state: Any, key: jax.Array | None, train: bool, *args: Any, **kwargs: Any):
+        rngs = {name: jax.random.fold_in(key, i) for i, name in enumerate(rng_names)} if key is not None else None
+        if pass_train:
+            kwargs = {train_arg: train, **kwargs}
+        variables = {"params": params, **model_state}
+        if train and model_state:
+            out, updated = module.apply(variables, *args, rngs=rngs, mutable=list(model_state), **kwargs)
+            return out, dict(updated)
+        return module.apply(variables, *args, rngs=rngs, **kwargs), model_state
+
+    return apply
+
+
+def linen_init(
+    module: nn.Module, sample_input: Any, key: jax.Array, rng_names: Sequence[str], train_arg: str | None
+) -> tuple[Any, dict[str, Any]]:
+    """Initialise a linen module; return ``(params, model_state)``."""
+    keys = jax.random.split(key, len(rng_names) + 1)
+    rngs = {"params": keys[0], **{name: keys[i + 1] for i, name in enumerate(rng_names)}}
+    kwargs = {train_arg: False} if train_arg is not None and _accepts(module.__call__, train_arg) else {}
+    args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
+    variables = dict(module.init(rngs, *args, **kwargs))
+    if "params" not in variables:
+        raise ValueError(f"{type(module).__name__}.init produced no 'params' collection; it has {sorted(variables)}.")
+    params = variables.pop("params")
+    return params, variables
+
+
+def nnx_split(model: nnx.Module) -> tuple[Any, Any, Any]:
+    """``(graphdef, params, model_state)`` of an NNX module; model_state holds everything but params."""
+    graphdef, params, model_state = nnx.split(model, nnx.Param, ...)
+    return graphdef, params, model_state
+
+
+def nnx_apply_fn(graphdef: Any) -> ApplyFn:
+    """The adapter for an NNX module split into ``graphdef``: merge, set the mode, reseed, call, split."""
+
+    def apply(params: Any, model_state: Any, key: jax.Array | None, train: bool, *args: Any, **kwargs: Any):
+        model = nnx.merge(graphdef, params, model_state)
+        if train:
+            model.train()
+        else:
+            model.eval()
+        if key is not None:
+            streams = sorted({v.tag for _, v in nnx.iter_graph(model) if isinstance(v, nnx.RngKey)})
+            if streams:
+                nnx.reseed(model, **{s: jax.random.fold_in(key, i) for i, s in enumerate(streams)})
+        out = model(*args, **kwargs)
+        _, _, new_state = nnx.split(model, nnx.Param, ...)
+        return out, new_state
+
+    return apply
+
+
+def plain_apply_fn(fn: Callable[..., Any]) -> ApplyFn:
+    """The adapter for ``fn(params, *args, **kwargs)``: no model state, no RNG."""
+
+    def apply(params: Any, model_state: Any, key: jax.Array | None, train: bool, *args: Any, **kwargs: Any):
+        return fn(params, *args, **kwargs), model_state
+
+    return apply

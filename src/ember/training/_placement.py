@@ -1,0 +1,203 @@
+"""Placement: how state and batches meet devices, and how a step is compiled for them.
+
+Three policies share one small interface: :class:`SingleDevice` (``jit``, state donated),
+:class:`DataParallel` (``jit`` over a ``Mesh`` with ``NamedSharding``: state replicated, batch
+sharded on its leading axis) and :class:`Pmap` (``pmap`` with an axis name; the state stays an ordinary
+replicated ``jax.Array``, so nothing indexes ``x[0]`` and no removed API is used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+def _leading_sizes(batch: Any) -> set[int]:
+    return {int(np.shape(x)[0]) for x in jax.tree.leaves(batch) if np.ndim(x) > 0}
+
+
+def check_divisible(batch: Any, n: int, *, stacked: bool = False) -> None:
+    """Raise unless every leaf's batch axis splits evenly over ``n`` devices."""
+    axis = 1 if stacked else 0
+    for x in jax.tree.leaves(batch):
+        shape = np.shape(x)
+        if len(shape) <= axis or shape[axis] % n:
+            size = shape[axis] if len(shape) > axis else "no batch axis"
+            raise ValueError(
+                f"A batch of size {size} cannot be split over {n} devices; use a batch size divisible by {n} "
+                f"(drop_remainder=True drops a short last batch), or fewer devices."
+            )
+
+
+class Placement:
+    """Base of the placement policies; see :class:`SingleDevice`, :class:`DataParallel`, :class:`Pmap`."""
+
+    #: the ``pmap`` axis name the step must reduce over, or ``None`` under ``jit``.
+    axis_name: str | None = None
+    n_devices: int = 1
+
+    def put_state(self, state: Any) -> Any:
+        """Place the train state on the devices."""
+        raise NotImplementedError
+
+    def put_batch(self, batch: Any, *, stacked: bool = False) -> Any:
+        """Place one batch (or, ``stacked``, K batches stacked on a leading axis) on the devices."""
+        raise NotImplementedError
+
+    def compile_train(self, step: Callable[..., Any], example_output: Any = None) -> Callable[..., Any]:
+        """Compile ``step(state, batch) -> (state, output)`` with the state donated."""
+        raise NotImplementedError
+
+    def compile_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """Compile ``step(state, batch) -> output``."""
+        raise NotImplementedError
+
+
+class SingleDevice(Placement):
+    """Everything on one device; the step is ``jax.jit`` with the state donated.
+
+    Example:
+        >>> from ember.training import SingleDevice
+        >>> SingleDevice().n_devices
+        1
+    """
+
+    def __init__(self, device: jax.Device | None = None) -> None:
+        self.device = device or jax.devices()[0]
+
+    def put_state(self, state: Any) -> Any:
+        return jax.device_put(state, self.device)
+
+    def put_batch(self, batch: Any, *, stacked: bool = False) -> Any:
+        return jax.device_put(batch, self.device)
+
+    def compile_train(self, step: Callable[..., Any], example_output: Any = None) -> Callable[..., Any]:
+        return jax.jit(step, donate_argnums=0)
+
+    def compile_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        return jax.jit(step)
+
+    def __repr__(self) -> str:
+        return f"SingleDevice({self.device})"
+
+
+class DataParallel(Placement):
+    """Data parallel over a ``Mesh``: ``jax.jit`` with the state replicated and the batch sharded.
+
+    Args:
+        mesh: a one-axis mesh; by default all visible devices.
+        axis: the mesh axis the batch is split on.
+
+    Example:
+        >>> from ember.training import DataParallel
+        >>> placement = DataParallel()
+        >>> placement.n_devices == len(__import__("jax").devices())
+        True
+    """
+
+    def __init__(self, mesh: Mesh | None = None, axis: str = "data") -> None:
+        self.mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()), (axis,))
+        if axis not in self.mesh.axis_names:
+            raise ValueError(f"`axis`={axis!r} is not an axis of the mesh, whose axes are {self.mesh.axis_names}.")
+        self.axis = axis
+        self.n_devices = int(self.mesh.shape[axis])
+        self.replicated = NamedSharding(self.mesh, P())
+        self._batch = NamedSharding(self.mesh, P(axis))
+        self._stacked = NamedSharding(self.mesh, P(None, axis))
+
+    def put_state(self, state: Any) -> Any:
+        return jax.device_put(state, self.replicated)
+
+    def put_batch(self, batch: Any, *, stacked: bool = False) -> Any:
+        check_divisible(batch, self.n_devices, stacked=stacked)
+        return jax.device_put(batch, self._stacked if stacked else self._batch)
+
+    def compile_train(self, step: Callable[..., Any], example_output: Any = None) -> Callable[..., Any]:
+        replicated = self.replicated
+
+        def pinned(state: Any, batch: Any) -> Any:
+            new_state, out = step(state, batch)
+            return jax.lax.with_sharding_constraint(new_state, replicated), out
+
+        return jax.jit(pinned, donate_argnums=0)
+
+    def compile_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        return jax.jit(step)
+
+    def __repr__(self) -> str:
+        return f"DataParallel({self.n_devices} devices, axis={self.axis!r})"
+
+
+class Pmap(Placement):
+    """``jax.pmap`` over the devices with an axis name; gradients, loss and model state are averaged.
+
+    The state goes in and out unmapped (``in_axes=None``, ``out_axes=None``), so it stays one replicated
+    ``jax.Array`` per leaf. Scalar float outputs (the loss, averaged) come out unmapped too; other outputs
+    keep a leading device axis.
+
+    Args:
+        devices: the devices, by default all visible ones.
+        axis_name: the name collectives reduce over.
+
+    Example:
+        >>> from ember.training import Pmap
+        >>> Pmap().axis_name
+        'batch'
+    """
+
+    def __init__(self, devices: Sequence[jax.Device] | None = None, axis_name: str = "batch") -> None:
+        self.devices = list(devices) if devices is not None else jax.devices()
+        self.axis_name = axis_name
+        self.n_devices = len(self.devices)
+        mesh = Mesh(np.array(self.devices), (axis_name,))
+        self.replicated = NamedSharding(mesh, P())
+        self._mapped = NamedSharding(mesh, P(axis_name))
+
+    def put_state(self, state: Any) -> Any:
+        return jax.device_put(state, self.replicated)
+
+    def put_batch(self, batch: Any, *, stacked: bool = False) -> Any:
+        check_divisible(batch, self.n_devices, stacked=stacked)
+        n = self.n_devices
+
+        def split(x: Any) -> Any:
+            x = np.asarray(x) if not isinstance(x, jax.Array) else x
+            if stacked:  # (K, B, ...) -> (n, K, B/n, ...)
+                x = x.reshape((x.shape[0], n, x.shape[1] // n, *x.shape[2:])).swapaxes(0, 1)
+            else:
+                x = x.reshape((n, x.shape[0] // n, *x.shape[1:]))
+            return x
+
+        return jax.device_put(jax.tree.map(split, batch), self._mapped)
+
+    def _out_axes(self, output: Any) -> Any:
+        return jax.tree.map(lambda s: None if s.ndim == 0 and jnp.issubdtype(s.dtype, jnp.floating) else 0, output)
+
+    def compile_train(self, step: Callable[..., Any], example_output: Any = None) -> Callable[..., Any]:
+        out_axes = (None, self._out_axes(example_output))
+        return jax.pmap(
+            step, self.axis_name, in_axes=(None, 0), out_axes=out_axes, donate_argnums=0, devices=self.devices
+        )
+
+    def compile_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        return jax.pmap(step, self.axis_name, in_axes=(None, 0), devices=self.devices)
+
+    def __repr__(self) -> str:
+        return f"Pmap({self.n_devices} devices, axis_name={self.axis_name!r})"
+
+
+def default_placement() -> Placement:
+    """:class:`DataParallel` over all devices when more than one is visible, else :class:`SingleDevice`.
+
+    Example:
+        >>> from ember.training import default_placement
+        >>> type(default_placement()).__name__ in ("SingleDevice", "DataParallel")
+        True
+    """
+    return DataParallel() if len(jax.devices()) > 1 else SingleDevice()

@@ -1,0 +1,201 @@
+"""Step builders: pure ``(state, batch) -> (state, output)`` functions from a user loss function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from ember.training._extras import check_extras, compute_extras
+from ember.training._train_state import TrainState
+
+Output = dict[str, Any]
+TrainStep = Callable[[TrainState, Any], tuple[TrainState, Output]]
+EvalStep = Callable[[TrainState, Any], Any]
+
+
+class BoundModel:
+    """The model as a loss function sees it: bound to the params, the model state and the step's RNG.
+
+    Calling it runs the model (``model(x)``); the updated model state (batch statistics) is kept and
+    returned by the step. Each call draws its own RNG key, so two calls use different dropout masks.
+
+    Attributes:
+        params: the parameters being differentiated (for regularisers such as weight decay).
+        model_state: the model state after the last call.
+        train: whether the model runs in training mode.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> from ember.training import TrainState, make_train_step
+        >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))
+        >>> def loss_fn(model, batch):
+        ...     return jnp.mean((model(batch["x"]) - batch["y"]) ** 2) + 0.0 * model.params
+        >>> step = make_train_step(loss_fn)
+        >>> state, out = step(state, {"x": jnp.ones(4), "y": jnp.zeros(4)})
+        >>> float(out["loss"])
+        4.0
+    """
+
+    def __init__(self, state: TrainState, params: Any, model_state: Any, key: jax.Array | None, train: bool) -> None:
+        self._apply = state.apply_fn
+        self.params = params
+        self.model_state = model_state
+        self._key = key
+        self._calls = 0
+        self.train = train
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = None if self._key is None else jax.random.fold_in(self._key, self._calls)
+        self._calls += 1
+        out, self.model_state = self._apply(self.params, self.model_state, key, self.train, *args, **kwargs)
+        return out
+
+
+def _split_loss(out: Any) -> tuple[jax.Array, dict[str, Any]]:
+    if isinstance(out, tuple) and len(out) == 2:  # type: ignore[arg-type]
+        loss, aux = out  # type: ignore[misc]
+        if not isinstance(aux, dict):
+            raise TypeError(f"A loss function returning (loss, aux) must give aux as a dict, got {type(aux).__name__}.")
+        if "loss" in aux:
+            raise ValueError("The aux dict of a loss function may not use the key 'loss'; the step sets it.")
+        return loss, aux  # type: ignore[return-value]
+    return out, {}
+
+
+def _pmean_floats(tree: Any, axis_name: str) -> Any:
+    return jax.tree.map(lambda x: lax.pmean(x, axis_name) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _merge_micro(aux: Any) -> Any:
+    """Stacked per-micro-batch aux values: per-example ones concatenated, scalars averaged."""
+    return jax.tree.map(lambda x: x.mean(0) if x.ndim == 1 else x.reshape((-1, *x.shape[2:])), aux)
+
+
+def _micro_batches(batch: Any, m: int) -> Any:
+    def split(x: Any) -> Any:
+        x = jnp.asarray(x)
+        if x.ndim == 0 or x.shape[0] % m:
+            raise ValueError(
+                f"`accumulate_steps`={m} must divide the batch's leading axis; got a leaf of shape {x.shape}."
+            )
+        return x.reshape((m, x.shape[0] // m, *x.shape[1:]))
+
+    return jax.tree.map(split, batch)
+
+
+def make_train_step(
+    loss_fn: Callable[[BoundModel, Any], Any],
+    *,
+    accumulate_steps: int = 1,
+    extras: Sequence[str] = (),
+    lr_schedule: Callable[[Any], Any] | None = None,
+    axis_name: str | None = None,
+) -> TrainStep:
+    """Build ``step(state, batch) -> (state, output)`` from ``loss_fn(model, batch)``.
+
+    ``loss_fn`` returns the scalar loss, or ``(loss, aux)`` with a dict of extra outputs (predictions,
+    per-example values). The step draws its RNG key from ``fold_in(state.rng, state.step)`` (and the
+    device index under ``pmap``), differentiates, updates the model state, and applies one optimizer
+    update. ``output`` is ``{"loss": loss, **aux, **extras}``, left on device.
+
+    Args:
+        loss_fn: ``loss_fn(model, batch)``, where ``model`` is a :class:`BoundModel`.
+        accumulate_steps: split the batch into this many micro-batches and average their gradients,
+            for one optimizer update; per-example aux values are concatenated, scalar ones averaged.
+        extras: in-step values for handlers, from ``"grad_norm"``, ``"update_norm"``, ``"param_norm"``,
+            ``"lr"``; nothing is computed for those not asked for.
+        lr_schedule: the schedule the optimizer uses, evaluated at the step for ``"lr"`` (otherwise the
+            learning rate is read from an ``optax.inject_hyperparams`` state).
+        axis_name: under ``pmap``, the device axis: gradients, loss, float aux values and model state
+            are averaged over it. Placements set it.
+
+    Returns:
+        The pure step function, ready for ``jax.jit``.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> from ember.training import TrainState, make_train_step
+        >>> state = TrainState.create(lambda p, x: x * p, jnp.array(1.0), optax.sgd(0.5))
+        >>> step = make_train_step(lambda model, b: jnp.mean((model(b) - 3.0) ** 2), extras=("grad_norm",))
+        >>> state, out = step(state, jnp.ones(8))
+        >>> float(out["loss"]), float(out["grad_norm"]), float(state.params)
+        (4.0, 4.0, 3.0)
+    """
+    if not callable(loss_fn):
+        raise TypeError(f"`loss_fn` must be callable as loss_fn(model, batch), got {loss_fn!r}.")
+    if not isinstance(accumulate_steps, int) or isinstance(accumulate_steps, bool) or accumulate_steps < 1:
+        raise ValueError(f"`accumulate_steps` must be a positive int, got {accumulate_steps!r}.")
+    names = check_extras(extras, lr_schedule)
+
+    def grad_of(state: TrainState, params: Any, model_state: Any, batch: Any, key: jax.Array):
+        def loss_of(p: Any) -> tuple[jax.Array, tuple[dict[str, Any], Any]]:
+            model = BoundModel(state, p, model_state, key, train=True)
+            loss, aux = _split_loss(loss_fn(model, batch))
+            return loss, (aux, model.model_state)
+
+        return jax.value_and_grad(loss_of, has_aux=True)(params)
+
+    def step(state: TrainState, batch: Any) -> tuple[TrainState, Output]:
+        key = jax.random.fold_in(state.rng, state.step)
+        if axis_name is not None:
+            key = jax.random.fold_in(key, lax.axis_index(axis_name))
+        if accumulate_steps == 1:
+            (loss, (aux, model_state)), grads = grad_of(state, state.params, state.model_state, batch, key)
+        else:
+
+            def micro(carry: Any, xs: Any) -> Any:
+                grads_sum, model_state = carry
+                mb, i = xs
+                (loss, (aux, model_state)), g = grad_of(
+                    state, state.params, model_state, mb, jax.random.fold_in(key, i)
+                )
+                return (jax.tree.map(jnp.add, grads_sum, g), model_state), (loss, aux)
+
+            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            xs = (_micro_batches(batch, accumulate_steps), jnp.arange(accumulate_steps))
+            (grads, model_state), (losses, aux) = lax.scan(micro, (zeros, state.model_state), xs)
+            grads = jax.tree.map(lambda g: g / accumulate_steps, grads)
+            loss, aux = losses.mean(), _merge_micro(aux)
+        if axis_name is not None:
+            grads, loss, model_state = lax.pmean((grads, loss), axis_name) + (_pmean_floats(model_state, axis_name),)
+            aux = jax.tree.map(lambda x: lax.pmean(x, axis_name) if x.ndim == 0 else x, _pmean_floats(aux, axis_name))
+        updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, model_state=model_state)
+        more = compute_extras(
+            names,
+            grads=grads,
+            updates=updates,
+            params=params,
+            opt_state=opt_state,
+            step=state.step,
+            lr_schedule=lr_schedule,
+        )
+        return new_state, {"loss": loss, **aux, **more}
+
+    return step
+
+
+def make_eval_step(eval_fn: Callable[[BoundModel, Any], Any]) -> EvalStep:
+    """Build ``step(state, batch) -> output`` from ``eval_fn(model, batch)``, the model in eval mode.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> from ember.training import TrainState, make_eval_step
+        >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))
+        >>> step = make_eval_step(lambda model, b: {"y_pred": model(b["x"]), "y": b["y"]})
+        >>> step(state, {"x": jnp.array([1.0, 2.0]), "y": jnp.array([2.0, 5.0])})["y_pred"].tolist()
+        [2.0, 4.0]
+    """
+    if not callable(eval_fn):
+        raise TypeError(f"`eval_fn` must be callable as eval_fn(model, batch), got {eval_fn!r}.")
+
+    def step(state: TrainState, batch: Any) -> Any:
+        return eval_fn(BoundModel(state, state.params, state.model_state, None, train=False), batch)
+
+    return step

@@ -1,0 +1,204 @@
+"""`TrainState`: the pytree a compiled step reads and returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+from flax import nnx, struct
+
+from ember.training._models import (
+    ApplyFn,
+    linen_apply_fn,
+    linen_init,
+    nnx_apply_fn,
+    nnx_split,
+    plain_apply_fn,
+)
+
+
+def _check_tx(tx: object) -> None:
+    if not isinstance(tx, optax.GradientTransformation):
+        raise TypeError(f"`tx` must be an optax.GradientTransformation such as optax.adam(1e-3), got {tx!r}.")
+
+
+def _check_seed(seed: object) -> None:
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"`seed` must be an int, got {type(seed).__name__} {seed!r}.")
+
+
+class TrainState(struct.PyTreeNode):
+    """Everything a training step reads and writes: step, params, optimizer state, model state, RNG key.
+
+    A pytree, so it passes through ``jax.jit`` and ``jax.pmap`` and is donated to the step. The model's
+    calling convention (``apply_fn``) and the optimizer (``tx``) are static fields. Build one with
+    :meth:`from_linen`, :meth:`from_nnx` or :meth:`create`.
+
+    Attributes:
+        step: optimizer updates applied so far (an int32 scalar array).
+        params: the trainable parameters.
+        opt_state: the optimizer's state.
+        model_state: non-trainable collections, such as batch-norm statistics (``{}`` if none).
+        rng: the run's base key; each step draws from ``fold_in(rng, step)``.
+        apply_fn: ``apply_fn(params, model_state, key, train, *args, **kwargs) -> (out, model_state)``.
+        tx: the optax optimizer.
+        graphdef: for a state built :meth:`from_nnx`, the module's graph definition.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> from ember.training import TrainState
+        >>> state = TrainState.create(lambda p, x: x @ p["w"], {"w": jnp.ones((2, 1))}, optax.sgd(0.5), seed=0)
+        >>> state = state.apply_gradients({"w": jnp.ones((2, 1))})
+        >>> int(state.step), state.params["w"].ravel().tolist()
+        (1, [0.5, 0.5])
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    model_state: Any
+    rng: jax.Array
+    apply_fn: ApplyFn = struct.field(pytree_node=False)
+    tx: optax.GradientTransformation = struct.field(pytree_node=False)
+    graphdef: Any = struct.field(pytree_node=False, default=None)
+
+    def apply_gradients(self, grads: Any, model_state: Any = None) -> TrainState:
+        """One optimizer update: new params, optimizer state and step (and model state, if given).
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.training import TrainState
+            >>> state = TrainState.create(lambda p, x: p * x, jnp.array(2.0), optax.sgd(0.1), seed=0)
+            >>> round(float(state.apply_gradients(jnp.array(1.0)).params), 6)
+            1.9
+        """
+        updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
+        return self.replace(
+            step=self.step + 1,
+            params=optax.apply_updates(self.params, updates),
+            opt_state=opt_state,
+            model_state=self.model_state if model_state is None else model_state,
+        )
+
+    def to_nnx(self) -> nnx.Module:
+        """The NNX module with this state's params and model state merged back in.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from flax import nnx
+            >>> from ember.training import TrainState
+            >>> state = TrainState.from_nnx(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), optax.sgd(0.1))
+            >>> type(state.to_nnx()).__name__
+            'Linear'
+        """
+        if self.graphdef is None:
+            raise ValueError("to_nnx() needs a state built with TrainState.from_nnx; this one was not.")
+        return nnx.merge(self.graphdef, self.params, self.model_state)
+
+    @classmethod
+    def _build(
+        cls, apply_fn: ApplyFn, params: Any, model_state: Any, tx: Any, rng: jax.Array, graphdef: Any = None
+    ) -> TrainState:
+        _check_tx(tx)
+        return cls(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=tx.init(params),
+            model_state=model_state,
+            rng=rng,
+            apply_fn=apply_fn,
+            tx=tx,
+            graphdef=graphdef,
+        )
+
+    @classmethod
+    def create(
+        cls,
+        apply_fn: Callable[..., Any],
+        params: Any,
+        tx: optax.GradientTransformation,
+        *,
+        seed: int = 0,
+    ) -> TrainState:
+        """A state for a plain function ``apply_fn(params, *args, **kwargs)`` and a params pytree.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.training import TrainState
+            >>> state = TrainState.create(lambda p, x: x * p, jnp.array(3.0), optax.adam(1e-3))
+            >>> out, _ = state.apply_fn(state.params, state.model_state, None, False, 2.0)
+            >>> float(out)
+            6.0
+        """
+        if not callable(apply_fn):
+            raise TypeError(f"`apply_fn` must be callable as apply_fn(params, *inputs), got {apply_fn!r}.")
+        _check_seed(seed)
+        return cls._build(plain_apply_fn(apply_fn), params, {}, tx, jax.random.PRNGKey(seed))
+
+    @classmethod
+    def from_linen(
+        cls,
+        module: nn.Module,
+        sample_input: Any,
+        tx: optax.GradientTransformation,
+        *,
+        seed: int = 0,
+        rngs: Sequence[str] = (),
+        train_arg: str | None = "train",
+    ) -> TrainState:
+        """Initialise a Flax linen module; ``params`` apart, the other collections become ``model_state``.
+
+        Args:
+            module: the linen module.
+            sample_input: an input (or a tuple of inputs) with the shapes the model will see.
+            tx: the optax optimizer.
+            seed: seeds both initialisation and the per-step RNG.
+            rngs: names of the RNG streams the model draws from when training, e.g. ``("dropout",)``.
+            train_arg: the name of the module's boolean training flag; passed when ``__call__`` takes it.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from flax import linen as nn
+            >>> from ember.training import TrainState
+            >>> class MLP(nn.Module):
+            ...     @nn.compact
+            ...     def __call__(self, x, train: bool = False):
+            ...         x = nn.BatchNorm(use_running_average=not train)(nn.Dense(4)(x))
+            ...         return nn.Dense(1)(nn.Dropout(0.1, deterministic=not train)(x))
+            >>> state = TrainState.from_linen(MLP(), jnp.ones((2, 3)), optax.adam(1e-3), rngs=("dropout",))
+            >>> sorted(state.params), sorted(state.model_state)
+            (['BatchNorm_0', 'Dense_0', 'Dense_1'], ['batch_stats'])
+        """
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"`module` must be a flax.linen.Module, got {type(module).__name__}.")
+        _check_seed(seed)
+        if isinstance(rngs, str) or not all(isinstance(r, str) for r in rngs):
+            raise TypeError(f"`rngs` must be a sequence of stream names such as ('dropout',), got {rngs!r}.")
+        init_key, step_key = jax.random.split(jax.random.PRNGKey(seed))
+        params, model_state = linen_init(module, sample_input, init_key, rngs, train_arg)
+        return cls._build(linen_apply_fn(module, tuple(rngs), train_arg), params, model_state, tx, step_key)
+
+    @classmethod
+    def from_nnx(cls, model: nnx.Module, tx: optax.GradientTransformation, *, seed: int = 0) -> TrainState:
+        """Split a Flax NNX module into graph definition, params and the rest; train it functionally.
+
+        The module's RNG streams are reseeded every step from ``fold_in(rng, step)``, so dropout differs
+        per step and a resumed run draws the same numbers. :meth:`to_nnx` merges a state back.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from flax import nnx
+            >>> from ember.training import TrainState
+            >>> state = TrainState.from_nnx(nnx.Linear(3, 2, rngs=nnx.Rngs(0)), optax.sgd(0.1))
+            >>> sorted(state.params)
+            ['bias', 'kernel']
+        """
+        if not isinstance(model, nnx.Module):
+            raise TypeError(f"`model` must be a flax.nnx.Module, got {type(model).__name__}.")
+        _check_seed(seed)
+        graphdef, params, model_state = nnx_split(model)
+        return cls._build(nnx_apply_fn(graphdef), params, model_state, tx, jax.random.PRNGKey(seed), graphdef)

@@ -1,0 +1,280 @@
+"""`create_trainer` and `create_evaluator`: engines that run a compiled step on a train state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+from jax import lax
+
+from ember.data import DevicePrefetch
+from ember.engine import Engine, Events, State
+from ember.training._batch_spec import BatchSpec
+from ember.training._feed import StepGroups
+from ember.training._placement import Placement, Pmap, default_placement
+from ember.training._steps import BoundModel, make_eval_step, make_train_step
+from ember.training._train_state import TrainState
+
+
+class TrainingState(State):
+    """The :class:`~ember.State` of a training engine, plus the train state it runs the step on.
+
+    Attributes:
+        train_state: the current :class:`TrainState` (on device); ``None`` until built for a lazy state.
+
+    Example:
+        >>> from ember.training import TrainingState
+        >>> TrainingState().train_state is None
+        True
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.train_state: Any = None
+
+
+class TrainingEngine(Engine):
+    """An :class:`~ember.Engine` whose data is put on device ahead of the step that needs it.
+
+    Built by :func:`create_trainer` and :func:`create_evaluator`; ``engine.state.train_state`` holds the
+    state the compiled step reads. With ``steps_per_call=K`` one compiled call runs K steps and the
+    engine still fires the iteration events once per step; :meth:`terminate` then takes effect at the
+    end of the K-step group, so the engine's counters and the train state never disagree.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> from ember.training import TrainState, create_trainer
+        >>> state = TrainState.create(lambda p, x: x * p, jnp.array(0.0), optax.sgd(0.1))
+        >>> trainer = create_trainer(state, lambda model, b: jnp.mean((model(b) - 1.0) ** 2))
+        >>> type(trainer).__name__, type(trainer.state).__name__
+        ('TrainingEngine', 'TrainingState')
+    """
+
+    state: TrainingState
+
+    def __init__(
+        self, process_fn: Callable[[Any, Any], Any], placement: Placement, prefetch: int, steps_per_call: int
+    ) -> None:
+        super().__init__(process_fn)
+        self.state = TrainingState()
+        self.placement = placement
+        self._prefetch = prefetch
+        self._k = steps_per_call
+        self._group_end = True
+        self._pending_terminate: bool | None = None
+        if steps_per_call > 1:
+            self.add_event_handler(Events.ITERATION_COMPLETED, self._terminate_at_group_end)
+
+    def _wrap_data(self, data: Iterable[Any]) -> Iterable[Any]:
+        if self._k > 1:
+            return StepGroups(data, self._k, lambda b: self.placement.put_batch(b, stacked=True), self._prefetch)
+        return DevicePrefetch(data, self.placement.put_batch, size=self._prefetch)
+
+    def terminate(self, skip_completed: bool = False) -> None:
+        """As :meth:`Engine.terminate`; with K steps per call, at the end of the current group.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember import Events
+            >>> from ember.training import TrainState, create_trainer
+            >>> state = TrainState.create(lambda p, x: x * p, jnp.array(0.0), optax.sgd(0.1))
+            >>> trainer = create_trainer(state, lambda m, b: jnp.mean(m(b) ** 2), steps_per_call=4)
+            >>> _ = trainer.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda e: e.terminate())
+            >>> trainer.run([jnp.ones(2)] * 10).iteration
+            4
+        """
+        if self._group_end:
+            super().terminate(skip_completed)
+        else:
+            self._pending_terminate = skip_completed
+
+    def _terminate_at_group_end(self) -> None:
+        if self._pending_terminate is not None and self._group_end:
+            super().terminate(self._pending_terminate)
+            self._pending_terminate = None
+
+
+def _check_options(steps_per_call: int, prefetch: int, placement: Placement | None, debug: bool) -> Placement:
+    for name, value, low in (("steps_per_call", steps_per_call, 1), ("prefetch", prefetch, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}.")
+    if placement is not None and not isinstance(placement, Placement):
+        raise TypeError(f"`placement` must be SingleDevice(), DataParallel() or Pmap(), got {placement!r}.")
+    placement = placement or default_placement()
+    if debug and isinstance(placement, Pmap):
+        raise ValueError("debug=True runs the step uncompiled on one device; use SingleDevice() to debug.")
+    return placement
+
+
+def _scan_k(step: Callable[..., Any], size: int) -> Callable[..., Any]:
+    """K steps in one call; the K outputs come back as separate buffers, so reading one costs nothing."""
+
+    def multi(state: Any, group: Any) -> Any:
+        state, outs = lax.scan(step, state, group)
+        return state, tuple(jax.tree.map(lambda x, i=i: x[i], outs) for i in range(size))
+
+    return multi
+
+
+def create_trainer(
+    state: TrainState | Callable[[Any], TrainState],
+    loss_fn: Callable[[BoundModel, Any], Any],
+    *,
+    placement: Placement | None = None,
+    steps_per_call: int = 1,
+    accumulate_steps: int = 1,
+    extras: Sequence[str] = (),
+    lr_schedule: Callable[[Any], Any] | None = None,
+    prefetch: int = 2,
+    debug: bool = False,
+) -> TrainingEngine:
+    """An engine that trains: each iteration runs the compiled step on ``engine.state.train_state``.
+
+    The step's output (``{"loss": ..., **aux, **extras}``, device arrays) lands in ``state.output``
+    untouched; nothing is read back to the host unless a handler asks. Batches are put on device
+    ``prefetch`` steps ahead with the placement's sharding. The first batch's structure, shapes and
+    dtypes are recorded, and a later batch that differs raises an error showing both.
+
+    Args:
+        state: the initial :class:`TrainState`, or a function building it from the first batch.
+        loss_fn: ``loss_fn(model, batch) -> loss | (loss, aux)``; see :func:`make_train_step`.
+        placement: :class:`SingleDevice`, :class:`DataParallel` or :class:`Pmap`; by default data
+            parallel when several devices are visible.
+        steps_per_call: run K steps per compiled call (``lax.scan`` over K stacked batches).
+        accumulate_steps: micro-batches per optimizer update.
+        extras: in-step values for handlers (``"grad_norm"``, ``"update_norm"``, ``"param_norm"``, ``"lr"``).
+        lr_schedule: the optimizer's schedule, for the ``"lr"`` extra.
+        prefetch: batches (or K-step groups) kept in flight to the device; 0 puts each when needed.
+        debug: run the step uncompiled, to step through it with a debugger.
+
+    Returns:
+        A :class:`TrainingEngine`.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> from ember.training import TrainState, create_trainer
+        >>> state = TrainState.create(lambda p, x: x @ p, jnp.zeros(2), optax.sgd(0.1))
+        >>> def loss_fn(model, batch):
+        ...     x, y = batch
+        ...     return jnp.mean((model(x) - y) ** 2)
+        >>> data = [(jnp.eye(2), jnp.array([1.0, -1.0]))] * 4
+        >>> trainer = create_trainer(state, loss_fn)
+        >>> round(float(trainer.run(data, max_epochs=25).output["loss"]), 4)
+        0.0
+    """
+    placement = _check_options(steps_per_call, prefetch, placement, debug)
+    step = make_train_step(
+        loss_fn,
+        accumulate_steps=accumulate_steps,
+        extras=extras,
+        lr_schedule=lr_schedule,
+        axis_name=placement.axis_name,
+    )
+    compiled: dict[int, Callable[..., Any]] = {}  # by group size
+    spec: list[BatchSpec] = []
+
+    def compile_for(size: int, train_state: Any, batch: Any) -> Callable[..., Any]:
+        fn = step if size == 1 and steps_per_call == 1 else _scan_k(step, size)
+        if debug:
+            return fn
+        example = _example_output(step, placement, train_state, batch, stacked=steps_per_call > 1)
+        return placement.compile_train(fn, example)
+
+    def process(engine: TrainingEngine, batch: Any) -> Any:
+        st = engine.state
+        if st.train_state is None:
+            st.train_state = placement.put_state(_build_state(state, batch))
+        if steps_per_call == 1:
+            if spec:
+                spec[0].check(batch)
+            else:
+                spec.append(BatchSpec(batch))
+            fn = compiled.get(1) or compiled.setdefault(1, compile_for(1, st.train_state, batch))
+            st.train_state, out = fn(st.train_state, batch)
+            return out
+        feeder: StepGroups = st.dataloader  # type: ignore[assignment]
+        if spec:
+            spec[0].check(batch)
+        else:
+            spec.append(BatchSpec(batch))
+        if feeder.slot == 0:
+            size = feeder.size
+            fn = compiled.get(size) or compiled.setdefault(size, compile_for(size, st.train_state, feeder.group))
+            st.train_state, engine._outputs = fn(st.train_state, feeder.group)  # type: ignore[attr-defined]
+        engine._group_end = feeder.slot == feeder.size - 1
+        return engine._outputs[feeder.slot]  # type: ignore[attr-defined]
+
+    if not callable(state) and not isinstance(state, TrainState):
+        raise TypeError(f"`state` must be a TrainState or a function of the first batch, got {type(state).__name__}.")
+    engine = TrainingEngine(process, placement, prefetch, steps_per_call)
+    if isinstance(state, TrainState):
+        engine.state.train_state = placement.put_state(state)
+    return engine
+
+
+def _build_state(factory: Any, batch: Any) -> TrainState:
+    built = factory(jax.device_get(batch)) if not isinstance(factory, TrainState) else factory
+    if not isinstance(built, TrainState):
+        raise TypeError(f"The state factory must return a TrainState, got {type(built).__name__}.")
+    return built
+
+
+def _example_output(
+    step: Callable[..., Any], placement: Placement, train_state: Any, batch: Any, *, stacked: bool
+) -> Any:
+    """The per-device output structure of one step; only ``Pmap`` needs it, to choose its out_axes."""
+    if not isinstance(placement, Pmap):
+        return None
+    one = jax.tree.map(lambda x: x[:, 0] if stacked else x, batch)  # (n, B/n, ...): one step's per-device batch
+    shapes = jax.eval_shape(jax.vmap(step, in_axes=(None, 0), axis_name=placement.axis_name), train_state, one)[1]
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), shapes)
+
+
+def create_evaluator(
+    source: TrainState | Engine,
+    eval_fn: Callable[[BoundModel, Any], Any],
+    *,
+    placement: Placement | None = None,
+    prefetch: int = 2,
+    debug: bool = False,
+) -> TrainingEngine:
+    """An engine that evaluates: each iteration runs the compiled ``eval_fn`` with the model in eval mode.
+
+    Args:
+        source: a :class:`TrainState`, or the trainer whose current ``state.train_state`` each run uses.
+        eval_fn: ``eval_fn(model, batch) -> output``; the output lands in ``state.output``.
+        placement: as for :func:`create_trainer`; the trainer's placement is a good choice.
+        prefetch: batches kept in flight to the device.
+        debug: run the step uncompiled.
+
+    Returns:
+        A :class:`TrainingEngine` (``steps_per_call`` is 1); a short last batch is accepted.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> from ember.training import TrainState, create_evaluator
+        >>> state = TrainState.create(lambda p, x: x * p, jnp.array(3.0), optax.sgd(0.1))
+        >>> evaluator = create_evaluator(state, lambda model, x: model(x))
+        >>> evaluator.run([jnp.ones(2), jnp.ones(1)]).output.tolist()
+        [3.0]
+    """
+    placement = _check_options(1, prefetch, placement, debug)
+    if not isinstance(source, TrainState | Engine):
+        raise TypeError(f"`source` must be a TrainState or a trainer Engine, got {type(source).__name__}.")
+    step = make_eval_step(eval_fn)
+    compiled = step if debug else placement.compile_eval(step)
+    spec: list[BatchSpec] = []
+
+    def process(engine: TrainingEngine, batch: Any) -> Any:
+        if spec:
+            spec[0].check(batch)
+        else:
+            spec.append(BatchSpec(batch, allow_short=True))
+        train_state = engine.state.train_state if isinstance(source, TrainState) else source.state.train_state  # type: ignore[attr-defined]
+        return compiled(train_state, batch)
+
+    engine = TrainingEngine(process, placement, prefetch, 1)
+    if isinstance(source, TrainState):
+        engine.state.train_state = placement.put_state(source)
+    return engine
