@@ -38,8 +38,13 @@ class ArrayDataset:
         leaves = jax.tree.leaves(arrays)
         if not leaves:
             raise ValueError("`arrays` holds no arrays; pass a pytree of arrays such as {'x': x, 'y': y}.")
-        lengths = {int(np.shape(x)[0]) if np.ndim(x) else -1 for x in leaves}
-        if len(lengths) != 1 or -1 in lengths:
+        if any(np.ndim(x) == 0 for x in leaves):
+            raise ValueError(
+                "Every leaf of `arrays` must be an array with a leading (example) axis; got a scalar leaf. "
+                "Pass np.asarray(values) rather than a Python list of numbers."
+            )
+        lengths = {int(np.shape(x)[0]) for x in leaves}
+        if len(lengths) != 1:
             raise ValueError(f"All arrays must share their leading axis length; got lengths {sorted(lengths)}.")
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"`batch_size` must be a positive int, got {batch_size!r}.")

@@ -28,12 +28,12 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
 
 def linen_apply_fn(module: nn.Module, rng_names: Sequence[str], train_arg: str | None) -> ApplyFn:
     """The adapter for a linen module: params and the other collections as separate trees."""
-    pass_train = train_arg is not None and _accepts(module.__call__, train_arg)
+    train_kw = train_arg if train_arg is not None and _accepts(module.__call__, train_arg) else None
 
     def apply(params: Any, model_state: Any, key: jax.Array | None, train: bool, *args: Any, **kwargs: Any):
         rngs = {name: jax.random.fold_in(key, i) for i, name in enumerate(rng_names)} if key is not None else None
-        if pass_train:
-            kwargs = {train_arg: train, **kwargs}
+        if train_kw is not None:
+            kwargs = {train_kw: train, **kwargs}
         variables = {"params": params, **model_state}
         if train and model_state:
             out, updated = module.apply(variables, *args, rngs=rngs, mutable=list(model_state), **kwargs)
@@ -49,7 +49,9 @@ def linen_init(
     """Initialise a linen module; return ``(params, model_state)``."""
     keys = jax.random.split(key, len(rng_names) + 1)
     rngs = {"params": keys[0], **{name: keys[i + 1] for i, name in enumerate(rng_names)}}
-    kwargs = {train_arg: False} if train_arg is not None and _accepts(module.__call__, train_arg) else {}
+    kwargs: dict[str, Any] = (
+        {train_arg: False} if train_arg is not None and _accepts(module.__call__, train_arg) else {}
+    )
     args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
     variables = dict(module.init(rngs, *args, **kwargs))
     if "params" not in variables:
@@ -68,6 +70,9 @@ def nnx_apply_fn(graphdef: Any) -> ApplyFn:
     """The adapter for an NNX module split into ``graphdef``: merge, set the mode, reseed, call, split."""
 
     def apply(params: Any, model_state: Any, key: jax.Array | None, train: bool, *args: Any, **kwargs: Any):
+        # Rebuild the variables in the current trace (the step may be inside grad inside jit): NNX refuses to
+        # mutate a variable created at another trace level, and reseeding mutates the RNG keys.
+        params, model_state = jax.tree.map(lambda x: x, (params, model_state))
         model = nnx.merge(graphdef, params, model_state)
         if train:
             model.train()
@@ -76,9 +81,18 @@ def nnx_apply_fn(graphdef: Any) -> ApplyFn:
         if key is not None:
             streams = sorted({v.tag for _, v in nnx.iter_graph(model) if isinstance(v, nnx.RngKey)})
             if streams:
-                nnx.reseed(model, **{s: jax.random.fold_in(key, i) for i, s in enumerate(streams)})
+                keys: dict[str, Any] = {s: jax.random.fold_in(key, i) for i, s in enumerate(streams)}
+                nnx.reseed(model, **keys)
         out = model(*args, **kwargs)
         _, _, new_state = nnx.split(model, nnx.Param, ...)
+        # RNG streams are reseeded from the step key on every call, so their stored values never need to
+        # change; keeping them makes the state identical on every device under pmap.
+        new_state = jax.tree.map(
+            lambda old, new: old if isinstance(new, nnx.RngState) else new,
+            model_state,
+            new_state,
+            is_leaf=lambda x: isinstance(x, nnx.Variable),
+        )
         return out, new_state
 
     return apply

@@ -18,10 +18,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 
-def _leading_sizes(batch: Any) -> set[int]:
-    return {int(np.shape(x)[0]) for x in jax.tree.leaves(batch) if np.ndim(x) > 0}
-
-
 def check_divisible(batch: Any, n: int, *, stacked: bool = False) -> None:
     """Raise unless every leaf's batch axis splits evenly over ``n`` devices."""
     axis = 1 if stacked else 0
@@ -68,7 +64,7 @@ class SingleDevice(Placement):
         1
     """
 
-    def __init__(self, device: jax.Device | None = None) -> None:
+    def __init__(self, device: Any = None) -> None:
         self.device = device or jax.devices()[0]
 
     def put_state(self, state: Any) -> Any:
@@ -151,7 +147,7 @@ class Pmap(Placement):
         'batch'
     """
 
-    def __init__(self, devices: Sequence[jax.Device] | None = None, axis_name: str = "batch") -> None:
+    def __init__(self, devices: Sequence[Any] | None = None, axis_name: str = "batch") -> None:
         self.devices = list(devices) if devices is not None else jax.devices()
         self.axis_name = axis_name
         self.n_devices = len(self.devices)

@@ -56,7 +56,7 @@ class BoundModel:
         return out
 
 
-def _split_loss(out: Any) -> tuple[jax.Array, dict[str, Any]]:
+def _split_loss(out: Any) -> tuple[Any, dict[str, Any]]:
     if isinstance(out, tuple) and len(out) == 2:  # type: ignore[arg-type]
         loss, aux = out  # type: ignore[misc]
         if not isinstance(aux, dict):
@@ -162,7 +162,8 @@ def make_train_step(
             grads = jax.tree.map(lambda g: g / accumulate_steps, grads)
             loss, aux = losses.mean(), _merge_micro(aux)
         if axis_name is not None:
-            grads, loss, model_state = lax.pmean((grads, loss), axis_name) + (_pmean_floats(model_state, axis_name),)
+            grads, loss = lax.pmean((grads, loss), axis_name)
+            model_state = _pmean_floats(model_state, axis_name)
             aux = jax.tree.map(lambda x: lax.pmean(x, axis_name) if x.ndim == 0 else x, _pmean_floats(aux, axis_name))
         updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

@@ -175,11 +175,12 @@ def create_trainer(
     spec: list[BatchSpec] = []
 
     def compile_for(size: int, train_state: Any, batch: Any) -> Callable[..., Any]:
-        fn = step if size == 1 and steps_per_call == 1 else _scan_k(step, size)
+        grouped = steps_per_call > 1
+        fn = _scan_k(step, size) if grouped else step
         if debug:
             return fn
-        example = _example_output(step, placement, train_state, batch, stacked=steps_per_call > 1)
-        return placement.compile_train(fn, example)
+        example = _example_output(step, placement, train_state, batch, stacked=grouped)
+        return placement.compile_train(fn, (example,) * size if grouped and example is not None else example)
 
     def process(engine: TrainingEngine, batch: Any) -> Any:
         st = engine.state

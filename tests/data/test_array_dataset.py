@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+
+from ember.data import ArrayDataset
+
+
+def xs(data):
+    return [b["x"].tolist() for b in data]
+
+
+def flat(batches):
+    return [v for batch in batches for v in batch]
+
+
+def test_batches_in_order_with_a_short_last_batch_or_dropped():
+    """Without shuffling batches come in order; the short last batch is kept or dropped."""
+    arrays = {"x": np.arange(10), "y": np.arange(10) * 2}
+    assert xs(ArrayDataset(arrays, batch_size=4)) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert len(ArrayDataset(arrays, batch_size=4)) == 3
+    assert xs(ArrayDataset(arrays, batch_size=4, drop_remainder=True)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    first = next(iter(ArrayDataset(arrays, batch_size=4)))
+    assert first["y"].tolist() == [0, 2, 4, 6]
+
+
+def test_shuffling_is_seeded_and_differs_per_pass():
+    """The same seed gives the same passes; each pass is a different permutation of all examples."""
+    a, b = (ArrayDataset({"x": np.arange(12)}, batch_size=4, shuffle=True, seed=5) for _ in range(2))
+    passes_a = [flat(xs(a)) for _ in range(3)]
+    passes_b = [flat(xs(b)) for _ in range(3)]
+    assert passes_a == passes_b
+    assert passes_a[0] != passes_a[1]
+    assert all(sorted(p) == list(range(12)) for p in passes_a)
+    other = ArrayDataset({"x": np.arange(12)}, batch_size=4, shuffle=True, seed=6)
+    assert flat(xs(other)) != passes_a[0]
+
+
+def test_position_round_trips_mid_pass():
+    """A dataset restored from state_dict() continues with exactly the batches the original would give."""
+    data = ArrayDataset({"x": np.arange(12)}, batch_size=3, shuffle=True, seed=1)
+    list(data)
+    it = iter(data)
+    next(it)
+    saved = data.state_dict()
+    rest = [b["x"].tolist() for b in it] + xs(data)
+    restored = ArrayDataset({"x": np.arange(12)}, batch_size=3, shuffle=True, seed=1)
+    restored.load_state_dict(saved)
+    assert saved == {"epoch": 1, "position": 1}
+    assert xs(restored) + xs(restored) == rest
+
+
+def test_invalid_arguments():
+    """Mismatched lengths, bad batch sizes and bad positions are refused with clear errors."""
+    with pytest.raises(ValueError, match=r"share their leading axis length; got lengths \[3, 4\]"):
+        ArrayDataset({"x": np.arange(3), "y": np.arange(4)}, batch_size=2)
+    with pytest.raises(ValueError, match=r"`batch_size` must be a positive int, got 0"):
+        ArrayDataset(np.arange(3), batch_size=0)
+    with pytest.raises(ValueError, match=r"`batch_size`=8 exceeds the 3 examples and drop_remainder=True"):
+        ArrayDataset(np.arange(3), batch_size=8, drop_remainder=True)
+    with pytest.raises(ValueError, match=r"must be an array with a leading \(example\) axis; got a scalar leaf"):
+        ArrayDataset([1, 2, 3], batch_size=2)
+    with pytest.raises(ValueError, match=r"`arrays` holds no arrays"):
+        ArrayDataset({}, batch_size=2)
+    data = ArrayDataset(np.arange(6), batch_size=2)
+    with pytest.raises(ValueError, match=r"position 9 is outside this dataset's 3 batches per pass"):
+        data.load_state_dict({"epoch": 0, "position": 9})
+    with pytest.raises(ValueError, match=r"must hold int 'epoch' and 'position'"):
+        data.load_state_dict({"epoch": 0})
+    assert repr(data) == "ArrayDataset(6 examples, batch_size=2, shuffle=False, seed=0, drop_remainder=False)"

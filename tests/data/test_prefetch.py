@@ -1,0 +1,46 @@
+import numpy as np
+import pytest
+
+from ember.data import ArrayDataset, DevicePrefetch
+
+
+def test_prefetch_puts_batches_ahead_in_order():
+    """With size=2 the third batch is already transferred when the first is handed out."""
+    put = []
+    data = DevicePrefetch([1, 2, 3, 4], put=lambda b: put.append(b) or b * 10, size=2)
+    it = iter(data)
+    assert next(it) == 10
+    assert put == [1, 2, 3]
+    assert list(it) == [20, 30, 40]
+
+
+def test_size_zero_transfers_on_demand():
+    """size=0 puts each batch only when it is asked for."""
+    put = []
+    it = iter(DevicePrefetch([1, 2, 3], put=lambda b: put.append(b) or b, size=0))
+    next(it)
+    assert put == [1]
+
+
+def test_position_reports_what_was_handed_out_not_read_ahead():
+    """The saved position is the one after the batches handed out; resuming from it is exact."""
+    source = ArrayDataset(np.arange(10), batch_size=1)
+    data = DevicePrefetch(source, put=lambda b: b, size=3)
+    it = iter(data)
+    got = [int(next(it)[0]) for _ in range(4)]
+    assert source.state_dict() == {"epoch": 0, "position": 7}
+    assert data.state_dict() == {"epoch": 0, "position": 4}
+    resumed = DevicePrefetch(ArrayDataset(np.arange(10), batch_size=1), put=lambda b: b, size=3)
+    resumed.load_state_dict(data.state_dict())
+    assert got + [int(b[0]) for b in resumed] == list(range(10))
+
+
+def test_sources_without_a_position_report_none():
+    """A plain list has no position to save; state_dict() says None and len() still works."""
+    data = DevicePrefetch([1, 2], put=lambda b: b)
+    assert data.state_dict() is None
+    assert len(data) == 2
+    with pytest.raises(ValueError, match=r"`size` must be a non-negative int, got -1"):
+        DevicePrefetch([1], put=lambda b: b, size=-1)
+    with pytest.raises(TypeError, match=r"`source` must be an iterable of batches, got int"):
+        DevicePrefetch(3, put=lambda b: b)  # type: ignore[arg-type]

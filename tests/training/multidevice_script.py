@@ -1,0 +1,84 @@
+"""Run in a subprocess with 8 simulated CPU devices by test_placement.py; prints one JSON object."""
+
+import json
+import os
+import sys
+
+assert "--xla_force_host_platform_device_count=8" in os.environ.get("XLA_FLAGS", "")
+
+import jax  # noqa: E402  # XLA_FLAGS must be set before JAX starts
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from ember.training import DataParallel, Pmap, SingleDevice, TrainState, create_trainer  # noqa: E402
+from tests.training.models import LinenNet, NNXNet, batches, classification_loss  # noqa: E402
+
+DATA = batches(6, size=32)
+
+
+def train(state, placement, loss=classification_loss, data=DATA, steps_per_call=1):
+    trainer = create_trainer(state, loss, placement=placement, steps_per_call=steps_per_call)
+    trainer.run(data, max_epochs=2)
+    return trainer.state
+
+
+def max_diff(a, b):
+    """The largest absolute difference over the numeric leaves (NNX RNG keys are compared by their data)."""
+
+    def host(x):
+        return np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x, np.float64)
+
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return max((float(np.max(np.abs(host(x) - host(y)))) for x, y in pairs), default=0.0)
+
+
+# SGD, not Adam: the Dense bias before BatchNorm has a mathematically zero gradient, and Adam would turn the
+# float noise in it (which differs with the reduction order on 1 or 8 devices) into full-size updates.
+def linen():
+    return TrainState.from_linen(LinenNet(), jnp.ones((2, 4)), optax.sgd(0.1), rngs=("dropout",))
+
+
+def nnx_state():
+    return TrainState.from_nnx(NNXNet(nnx.Rngs(0, dropout=1)), optax.sgd(0.1))
+
+
+def mlp():
+    params = {"w1": jnp.full((4, 8), 0.1), "w2": jnp.full((8, 3), 0.1)}
+    return TrainState.create(lambda p, x: jnp.tanh(x @ p["w1"]) @ p["w2"], params, optax.adam(1e-2))
+
+
+out = {"devices": len(jax.devices())}
+one = SingleDevice(jax.devices()[0])
+for name, make in (("linen", linen), ("nnx", nnx_state), ("mlp", mlp)):
+    ref = train(make(), one)
+    dp = train(make(), DataParallel())
+    out[f"{name}_dataparallel_params"] = max_diff(ref.train_state.params, dp.train_state.params)
+    out[f"{name}_dataparallel_model_state"] = max_diff(ref.train_state.model_state, dp.train_state.model_state)
+    out[f"{name}_dataparallel_sharding"] = str(jax.tree.leaves(dp.train_state.params)[0].sharding.spec)
+    k10 = train(make(), DataParallel(), steps_per_call=4)
+    out[f"{name}_dataparallel_k4_params"] = max_diff(ref.train_state.params, k10.train_state.params)
+
+ref = train(mlp(), one)
+pm = train(mlp(), Pmap())
+out["mlp_pmap_params"] = max_diff(ref.train_state.params, pm.train_state.params)
+out["pmap_state_sharding"] = str(jax.tree.leaves(pm.train_state.params)[0].sharding.spec)
+out["pmap_loss_shape"] = list(pm.output["loss"].shape)
+out["pmap_logits_shape"] = list(pm.output["logits"].shape)
+pm_k = train(mlp(), Pmap(), steps_per_call=4)
+out["mlp_pmap_k4_params"] = max_diff(ref.train_state.params, pm_k.train_state.params)
+bn = train(linen(), Pmap())
+stats = bn.train_state.model_state["batch_stats"]["BatchNorm_0"]["mean"]
+out["pmap_bn_stats_shape"] = list(stats.shape)
+out["pmap_bn_stats_spec"] = str(stats.sharding.spec)
+nn_pm = train(nnx_state(), Pmap())
+out["pmap_nnx_steps"] = int(nn_pm.train_state.step)
+
+try:
+    train(mlp(), DataParallel(), data=batches(2, size=12))
+except ValueError as e:
+    out["indivisible_error"] = str(e)
+print(json.dumps(out))

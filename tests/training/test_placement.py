@@ -1,0 +1,64 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+from ember.training import DataParallel, Pmap, SingleDevice, default_placement
+
+SCRIPT = Path(__file__).with_name("multidevice_script.py")
+
+
+@pytest.fixture(scope="module")
+def eight_devices() -> dict:
+    """The results of the multi-device script, run once with 8 simulated CPU devices."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("model", ["linen", "nnx", "mlp"])
+def test_data_parallel_on_8_devices_matches_one_device(eight_devices, model):
+    """The same global batches on 1 and 8 devices give the same params and model state (dropout and BN too)."""
+    assert eight_devices["devices"] == 8
+    assert eight_devices[f"{model}_dataparallel_params"] < 1e-5
+    assert eight_devices[f"{model}_dataparallel_model_state"] < 1e-5
+    assert eight_devices[f"{model}_dataparallel_k4_params"] < 1e-5
+    assert eight_devices[f"{model}_dataparallel_sharding"] == "P()"
+
+
+def test_pmap_on_8_devices_matches_one_device(eight_devices):
+    """Pmap with averaged gradients trains like one device; the state stays one replicated array."""
+    assert eight_devices["mlp_pmap_params"] < 1e-5
+    assert eight_devices["mlp_pmap_k4_params"] < 1e-5
+    assert eight_devices["pmap_state_sharding"] == "P()"
+    assert eight_devices["pmap_loss_shape"] == []
+    assert eight_devices["pmap_logits_shape"] == [8, 4, 3]
+
+
+def test_pmap_averages_model_state_across_devices(eight_devices):
+    """Batch statistics under pmap are averaged over devices and come back replicated, not stacked."""
+    assert eight_devices["pmap_bn_stats_shape"] == [16]
+    assert eight_devices["pmap_bn_stats_spec"] == "P()"
+    assert eight_devices["pmap_nnx_steps"] == 12
+
+
+def test_a_batch_that_cannot_be_split_names_size_and_devices(eight_devices):
+    """A batch of 12 on 8 devices is refused, naming both numbers."""
+    assert eight_devices["indivisible_error"].startswith("A batch of size 12 cannot be split over 8 devices")
+
+
+def test_default_placement_on_one_device_is_single_device():
+    """With one visible device the default placement is SingleDevice."""
+    assert len(jax.devices()) == 1
+    assert isinstance(default_placement(), SingleDevice)
+    assert repr(DataParallel()) == "DataParallel(1 devices, axis='data')"
+    assert repr(Pmap()) == "Pmap(1 devices, axis_name='batch')"
+    with pytest.raises(ValueError, match=r"`axis`='model' is not an axis of the mesh"):
+        DataParallel(mesh=DataParallel().mesh, axis="model")

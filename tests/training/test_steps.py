@@ -1,0 +1,133 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from ember.training import TrainState, make_eval_step, make_train_step
+from tests.training.models import LinenNet, NNXNet, batches, classification_loss
+
+STEP = jax.jit(make_train_step(classification_loss))
+
+
+def linen_state(seed=0):
+    return TrainState.from_linen(LinenNet(), jnp.ones((2, 4)), optax.adam(1e-2), seed=seed, rngs=("dropout",))
+
+
+def test_step_updates_params_model_state_and_step_and_returns_aux():
+    """One step changes params and batch statistics, counts the step, and returns loss and logits."""
+    state = linen_state()
+    new, out = STEP(state, batches(1)[0])
+    assert int(new.step) == 1
+    assert sorted(out) == ["logits", "loss"]
+    assert out["logits"].shape == (16, 3)
+    assert out["loss"].shape == ()
+    assert not np.allclose(new.params["Dense_0"]["kernel"], state.params["Dense_0"]["kernel"])
+    assert not np.allclose(new.model_state["batch_stats"]["BatchNorm_0"]["mean"], 0.0)
+
+
+def test_dropout_differs_per_step_and_is_reproducible():
+    """The step's key is fold_in(rng, step): two steps draw different masks, a rerun the same ones."""
+    step = jax.jit(make_train_step(lambda model, b: (jnp.sum(model(b["x"])), {"out": model(b["x"])})))
+    state = linen_state()
+    batch = batches(1)[0]
+    s1, o1 = step(state, batch)
+    _, o2 = step(s1, batch)
+    _, o1_again = step(linen_state(), batch)
+    assert not np.allclose(o1["out"], o2["out"])
+    np.testing.assert_array_equal(o1["out"], o1_again["out"])
+
+
+def test_two_model_calls_in_one_loss_use_different_keys():
+    """Each call of the bound model draws its own dropout key."""
+    step = jax.jit(make_train_step(lambda model, b: (0.0 * jnp.sum(model(b)), {"a": model(b), "b": model(b)})))
+    _, out = step(linen_state(), jnp.ones((8, 4)))
+    assert not np.allclose(out["a"], out["b"])
+
+
+def test_nnx_model_trains_and_reseeds_dropout_per_step():
+    """An NNX model trains through the same step; its dropout streams are reseeded from the step key."""
+    state = TrainState.from_nnx(NNXNet(nnx.Rngs(0)), optax.adam(1e-2))
+    step = jax.jit(make_train_step(classification_loss))
+    data = batches(40)
+    losses = []
+    for b in data:
+        state, out = step(state, b)
+        losses.append(float(out["loss"]))
+    assert int(state.step) == 40
+    assert np.mean(losses[-10:]) < np.mean(losses[:10])
+    s_a, o_a = step(TrainState.from_nnx(NNXNet(nnx.Rngs(0)), optax.adam(1e-2)), data[0])
+    _, o_b = step(s_a, data[0])
+    assert not np.allclose(o_a["logits"], o_b["logits"])
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    """accumulate_steps=4 over a batch of 16 gives the update of the whole batch (no batch norm, no dropout)."""
+    state = TrainState.create(
+        lambda p, x: x @ p["w"] + p["b"], {"w": jnp.ones((4, 3)), "b": jnp.zeros(3)}, optax.sgd(0.1)
+    )
+    batch = batches(1)[0]
+    whole = jax.jit(make_train_step(classification_loss))
+    micro = jax.jit(make_train_step(classification_loss, accumulate_steps=4))
+    s1, o1 = whole(state, batch)
+    s4, o4 = micro(state, batch)
+    np.testing.assert_allclose(s4.params["w"], s1.params["w"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(o4["loss"], o1["loss"], rtol=1e-6)
+    np.testing.assert_allclose(o4["logits"], o1["logits"], rtol=1e-6)
+    assert int(s4.step) == 1
+
+
+def test_extras_are_computed_only_when_asked():
+    """grad_norm, update_norm, param_norm and lr appear when requested, with the right values."""
+    state = TrainState.create(lambda p, x: x * p, jnp.array(1.0), optax.sgd(0.5))
+    loss = lambda model, b: jnp.mean((model(b) - 3.0) ** 2)  # noqa: E731  # a one-line loss
+    plain = make_train_step(loss)
+    full = make_train_step(loss, extras=("grad_norm", "update_norm", "param_norm", "lr"), lr_schedule=lambda s: 0.5)
+    assert sorted(plain(state, jnp.ones(4))[1]) == ["loss"]
+    _, out = full(state, jnp.ones(4))
+    assert {k: float(v) for k, v in out.items()} == {
+        "loss": 4.0,
+        "grad_norm": 4.0,
+        "update_norm": 2.0,
+        "param_norm": 3.0,
+        "lr": 0.5,
+    }
+
+
+def test_lr_extra_reads_inject_hyperparams_state():
+    """With optax.inject_hyperparams the lr extra follows the schedule, step by step."""
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=optax.linear_schedule(1.0, 0.0, 4))
+    state = TrainState.create(lambda p, x: x * p, jnp.array(1.0), tx)
+    step = jax.jit(make_train_step(lambda m, b: jnp.mean(m(b)), extras=("lr",)))
+    lrs = []
+    for _ in range(4):
+        state, out = step(state, jnp.ones(2))
+        lrs.append(float(out["lr"]))
+    assert lrs == [1.0, 0.75, 0.5, 0.25]
+
+
+def test_step_argument_errors():
+    """Bad step-builder arguments fail when the step is built, naming the argument."""
+    with pytest.raises(ValueError, match=r"Unknown `extras` \['gradnorm'\]; choose from"):
+        make_train_step(lambda m, b: 0.0, extras=("gradnorm",))
+    with pytest.raises(ValueError, match=r"`accumulate_steps` must be a positive int, got 0"):
+        make_train_step(lambda m, b: 0.0, accumulate_steps=0)
+    with pytest.raises(TypeError, match=r"`loss_fn` must be callable"):
+        make_train_step(None)  # type: ignore[arg-type]
+    state = TrainState.create(lambda p, x: x * p, jnp.array(1.0), optax.adam(1e-3))
+    with pytest.raises(ValueError, match=r"extras=\('lr',\) needs the learning rate"):
+        make_train_step(lambda m, b: jnp.mean(m(b)), extras=("lr",))(state, jnp.ones(2))
+    with pytest.raises(ValueError, match=r"`accumulate_steps`=3 must divide the batch's leading axis; .* \(4,\)"):
+        make_train_step(lambda m, b: jnp.mean(m(b)), accumulate_steps=3)(state, jnp.ones(4))
+    with pytest.raises(ValueError, match=r"may not use the key 'loss'"):
+        make_train_step(lambda m, b: (jnp.mean(m(b)), {"loss": 1.0}))(state, jnp.ones(2))
+
+
+def test_eval_step_runs_the_model_in_eval_mode():
+    """The eval step uses running statistics and no dropout: the same input gives the same output."""
+    state = linen_state()
+    step = jax.jit(make_eval_step(lambda model, b: model(b)))
+    x = jnp.ones((4, 4))
+    np.testing.assert_array_equal(step(state, x), step(state, x))
+    assert step(state, x).shape == (4, 3)

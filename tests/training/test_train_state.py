@@ -1,0 +1,76 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from ember.training import TrainState
+from tests.training.models import LinenNet, NNXNet
+
+
+def test_from_linen_separates_params_from_other_collections():
+    """A linen module's params and batch statistics land in params and model_state."""
+    state = TrainState.from_linen(LinenNet(), jnp.ones((2, 4)), optax.adam(1e-3), seed=3, rngs=("dropout",))
+    assert sorted(state.params) == ["BatchNorm_0", "Dense_0", "Dense_1"]
+    assert sorted(state.model_state) == ["batch_stats"]
+    assert state.params["Dense_0"]["kernel"].shape == (4, 16)
+    assert int(state.step) == 0
+    np.testing.assert_array_equal(state.model_state["batch_stats"]["BatchNorm_0"]["var"], np.ones(16))
+
+
+def test_from_linen_is_seeded():
+    """The same seed gives the same params; another seed different ones."""
+    a, b, c = (TrainState.from_linen(LinenNet(), jnp.ones((2, 4)), optax.sgd(0.1), seed=s) for s in (0, 0, 1))
+    k = lambda s: s.params["Dense_0"]["kernel"]  # noqa: E731  # a one-line accessor
+    np.testing.assert_array_equal(k(a), k(b))
+    assert not np.allclose(k(a), k(c))
+
+
+def test_from_nnx_splits_params_and_state_and_merges_back():
+    """An NNX module splits into graphdef, params and the rest, and to_nnx() rebuilds it."""
+    model = NNXNet(nnx.Rngs(0))
+    state = TrainState.from_nnx(model, optax.adam(1e-3))
+    assert sorted(state.params) == ["bn", "dense1", "dense2"]
+    assert sorted(state.params["bn"]) == ["bias", "scale"]
+    assert "mean" in state.model_state["bn"]
+    rebuilt = state.to_nnx()
+    x = jnp.ones((2, 4))
+    model.eval()
+    rebuilt.eval()
+    np.testing.assert_allclose(rebuilt(x), model(x))
+
+
+def test_plain_state_and_apply_gradients():
+    """A plain-function state applies optimizer updates and counts steps."""
+    state = TrainState.create(lambda p, x: x @ p["w"], {"w": jnp.ones((2,))}, optax.sgd(0.5), seed=0)
+    state = state.apply_gradients({"w": jnp.array([1.0, -1.0])})
+    assert int(state.step) == 1
+    np.testing.assert_allclose(state.params["w"], [0.5, 1.5])
+
+
+def test_train_state_is_a_pytree_that_jit_accepts_and_donates():
+    """TrainState passes through jit (static apply_fn and tx) and can be donated."""
+    state = TrainState.from_linen(LinenNet(), jnp.ones((2, 4)), optax.sgd(0.1))
+    bump = jax.jit(lambda s: s.replace(step=s.step + 1), donate_argnums=0)
+    assert int(bump(state).step) == 1
+    leaves = jax.tree.leaves(state)
+    assert all(isinstance(x, jax.Array) for x in leaves)
+
+
+def test_bad_arguments_are_rejected_with_clear_errors():
+    """Wrong optimizer, seed, module or rngs types fail at construction, naming the argument."""
+    with pytest.raises(TypeError, match=r"`tx` must be an optax.GradientTransformation .* got 0.1"):
+        TrainState.create(lambda p, x: x, jnp.ones(1), 0.1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"`seed` must be an int, got str 'a'"):
+        TrainState.create(lambda p, x: x, jnp.ones(1), optax.sgd(0.1), seed="a")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"`module` must be a flax.linen.Module, got NNXNet"):
+        TrainState.from_linen(NNXNet(nnx.Rngs(0)), jnp.ones((1, 4)), optax.sgd(0.1))  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError, match=r"`rngs` must be a sequence of stream names such as \('dropout',\), got 'dropout'"
+    ):
+        TrainState.from_linen(LinenNet(), jnp.ones((1, 4)), optax.sgd(0.1), rngs="dropout")
+    with pytest.raises(TypeError, match=r"`model` must be a flax.nnx.Module, got LinenNet"):
+        TrainState.from_nnx(LinenNet(), optax.sgd(0.1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"to_nnx\(\) needs a state built with TrainState.from_nnx"):
+        TrainState.create(lambda p, x: x, jnp.ones(1), optax.sgd(0.1)).to_nnx()

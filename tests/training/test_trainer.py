@@ -1,0 +1,162 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from ember import Engine, Events
+from ember.data import ArrayDataset
+from ember.training import SingleDevice, TrainState, create_evaluator, create_trainer
+from tests.training.models import LinenNet, batches, classification_loss
+
+
+def linear_state():
+    return TrainState.create(
+        lambda p, x: x @ p["w"] + p["b"], {"w": jnp.zeros((4, 3)), "b": jnp.zeros(3)}, optax.adam(0.05)
+    )
+
+
+def linen_state():
+    return TrainState.from_linen(LinenNet(), jnp.ones((2, 4)), optax.adam(1e-2), rngs=("dropout",))
+
+
+def test_trainer_runs_the_step_and_keeps_outputs_on_device():
+    """Each iteration updates state.train_state; state.output holds the step's device arrays."""
+    trainer = create_trainer(linen_state(), classification_loss, placement=SingleDevice())
+    outputs = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.append(e.state.output))
+    state = trainer.run(batches(6), max_epochs=2)
+    assert int(state.train_state.step) == 12
+    assert all(isinstance(o["loss"], jax.Array) for o in outputs)
+    assert outputs[-1]["logits"].shape == (16, 3)
+    assert float(outputs[-1]["loss"]) < float(outputs[0]["loss"])
+
+
+def test_k_steps_per_call_gives_the_same_parameters_and_per_step_outputs():
+    """steps_per_call=10 fires the iteration events once per step and trains exactly like K=1."""
+    data = batches(23)  # two groups of 10 and a trailing group of 3 per epoch
+    results = {}
+    for k in (1, 10):
+        trainer = create_trainer(linen_state(), classification_loss, steps_per_call=k, placement=SingleDevice())
+        losses = []
+        trainer.add_event_handler(
+            Events.ITERATION_COMPLETED, lambda e, losses=losses: losses.append(e.state.output["loss"])
+        )
+        state = trainer.run(data, max_epochs=2)
+        results[k] = (state, [float(x) for x in losses])
+    (s1, l1), (s10, l10) = results[1], results[10]
+    assert len(l1) == len(l10) == 46
+    np.testing.assert_allclose(l10, l1, rtol=1e-5)
+    assert int(s10.train_state.step) == 46
+    np.testing.assert_allclose(
+        s10.train_state.params["Dense_0"]["kernel"], s1.train_state.params["Dense_0"]["kernel"], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_terminate_with_k_steps_takes_effect_at_the_group_boundary():
+    """terminate() in the middle of a 5-step group stops after the group, keeping counters and state in step."""
+    trainer = create_trainer(linear_state(), classification_loss, steps_per_call=5)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=7), lambda e: e.terminate())
+    state = trainer.run(batches(12), max_epochs=1)
+    assert state.iteration == 10
+    assert int(state.train_state.step) == 10
+
+
+def test_a_batch_that_differs_from_the_first_is_refused_showing_both():
+    """A later batch with another shape gets an error naming both structures, before XLA sees it."""
+    data = batches(2)
+    data.append({"x": np.zeros((16, 5), np.float32), "y": data[0]["y"]})
+    trainer = create_trainer(linear_state(), classification_loss)
+    with pytest.raises(ValueError, match=r"(?s)differs from the first one.*float32\[16, 4\].*float32\[16, 5\]"):
+        trainer.run(data)
+    assert trainer.state.iteration == 3
+
+
+def test_the_trainer_never_pulls_values_to_the_host():
+    """Many iterations under the transfer guard, bare and with an every=N handler that reads when it fires."""
+    trainer = create_trainer(linear_state(), classification_loss, placement=SingleDevice())
+    data = batches(8)
+    trainer.run(data[:1])  # compile outside the guard
+    read = []
+    with jax.transfer_guard_device_to_host("disallow"):
+        trainer.state.max_epochs = None
+        trainer.run(data, max_epochs=5)
+    handle = trainer.add_event_handler(Events.ITERATION_COMPLETED(every=20), lambda e: read.append(e.state.iteration))
+    with jax.transfer_guard_device_to_host("disallow"):
+        trainer.state.max_epochs = None
+        trainer.run(data, max_epochs=5)
+    handle.remove()
+    assert read == [20, 40]
+
+
+def test_debug_runs_the_step_uncompiled():
+    """debug=True gives the same result as the compiled step."""
+    results = []
+    for debug in (False, True):
+        trainer = create_trainer(linear_state(), classification_loss, debug=debug, placement=SingleDevice())
+        results.append(trainer.run(batches(3)).train_state.params["w"])
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+
+
+def test_lazy_state_is_built_from_the_first_batch():
+    """A state factory receives the first (host) batch, as Ignite-style trainers init from data."""
+    seen = []
+
+    def build(batch):
+        seen.append(batch["x"].shape)
+        return TrainState.from_linen(LinenNet(), batch["x"], optax.sgd(0.1), rngs=("dropout",))
+
+    trainer = create_trainer(build, classification_loss)
+    assert trainer.state.train_state is None
+    trainer.run(batches(2))
+    assert seen == [(16, 4)]
+    assert int(trainer.state.train_state.step) == 2
+
+
+def test_evaluator_follows_the_trainer_state_and_accepts_a_short_last_batch():
+    """An evaluator built on a trainer uses its current train state; a short last batch is fine."""
+    trainer = create_trainer(linear_state(), classification_loss)
+    evaluator = create_evaluator(trainer, lambda model, b: model(b["x"]))
+    data = [*batches(2), {k: v[:5] for k, v in batches(1)[0].items()}]
+    trainer.run(batches(3))
+    out = evaluator.run(data).output
+    assert out.shape == (5, 3)
+    expected = data[-1]["x"] @ trainer.state.train_state.params["w"] + trainer.state.train_state.params["b"]
+    np.testing.assert_allclose(out, expected, rtol=1e-5)
+
+
+def test_resume_from_a_state_dict_with_array_dataset_is_exact():
+    """Training 7 steps, saving, restoring and training the rest equals training straight through."""
+    arrays = {"x": np.concatenate([b["x"] for b in batches(4)]), "y": np.concatenate([b["y"] for b in batches(4)])}
+
+    def fresh():
+        return ArrayDataset(arrays, batch_size=16, shuffle=True, seed=7)
+
+    straight = create_trainer(linear_state(), classification_loss)
+    straight.run(fresh(), max_epochs=3)
+
+    first = create_trainer(linear_state(), classification_loss)
+    first.add_event_handler(Events.ITERATION_COMPLETED(once=7), lambda e: e.interrupt())
+    first.run(fresh(), max_epochs=3)
+    saved_engine, saved_state = first.state_dict(), jax.device_get(first.state.train_state)
+
+    second = create_trainer(saved_state, classification_loss)
+    second.load_state_dict(saved_engine)
+    second.run(fresh())
+    assert second.state.iteration == 12
+    np.testing.assert_array_equal(second.state.train_state.params["w"], straight.state.train_state.params["w"])
+
+
+def test_trainer_option_errors():
+    """Bad trainer options fail at creation, naming the option."""
+    with pytest.raises(ValueError, match=r"`steps_per_call` must be an int >= 1, got 0"):
+        create_trainer(linear_state(), classification_loss, steps_per_call=0)
+    with pytest.raises(ValueError, match=r"`prefetch` must be an int >= 0, got -1"):
+        create_trainer(linear_state(), classification_loss, prefetch=-1)
+    with pytest.raises(TypeError, match=r"`placement` must be SingleDevice\(\), DataParallel\(\) or Pmap\(\)"):
+        create_trainer(linear_state(), classification_loss, placement="gpu")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"`state` must be a TrainState or a function of the first batch, got int"):
+        create_trainer(3, classification_loss)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"`source` must be a TrainState or a trainer Engine, got int"):
+        create_evaluator(3, lambda m, b: m(b))  # type: ignore[arg-type]
+    assert isinstance(create_evaluator(Engine(lambda e, b: b), lambda m, b: m(b)), Engine)
