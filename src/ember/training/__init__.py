@@ -2,6 +2,7 @@
 
 from ember.training._placement import DataParallel, Placement, Pmap, SingleDevice, default_placement
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
+from ember.training._supervised import create_supervised_evaluator, create_supervised_trainer
 from ember.training._train_state import TrainState
 from ember.training._trainer import TrainingEngine, TrainingState, create_evaluator, create_trainer
 
@@ -15,6 +16,8 @@ __all__ = [
     "TrainingEngine",
     "TrainingState",
     "create_evaluator",
+    "create_supervised_evaluator",
+    "create_supervised_trainer",
     "create_trainer",
     "default_placement",
     "make_eval_step",
