@@ -20,6 +20,8 @@ def test_size_zero_transfers_on_demand():
     it = iter(DevicePrefetch([1, 2, 3], put=lambda b: put.append(b) or b, size=0))
     next(it)
     assert put == [1]
+    assert list(it) == [2, 3]
+    assert put == [1, 2, 3]
 
 
 def test_position_reports_what_was_handed_out_not_read_ahead():

@@ -53,6 +53,17 @@ def test_k_steps_per_call_gives_the_same_parameters_and_per_step_outputs():
     )
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_device_prefetch_trains_like_direct_feeding(k):
+    """prefetch=2 (device_put ahead, the accelerator default) and prefetch=0 (the CPU default) agree."""
+    params = []
+    for prefetch in (0, 2):
+        trainer = create_trainer(linear_state(), classification_loss, steps_per_call=k, prefetch=prefetch)
+        params.append(trainer.run(batches(7), max_epochs=2).train_state.params["w"])
+        assert trainer.state.iteration == 14
+    np.testing.assert_array_equal(params[0], params[1])
+
+
 def test_terminate_with_k_steps_takes_effect_at_the_group_boundary():
     """terminate() in the middle of a 5-step group stops after the group, keeping counters and state in step."""
     trainer = create_trainer(linear_state(), classification_loss, steps_per_call=5)

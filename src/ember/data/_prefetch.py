@@ -62,10 +62,12 @@ class DevicePrefetch:
                     return
                 queue.append((self.put(batch), self.source.state_dict() if tracks else None))  # type: ignore[attr-defined]
 
-        fill(max(self.size, 1))
-        while queue:
+        while True:
+            fill(max(self.size, 1))  # at least the batch to hand out now
+            if not queue:
+                return
             batch, position = queue.popleft()
-            fill(self.size)
+            fill(self.size)  # and `size` more already travelling
             if tracks:
                 self._position = position
             yield batch

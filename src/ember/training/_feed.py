@@ -54,10 +54,12 @@ class StepGroups:
                     return
                 queue.append(group)
 
-        fill(max(self.prefetch, 1))
-        while queue:
+        while True:
+            fill(max(self.prefetch, 1))  # at least the group to run now
+            if not queue:
+                return
             group, host = queue.popleft()
-            fill(self.prefetch)
+            fill(self.prefetch)  # and `prefetch` more already travelling
             self.group, self.size = group, len(host)
             for slot, batch in enumerate(host):
                 self.slot = slot

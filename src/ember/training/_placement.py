@@ -44,10 +44,33 @@ class Placement:
 
     def put_batch(self, batch: Any, *, stacked: bool = False) -> Any:
         """Place one batch (or, ``stacked``, K batches stacked on a leading axis) on the devices."""
+        return jax.device_put(self.prepare_batch(batch, stacked=stacked), self.batch_sharding(stacked))
+
+    def prepare_batch(self, batch: Any, *, stacked: bool = False) -> Any:
+        """Check and reshape a host batch for the compiled step, without transferring it.
+
+        The compiled call then transfers it itself, which on a CPU backend is cheaper than
+        ``jax.device_put`` (see ``docs/benchmarks.md``).
+        """
+        return batch
+
+    def batch_sharding(self, stacked: bool) -> Any:
+        """Where a (prepared) batch lives."""
         raise NotImplementedError
 
-    def compile_train(self, step: Callable[..., Any], example_output: Any = None) -> Callable[..., Any]:
-        """Compile ``step(state, batch) -> (state, output)`` with the state donated."""
+    @property
+    def prefers_prefetch(self) -> bool:
+        """Whether putting batches on device ahead of time pays: on accelerators, not on a CPU backend."""
+        return jax.devices()[0].platform != "cpu"
+
+    def compile_train(
+        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False
+    ) -> Callable[..., Any]:
+        """Compile ``step(state, batch) -> (state, output)`` with the state donated.
+
+        ``example_output`` is one step's per-device output structure (only ``Pmap`` uses it); ``stacked``
+        says the batch holds K steps on a leading axis.
+        """
         raise NotImplementedError
 
     def compile_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
@@ -70,10 +93,12 @@ class SingleDevice(Placement):
     def put_state(self, state: Any) -> Any:
         return jax.device_put(state, self.device)
 
-    def put_batch(self, batch: Any, *, stacked: bool = False) -> Any:
-        return jax.device_put(batch, self.device)
+    def batch_sharding(self, stacked: bool) -> Any:
+        return self.device
 
-    def compile_train(self, step: Callable[..., Any], example_output: Any = None) -> Callable[..., Any]:
+    def compile_train(
+        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False
+    ) -> Callable[..., Any]:
         return jax.jit(step, donate_argnums=0)
 
     def compile_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
@@ -110,21 +135,26 @@ class DataParallel(Placement):
     def put_state(self, state: Any) -> Any:
         return jax.device_put(state, self.replicated)
 
-    def put_batch(self, batch: Any, *, stacked: bool = False) -> Any:
+    def prepare_batch(self, batch: Any, *, stacked: bool = False) -> Any:
         check_divisible(batch, self.n_devices, stacked=stacked)
-        return jax.device_put(batch, self._stacked if stacked else self._batch)
+        return batch
 
-    def compile_train(self, step: Callable[..., Any], example_output: Any = None) -> Callable[..., Any]:
+    def batch_sharding(self, stacked: bool) -> Any:
+        return self._stacked if stacked else self._batch
+
+    def compile_train(
+        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False
+    ) -> Callable[..., Any]:
         replicated = self.replicated
 
         def pinned(state: Any, batch: Any) -> Any:
             new_state, out = step(state, batch)
             return jax.lax.with_sharding_constraint(new_state, replicated), out
 
-        return jax.jit(pinned, donate_argnums=0)
+        return jax.jit(pinned, donate_argnums=0, in_shardings=(replicated, self.batch_sharding(stacked)))
 
     def compile_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
-        return jax.jit(step)
+        return jax.jit(step, in_shardings=(self.replicated, self._batch))
 
     def __repr__(self) -> str:
         return f"DataParallel({self.n_devices} devices, axis={self.axis!r})"
@@ -158,24 +188,26 @@ class Pmap(Placement):
     def put_state(self, state: Any) -> Any:
         return jax.device_put(state, self.replicated)
 
-    def put_batch(self, batch: Any, *, stacked: bool = False) -> Any:
+    def prepare_batch(self, batch: Any, *, stacked: bool = False) -> Any:
         check_divisible(batch, self.n_devices, stacked=stacked)
         n = self.n_devices
 
-        def split(x: Any) -> Any:
-            x = np.asarray(x) if not isinstance(x, jax.Array) else x
-            if stacked:  # (K, B, ...) -> (n, K, B/n, ...)
-                x = x.reshape((x.shape[0], n, x.shape[1] // n, *x.shape[2:])).swapaxes(0, 1)
-            else:
-                x = x.reshape((n, x.shape[0] // n, *x.shape[1:]))
-            return x
+        def split(x: Any) -> Any:  # a host-side reshape: (B, ...) -> (n, B/n, ...), or (K, B, ...) -> (n, K, B/n, ...)
+            if stacked:
+                return x.reshape((x.shape[0], n, x.shape[1] // n, *x.shape[2:])).swapaxes(0, 1)
+            return x.reshape((n, x.shape[0] // n, *x.shape[1:]))
 
-        return jax.device_put(jax.tree.map(split, batch), self._mapped)
+        return jax.tree.map(lambda x: split(x if isinstance(x, jax.Array) else np.asarray(x)), batch)
+
+    def batch_sharding(self, stacked: bool) -> Any:
+        return self._mapped
 
     def _out_axes(self, output: Any) -> Any:
         return jax.tree.map(lambda s: None if s.ndim == 0 and jnp.issubdtype(s.dtype, jnp.floating) else 0, output)
 
-    def compile_train(self, step: Callable[..., Any], example_output: Any = None) -> Callable[..., Any]:
+    def compile_train(
+        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False
+    ) -> Callable[..., Any]:
         out_axes = (None, self._out_axes(example_output))
         return jax.pmap(
             step, self.axis_name, in_axes=(None, 0), out_axes=out_axes, donate_argnums=0, devices=self.devices

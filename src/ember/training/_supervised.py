@@ -73,9 +73,10 @@ def create_supervised_trainer(
     elif isinstance(model, nn.Module):
         module = model
 
-        def state(batch: Any) -> TrainState:
+        def build(batch: Any) -> TrainState:
             return TrainState.from_linen(module, _unpack(batch)[0], optimizer, seed=seed, rngs=rngs)
 
+        state = build
     else:
         raise TypeError(f"`model` must be a linen Module, an NNX Module or a TrainState, got {type(model).__name__}.")
     return create_trainer(state, loss, **trainer_kwargs)

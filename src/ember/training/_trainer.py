@@ -67,9 +67,10 @@ class TrainingEngine(Engine):
             self.add_event_handler(Events.ITERATION_COMPLETED, self._terminate_at_group_end)
 
     def _wrap_data(self, data: Iterable[Any]) -> Iterable[Any]:
+        place = self.placement.put_batch if self._prefetch else self.placement.prepare_batch
         if self._k > 1:
-            return StepGroups(data, self._k, lambda b: self.placement.put_batch(b, stacked=True), self._prefetch)
-        return DevicePrefetch(data, self.placement.put_batch, size=self._prefetch)
+            return StepGroups(data, self._k, lambda b: place(b, stacked=True), self._prefetch)
+        return DevicePrefetch(data, place, size=self._prefetch)
 
     def terminate(self, skip_completed: bool = False) -> None:
         """As :meth:`Engine.terminate`; with K steps per call, at the end of the current group.
@@ -95,8 +96,12 @@ class TrainingEngine(Engine):
             self._pending_terminate = None
 
 
-def _check_options(steps_per_call: int, prefetch: int, placement: Placement | None, debug: bool) -> Placement:
+def _check_options(
+    steps_per_call: int, prefetch: int | None, placement: Placement | None, debug: bool
+) -> tuple[Placement, int]:
     for name, value, low in (("steps_per_call", steps_per_call, 1), ("prefetch", prefetch, 0)):
+        if name == "prefetch" and value is None:
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}.")
     if placement is not None and not isinstance(placement, Placement):
@@ -104,7 +109,9 @@ def _check_options(steps_per_call: int, prefetch: int, placement: Placement | No
     placement = placement or default_placement()
     if debug and isinstance(placement, Pmap):
         raise ValueError("debug=True runs the step uncompiled on one device; use SingleDevice() to debug.")
-    return placement
+    if prefetch is None:
+        prefetch = 2 if placement.prefers_prefetch else 0
+    return placement, prefetch
 
 
 def _scan_k(step: Callable[..., Any], size: int) -> Callable[..., Any]:
@@ -126,15 +133,16 @@ def create_trainer(
     accumulate_steps: int = 1,
     extras: Sequence[str] = (),
     lr_schedule: Callable[[Any], Any] | None = None,
-    prefetch: int = 2,
+    prefetch: int | None = None,
     debug: bool = False,
 ) -> TrainingEngine:
     """An engine that trains: each iteration runs the compiled step on ``engine.state.train_state``.
 
     The step's output (``{"loss": ..., **aux, **extras}``, device arrays) lands in ``state.output``
-    untouched; nothing is read back to the host unless a handler asks. Batches are put on device
-    ``prefetch`` steps ahead with the placement's sharding. The first batch's structure, shapes and
-    dtypes are recorded, and a later batch that differs raises an error showing both.
+    untouched; nothing is read back to the host unless a handler asks. On accelerators batches are put on
+    device ``prefetch`` steps ahead with the placement's sharding; on a CPU backend they go straight into
+    the compiled call, which transfers them more cheaply than an explicit ``device_put``. The first batch's
+    structure, shapes and dtypes are recorded, and a later batch that differs raises an error showing both.
 
     Args:
         state: the initial :class:`TrainState`, or a function building it from the first batch.
@@ -145,7 +153,8 @@ def create_trainer(
         accumulate_steps: micro-batches per optimizer update.
         extras: in-step values for handlers (``"grad_norm"``, ``"update_norm"``, ``"param_norm"``, ``"lr"``).
         lr_schedule: the optimizer's schedule, for the ``"lr"`` extra.
-        prefetch: batches (or K-step groups) kept in flight to the device; 0 puts each when needed.
+        prefetch: batches (or K-step groups) kept in flight to the device; 0 hands each batch to the
+            compiled call as it comes; ``None`` (default) means 2 on accelerators and 0 on a CPU backend.
         debug: run the step uncompiled, to step through it with a debugger.
 
     Returns:
@@ -163,7 +172,7 @@ def create_trainer(
         >>> round(float(trainer.run(data, max_epochs=25).output["loss"]), 4)
         0.0
     """
-    placement = _check_options(steps_per_call, prefetch, placement, debug)
+    placement, prefetch = _check_options(steps_per_call, prefetch, placement, debug)
     step = make_train_step(
         loss_fn,
         accumulate_steps=accumulate_steps,
@@ -180,7 +189,8 @@ def create_trainer(
         if debug:
             return fn
         example = _example_output(step, placement, train_state, batch, stacked=grouped)
-        return placement.compile_train(fn, (example,) * size if grouped and example is not None else example)
+        examples = (example,) * size if grouped and example is not None else example
+        return placement.compile_train(fn, examples, stacked=grouped)
 
     def process(engine: TrainingEngine, batch: Any) -> Any:
         st = engine.state
@@ -237,7 +247,7 @@ def create_evaluator(
     eval_fn: Callable[[BoundModel, Any], Any],
     *,
     placement: Placement | None = None,
-    prefetch: int = 2,
+    prefetch: int | None = None,
     debug: bool = False,
 ) -> TrainingEngine:
     """An engine that evaluates: each iteration runs the compiled ``eval_fn`` with the model in eval mode.
@@ -246,7 +256,7 @@ def create_evaluator(
         source: a :class:`TrainState`, or the trainer whose current ``state.train_state`` each run uses.
         eval_fn: ``eval_fn(model, batch) -> output``; the output lands in ``state.output``.
         placement: as for :func:`create_trainer`; the trainer's placement is a good choice.
-        prefetch: batches kept in flight to the device.
+        prefetch: batches kept in flight to the device, as for :func:`create_trainer`.
         debug: run the step uncompiled.
 
     Returns:
@@ -260,7 +270,7 @@ def create_evaluator(
         >>> evaluator.run([jnp.ones(2), jnp.ones(1)]).output.tolist()
         [3.0]
     """
-    placement = _check_options(1, prefetch, placement, debug)
+    placement, prefetch = _check_options(1, prefetch, placement, debug)
     if not isinstance(source, TrainState | Engine):
         raise TypeError(f"`source` must be a TrainState or a trainer Engine, got {type(source).__name__}.")
     step = make_eval_step(eval_fn)
