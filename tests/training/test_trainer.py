@@ -83,6 +83,16 @@ def test_a_batch_that_differs_from_the_first_is_refused_showing_both():
     assert trainer.state.iteration == 3
 
 
+@pytest.mark.parametrize("where", [1, 4])
+def test_k_step_groups_refuse_a_differing_batch_clearly(where):
+    """With steps_per_call=3 a differing batch inside the first group or in a later one gets the same error."""
+    data = batches(6)
+    data[where] = {"x": np.zeros((16, 5), np.float32), "y": data[0]["y"]}
+    trainer = create_trainer(linear_state(), classification_loss, steps_per_call=3)
+    with pytest.raises(ValueError, match=r"(?s)differs from the first one.*float32\[16, 4\].*float32\[16, 5\]"):
+        trainer.run(data)
+
+
 def test_the_trainer_never_pulls_values_to_the_host():
     """Many iterations under the transfer guard, bare and with an every=N handler that reads when it fires."""
     trainer = create_trainer(linear_state(), classification_loss, placement=SingleDevice())

@@ -7,14 +7,16 @@ from typing import Any
 import jax
 import numpy as np
 
+Leaf = tuple[tuple[int, ...], np.dtype[Any]]
 
-def _leaf(x: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+
+def _leaf(x: Any) -> Leaf:
     if hasattr(x, "dtype"):
         return tuple(x.shape), np.dtype(x.dtype)
     return tuple(np.shape(x)), np.asarray(x).dtype
 
 
-def _describe(treedef: Any, leaves: list[tuple[tuple[int, ...], np.dtype[Any]]]) -> str:
+def _describe(treedef: Any, leaves: list[Leaf]) -> str:
     return f"{treedef} with leaves [{', '.join(f'{dtype}{list(shape)}' for shape, dtype in leaves)}]"
 
 
@@ -22,37 +24,54 @@ class BatchSpec:
     """Records the first batch; raises, showing both, when a later batch differs.
 
     The check costs a tree flatten and two comparisons per leaf. With ``allow_short=True`` a batch whose
-    leading axis is shorter (a short last batch) passes.
+    leading axis is shorter (a short last batch) passes. With ``stacked=True`` the batches hold K steps on
+    a leading axis and only the per-step shape is compared, so a shorter trailing group passes.
     """
 
-    __slots__ = ("allow_short", "leaves", "treedef")
+    __slots__ = ("allow_short", "leaves", "stacked", "treedef")
 
-    def __init__(self, batch: Any, *, allow_short: bool = False) -> None:
+    def __init__(self, batch: Any, *, allow_short: bool = False, stacked: bool = False) -> None:
         flat, self.treedef = jax.tree.flatten(batch)
-        self.leaves = [_leaf(x) for x in flat]
+        self.stacked = stacked
+        self.leaves = [self._key(x) for x in flat]
         self.allow_short = allow_short
 
-    def _fits(self, x: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> bool:
-        got_shape, got_dtype = (x.shape, x.dtype) if hasattr(x, "dtype") else _leaf(x)
-        if got_dtype != dtype:
-            return False
-        if got_shape == shape:
-            return True
-        return (
-            self.allow_short
-            and len(got_shape) == len(shape) > 0
-            and got_shape[1:] == shape[1:]
-            and got_shape[0] <= shape[0]
-        )
+    def _key(self, x: Any) -> Leaf:
+        shape, dtype = _leaf(x)
+        return (shape[1:] if self.stacked else shape), dtype
 
     def check(self, batch: Any) -> None:
         """Raise ``ValueError`` if ``batch`` differs from the first batch."""
         flat, treedef = jax.tree.flatten(batch)
-        if treedef == self.treedef and all(self._fits(x, s, d) for x, (s, d) in zip(flat, self.leaves, strict=True)):
+        if treedef == self.treedef and not self.stacked:
+            try:  # the hot path: arrays with .shape and .dtype that match exactly
+                for x, (shape, dtype) in zip(flat, self.leaves, strict=True):
+                    if x.shape != shape or x.dtype != dtype:
+                        break
+                else:
+                    return
+            except AttributeError:  # Python scalars: the careful path below
+                pass
+        if treedef == self.treedef and all(
+            self._fits(self._key(x), want) for x, want in zip(flat, self.leaves, strict=True)
+        ):
             return
         raise ValueError(
             "This batch differs from the first one, so the compiled step cannot take it.\n"
             f"  first batch: {_describe(self.treedef, self.leaves)}\n"
-            f"  this batch:  {_describe(treedef, [_leaf(x) for x in flat])}\n"
+            f"  this batch:  {_describe(treedef, [self._key(x) for x in flat])}\n"
             "Give every batch the same structure, shapes and dtypes (drop_remainder=True drops a short last batch)."
+        )
+
+    def _fits(self, got: Leaf, want: Leaf) -> bool:
+        (shape, dtype), (want_shape, want_dtype) = got, want
+        if dtype != want_dtype:
+            return False
+        if shape == want_shape:
+            return True
+        return (
+            self.allow_short
+            and len(shape) == len(want_shape) > 0
+            and shape[1:] == want_shape[1:]
+            and shape[0] <= want_shape[0]
         )

@@ -9,6 +9,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ember.training._batch_spec import BatchSpec
+
 
 class StepGroups:
     """Reads K host batches at a time, stacks them, and puts each group on device ahead of time.
@@ -24,6 +26,7 @@ class StepGroups:
         self.put = put
         self.prefetch = prefetch
         self.group: Any = None
+        self.host_group: Any = None
         self.size = 0
         self.slot = -1
 
@@ -33,7 +36,7 @@ class StepGroups:
     def __iter__(self) -> Iterator[Any]:
         return self._steps(iter(self.source))
 
-    def _read_group(self, it: Iterator[Any]) -> tuple[Any, list[Any]] | None:
+    def _read_group(self, it: Iterator[Any]) -> tuple[Any, Any, list[Any]] | None:
         host: list[Any] = []
         for batch in it:
             host.append(batch)
@@ -41,11 +44,17 @@ class StepGroups:
                 break
         if not host:
             return None
-        stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *host)
-        return self.put(stacked), host
+        try:
+            stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *host)
+        except ValueError:
+            spec = BatchSpec(host[0])
+            for batch in host[1:]:
+                spec.check(batch)  # raises the clear error: which batch differs, and how
+            raise
+        return self.put(stacked), stacked, host
 
     def _steps(self, it: Iterator[Any]) -> Iterator[Any]:
-        queue: collections.deque[tuple[Any, list[Any]]] = collections.deque()
+        queue: collections.deque[tuple[Any, Any, list[Any]]] = collections.deque()
 
         def fill(n: int) -> None:
             while len(queue) < n:
@@ -58,9 +67,9 @@ class StepGroups:
             fill(max(self.prefetch, 1))  # at least the group to run now
             if not queue:
                 return
-            group, host = queue.popleft()
+            group, stacked, host = queue.popleft()
             fill(self.prefetch)  # and `prefetch` more already travelling
-            self.group, self.size = group, len(host)
+            self.group, self.host_group, self.size = group, stacked, len(host)
             for slot, batch in enumerate(host):
                 self.slot = slot
                 yield batch

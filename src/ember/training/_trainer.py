@@ -205,11 +205,11 @@ def create_trainer(
             st.train_state, out = fn(st.train_state, batch)
             return out
         feeder: StepGroups = st.dataloader  # type: ignore[assignment]
-        if spec:
-            spec[0].check(batch)
-        else:
-            spec.append(BatchSpec(batch))
-        if feeder.slot == 0:
+        if feeder.slot == 0:  # one check per group, on the stacked host batches
+            if spec:
+                spec[0].check(feeder.host_group)
+            else:
+                spec.append(BatchSpec(feeder.host_group, stacked=True))
             size = feeder.size
             fn = compiled.get(size) or compiled.setdefault(size, compile_for(size, st.train_state, feeder.group))
             st.train_state, engine._outputs = fn(st.train_state, feeder.group)  # type: ignore[attr-defined]
