@@ -1,6 +1,7 @@
 """Training: `TrainState`, compiled steps from a loss function, placement on devices, trainers."""
 
 from ember.training._placement import DataParallel, Placement, Pmap, SingleDevice, default_placement
+from ember.training._step_output import StepOutput
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
 from ember.training._supervised import create_supervised_evaluator, create_supervised_trainer
 from ember.training._train_state import TrainState
@@ -12,6 +13,7 @@ __all__ = [
     "Placement",
     "Pmap",
     "SingleDevice",
+    "StepOutput",
     "TrainState",
     "TrainingEngine",
     "TrainingState",

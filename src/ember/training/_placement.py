@@ -202,13 +202,19 @@ class Pmap(Placement):
     def batch_sharding(self, stacked: bool) -> Any:
         return self._mapped
 
-    def _out_axes(self, output: Any) -> Any:
-        return jax.tree.map(lambda s: None if s.ndim == 0 and jnp.issubdtype(s.dtype, jnp.floating) else 0, output)
+    def _out_axes(self, output: Any, stacked: bool) -> Any:
+        """Where each output's device axis goes: none for scalar floats (averaged), else first or after K.
+
+        With K steps stacked the device axis comes after the step axis, so one step's slice looks like a
+        single step's output.
+        """
+        mapped = 1 if stacked else 0
+        return jax.tree.map(lambda s: None if s.ndim == 0 and jnp.issubdtype(s.dtype, jnp.floating) else mapped, output)
 
     def compile_train(
         self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False
     ) -> Callable[..., Any]:
-        out_axes = (None, self._out_axes(example_output))
+        out_axes = (None, self._out_axes(example_output, stacked))
         return jax.pmap(
             step, self.axis_name, in_axes=(None, 0), out_axes=out_axes, donate_argnums=0, devices=self.devices
         )

@@ -13,6 +13,7 @@ from ember.engine import Engine, Events, State
 from ember.training._batch_spec import BatchSpec
 from ember.training._feed import StepGroups
 from ember.training._placement import Placement, Pmap, default_placement
+from ember.training._step_output import StepOutput
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
 from ember.training._train_state import TrainState
 
@@ -114,12 +115,11 @@ def _check_options(
     return placement, prefetch
 
 
-def _scan_k(step: Callable[..., Any], size: int) -> Callable[..., Any]:
-    """K steps in one call; the K outputs come back as separate buffers, so reading one costs nothing."""
+def _scan_k(step: Callable[..., Any]) -> Callable[..., Any]:
+    """K steps in one call; outputs come back stacked, and each step's view slices only what is read."""
 
     def multi(state: Any, group: Any) -> Any:
-        state, outs = lax.scan(step, state, group)
-        return state, tuple(jax.tree.map(lambda x, i=i: x[i], outs) for i in range(size))
+        return lax.scan(step, state, group)
 
     return multi
 
@@ -185,12 +185,11 @@ def create_trainer(
 
     def compile_for(size: int, train_state: Any, batch: Any) -> Callable[..., Any]:
         grouped = steps_per_call > 1
-        fn = _scan_k(step, size) if grouped else step
+        fn = _scan_k(step) if grouped else step
         if debug:
             return fn
         example = _example_output(step, placement, train_state, batch, stacked=grouped)
-        examples = (example,) * size if grouped and example is not None else example
-        return placement.compile_train(fn, examples, stacked=grouped)
+        return placement.compile_train(fn, example, stacked=grouped)
 
     def process(engine: TrainingEngine, batch: Any) -> Any:
         st = engine.state
@@ -214,7 +213,7 @@ def create_trainer(
             fn = compiled.get(size) or compiled.setdefault(size, compile_for(size, st.train_state, feeder.group))
             st.train_state, engine._outputs = fn(st.train_state, feeder.group)  # type: ignore[attr-defined]
         engine._group_end = feeder.slot == feeder.size - 1
-        return engine._outputs[feeder.slot]  # type: ignore[attr-defined]
+        return StepOutput(engine._outputs, feeder.slot)  # type: ignore[attr-defined]
 
     if not callable(state) and not isinstance(state, TrainState):
         raise TypeError(f"`state` must be a TrainState or a function of the first batch, got {type(state).__name__}.")
