@@ -11,7 +11,10 @@ shows) and an MLP 784-512-512-10 with batch 128. Rows, each the best of ``--repe
 - ``keras fit`` and ``keras fit, steps_per_execution=10``: Keras 3 on the JAX backend, when installed
   (``pip install keras``; it is not a dependency).
 
-Every row consumes the same host (NumPy) batches and ends with ``block_until_ready``.
+Every row consumes the same host (NumPy) batches and ends with ``block_until_ready``. Rows run interleaved;
+the rate shown is the best run, and each ratio is the median over repeats of the ratio measured within one
+repeat (row against its reference run moments apart), which is far steadier on a busy machine than a ratio
+of bests.
 
 Run: ``python benchmarks/throughput.py [--repeats R] [--quick]``.
 """
@@ -207,12 +210,12 @@ def measure(name: str, hidden: tuple[int, ...], batch: int, steps: int, repeats:
     runs = {k: v for k, v in rows.items() if v is not None}
     for fn in runs.values():
         fn()  # compile and warm up
-    best = dict.fromkeys(runs, float("inf"))
+    times: dict[str, list[float]] = {label: [] for label in runs}
     for _ in range(repeats):
         for label, fn in runs.items():
-            best[label] = min(best[label], fn())
-    rate = {label: steps / t for label, t in best.items()}
-    print(f"\n{name}: batch {batch}, {steps} steps, best of {repeats}")
+            times[label].append(fn())
+    rate = {label: steps / min(t) for label, t in times.items()}
+    print(f"\n{name}: batch {batch}, {steps} steps, {repeats} repeats")
     ratios = {
         "ember": "hand loop",
         "ember + handlers": "hand loop",
@@ -222,7 +225,11 @@ def measure(name: str, hidden: tuple[int, ...], batch: int, steps: int, repeats:
     }
     for label, r in rate.items():
         ref = ratios.get(label)
-        vs = f"  {r / rate[ref]:.3f} x {ref}" if ref else ""
+        vs = ""
+        if ref:
+            per_repeat = sorted(a / b for a, b in zip(times[ref], times[label], strict=True))
+            median, low, high = per_repeat[len(per_repeat) // 2], per_repeat[0], per_repeat[-1]
+            vs = f"  {median:.3f} x {ref} (median; range {low:.3f}-{high:.3f})"
         print(f"  {label:<36} {r:9.0f} steps/s{vs}")
     return rate
 

@@ -64,6 +64,32 @@ def test_device_prefetch_trains_like_direct_feeding(k):
     np.testing.assert_array_equal(params[0], params[1])
 
 
+def test_any_reiterable_of_numpy_pytrees_feeds_the_trainer():
+    """A loader-like object without a length (a fresh generator per pass) trains like the same list."""
+
+    class Loader:
+        def __iter__(self):
+            yield from batches(5)
+
+    from_list = create_trainer(linear_state(), classification_loss).run(batches(5), max_epochs=2)
+    from_loader = create_trainer(linear_state(), classification_loss).run(Loader(), max_epochs=2)
+    assert from_loader.epoch_length == 5
+    assert from_loader.iteration == 10
+    np.testing.assert_array_equal(from_loader.train_state.params["w"], from_list.train_state.params["w"])
+
+
+def test_k_step_outputs_are_read_lazily_per_step():
+    """With steps_per_call>1 each step's output is a StepOutput whose values are that step's."""
+    trainer = create_trainer(linear_state(), classification_loss, steps_per_call=4)
+    seen = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.output))
+    trainer.run(batches(6))
+    assert [type(o).__name__ for o in seen] == ["StepOutput"] * 6
+    assert sorted(seen[0]) == ["logits", "loss"]
+    assert dict(seen[5])["logits"].shape == (16, 3)
+    assert len({float(o["loss"]) for o in seen}) == 6
+
+
 def test_terminate_with_k_steps_takes_effect_at_the_group_boundary():
     """terminate() in the middle of a 5-step group stops after the group, keeping counters and state in step."""
     trainer = create_trainer(linear_state(), classification_loss, steps_per_call=5)

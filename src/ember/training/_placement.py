@@ -32,7 +32,19 @@ def check_divisible(batch: Any, n: int, *, stacked: bool = False) -> None:
 
 
 class Placement:
-    """Base of the placement policies; see :class:`SingleDevice`, :class:`DataParallel`, :class:`Pmap`."""
+    """Base of the placement policies; see :class:`SingleDevice`, :class:`DataParallel`, :class:`Pmap`.
+
+    A placement puts the train state and batches on devices and compiles the step for them. Trainers call
+    it; users pick one and pass it as ``create_trainer(..., placement=...)``.
+
+    Example:
+        >>> import numpy as np
+        >>> from ember.training import Placement, SingleDevice
+        >>> placement: Placement = SingleDevice()
+        >>> batch = placement.put_batch({"x": np.ones((4, 2), np.float32)})
+        >>> batch["x"].shape, placement.axis_name
+        ((4, 2), None)
+    """
 
     #: the ``pmap`` axis name the step must reduce over, or ``None`` under ``jit``.
     axis_name: str | None = None
