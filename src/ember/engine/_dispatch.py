@@ -25,7 +25,7 @@ HandlerCall = Callable[..., Any]
 class Registration:
     """One handler registered on one event, with its own copy of the filter."""
 
-    __slots__ = ("__weakref__", "args", "call", "event", "filter", "handler", "kwargs")
+    __slots__ = ("__weakref__", "args", "call", "event", "filter", "handler", "kwargs", "priority")
 
     def __init__(
         self,
@@ -42,6 +42,7 @@ class Registration:
         self.args = args
         self.kwargs = kwargs
         self.call = _make_call(handler, args, kwargs, takes_engine)
+        self.priority = False
 
 
 def _make_call(
@@ -73,8 +74,12 @@ class Dispatch:
         self.due = -1
 
     def add(self, reg: Registration) -> None:
-        """Append a registration; the next firing evaluates every filter."""
-        self.regs = (*self.regs, reg)
+        """Append a registration (priority ones after the other priority ones, before the rest)."""
+        if reg.priority:
+            at = sum(1 for r in self.regs if r.priority)
+            self.regs = (*self.regs[:at], reg, *self.regs[at:])
+        else:
+            self.regs = (*self.regs, reg)
         self.due = -1
 
     def remove(self, reg: Registration) -> bool:

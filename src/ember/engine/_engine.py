@@ -172,6 +172,41 @@ class Engine(RunLoop):
             <ember.engine._engine.Engine object at ...> done
             >>> handle.remove()
         """
+        return self._register(event, handler, args, kwargs, priority=False)
+
+    def add_priority_handler(
+        self,
+        event: EventEnum | FilteredEvent | EventsList | str,
+        handler: Callable[..., Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> RemovableEventHandle:
+        """Like :meth:`add_event_handler`, but the handler runs before the event's ordinary handlers.
+
+        Priority handlers run among themselves in registration order. Metrics use this, so a logger
+        attached before a metric still sees the metric's fresh value.
+
+        Example:
+            >>> from ember import Engine, Events
+            >>> engine = Engine(lambda engine, batch: None)
+            >>> order = []
+            >>> _ = engine.add_event_handler(Events.COMPLETED, lambda: order.append("logger"))
+            >>> _ = engine.add_priority_handler(Events.COMPLETED, lambda: order.append("metric"))
+            >>> _ = engine.run([1])
+            >>> order
+            ['metric', 'logger']
+        """
+        return self._register(event, handler, args, kwargs, priority=True)
+
+    def _register(
+        self,
+        event: EventEnum | FilteredEvent | EventsList | str,
+        handler: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        priority: bool,
+    ) -> RemovableEventHandle:
         events = list(event) if isinstance(event, EventsList) else [event]
         checked = [self._check_registration(e, handler, args, kwargs) for e in events]
         regs: list[Registration] = []
@@ -179,6 +214,7 @@ class Engine(RunLoop):
             base = base_event(e)
             filt = e.filter.bind() if isinstance(e, FilteredEvent) else None
             reg = Registration(base, handler, filt, args, kwargs, takes_engine)
+            reg.priority = priority
             self._dispatch[base].add(reg)
             regs.append(reg)
         return RemovableEventHandle(event, handler, self, regs)

@@ -1,0 +1,37 @@
+"""Metrics whose accumulators live on device: Ignite's attach API over mergeable accumulators."""
+
+from ember.metrics._classification import Accuracy, Fbeta, Precision, Recall, TopKAccuracy
+from ember.metrics._composite import MetricsLambda
+from ember.metrics._confusion import ConfusionMatrix, IoU, mIoU
+from ember.metrics._metric import Metric
+from ember.metrics._reductions import Average, Loss, Max, Min, Sum
+from ember.metrics._regression import MeanAbsoluteError, MeanSquaredError, RootMeanSquaredError
+from ember.metrics._running_average import RunningAverage
+from ember.metrics._usage import BATCH_WISE, EPOCH_WISE, RUNNING, SINGLE_EPOCH_RUNNING, MetricUsage
+
+__all__ = [
+    "BATCH_WISE",
+    "EPOCH_WISE",
+    "RUNNING",
+    "SINGLE_EPOCH_RUNNING",
+    "Accuracy",
+    "Average",
+    "ConfusionMatrix",
+    "Fbeta",
+    "IoU",
+    "Loss",
+    "Max",
+    "MeanAbsoluteError",
+    "MeanSquaredError",
+    "Metric",
+    "MetricUsage",
+    "MetricsLambda",
+    "Min",
+    "Precision",
+    "Recall",
+    "RootMeanSquaredError",
+    "RunningAverage",
+    "Sum",
+    "TopKAccuracy",
+    "mIoU",
+]

@@ -1,0 +1,258 @@
+"""Classification metrics: `Accuracy`, `TopKAccuracy`, and `Precision`, `Recall`, `Fbeta`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+
+from ember.metrics._metric import Metric
+
+Average = Literal["macro", "micro", "weighted"] | None
+
+
+def _weights(n: int, mask: Any) -> jax.Array:
+    return jnp.ones((n,), jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32).reshape(n)
+
+
+def _flatten(y_pred: Any, y: Any, mask: Any, label_dims: int) -> tuple[jax.Array, jax.Array, Any]:
+    """Merge leading axes (such as pmap's device axis) into one example axis."""
+    y_pred, y = jnp.asarray(y_pred), jnp.asarray(y)
+    lead = y.shape[: y.ndim - label_dims]
+    n = 1
+    for d in lead:
+        n *= d
+    y_pred = y_pred.reshape((n, *y_pred.shape[len(lead) :]))
+    y = y.reshape((n, *y.shape[len(lead) :]))
+    return y_pred, y, (None if mask is None else jnp.asarray(mask).reshape(n))
+
+
+class Accuracy(Metric):
+    """The fraction of correct predictions: binary, multiclass or multilabel.
+
+    - multiclass: ``y_pred`` holds scores ``(..., C)`` and ``y`` class indices ``(...)``; the argmax counts;
+    - binary: ``y_pred`` and ``y`` have the same shape; ``y_pred > threshold`` is the prediction;
+    - multilabel (``is_multilabel=True``): ``y_pred`` and ``y`` are ``(..., L)``; an example is correct
+      when every label is (exact match, as Ignite and scikit-learn).
+
+    Leading axes (a device axis from ``pmap``) are examples too. Masked examples do not count.
+
+    Args:
+        is_multilabel: treat the last axis as independent labels.
+        threshold: the decision threshold for binary and multilabel scores.
+        output_transform: maps the output to ``(y_pred, y)`` or a mapping with those keys.
+        mask_key: the output entry holding a per-example mask.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import Accuracy
+        >>> acc = Accuracy()
+        >>> acc.update((jnp.array([0.9, 0.2, 0.7]), jnp.array([1, 0, 0])))
+        >>> round(acc.compute(), 4)
+        0.6667
+    """
+
+    def __init__(
+        self,
+        *,
+        is_multilabel: bool = False,
+        threshold: float = 0.5,
+        output_transform: Callable[[Any], Any] | None = None,
+        mask_key: str | None = "mask",
+    ) -> None:
+        self.is_multilabel = is_multilabel
+        self.threshold = threshold
+        super().__init__(output_transform, mask_key=mask_key)
+
+    def empty(self) -> Any:
+        return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+
+    def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
+        y_pred, y = jnp.asarray(y_pred), jnp.asarray(y)
+        if self.is_multilabel:
+            y_pred, y, mask = _flatten(y_pred, y, mask, 1)
+            correct = jnp.all((y_pred > self.threshold) == (y > 0.5), axis=-1)
+        elif y_pred.ndim == y.ndim + 1:  # multiclass scores
+            y_pred, y, mask = _flatten(y_pred, y, mask, 0)
+            correct = jnp.argmax(y_pred, axis=-1) == y
+        elif y_pred.shape == y.shape:  # binary
+            y_pred, y, mask = _flatten(y_pred, y, mask, 0)
+            correct = (y_pred > self.threshold) == (y > 0.5)
+        else:
+            raise ValueError(
+                f"Accuracy takes scores (..., C) with labels (...), or scores and labels of one shape; got y_pred "
+                f"{y_pred.shape} and y {y.shape}."
+            )
+        w = _weights(correct.shape[0], mask)
+        return (jnp.sum(correct * w), jnp.sum(w))
+
+    def finalize(self, state: Any) -> Any:
+        return state[0] / state[1]
+
+
+class TopKAccuracy(Metric):
+    """The fraction of examples whose label is among the ``k`` highest scores.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import TopKAccuracy
+        >>> top2 = TopKAccuracy(k=2)
+        >>> top2.update((jnp.array([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]]), jnp.array([1, 0])))
+        >>> top2.compute()
+        0.5
+    """
+
+    def __init__(
+        self, k: int = 5, *, output_transform: Callable[[Any], Any] | None = None, mask_key: str | None = "mask"
+    ) -> None:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"`k` must be a positive int, got {k!r}.")
+        self.k = k
+        super().__init__(output_transform, mask_key=mask_key)
+
+    def empty(self) -> Any:
+        return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+
+    def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
+        y_pred, y, mask = _flatten(y_pred, y, mask, 0)
+        _, top = jax.lax.top_k(y_pred, self.k)
+        correct = jnp.any(top == y[:, None], axis=-1)
+        w = _weights(correct.shape[0], mask)
+        return (jnp.sum(correct * w), jnp.sum(w))
+
+    def finalize(self, state: Any) -> Any:
+        return state[0] / state[1]
+
+
+class _ClassCounts(Metric):
+    """Per-class true positives, predicted counts and true counts; the base of Precision/Recall/Fbeta.
+
+    Binary when ``y_pred`` and ``y`` share a shape (positive class: ``y_pred > threshold``), multiclass when
+    ``y_pred`` has a class axis. With ``average=None`` the per-class values come back as an array.
+    """
+
+    def __init__(
+        self,
+        *,
+        average: Average = "macro",
+        threshold: float = 0.5,
+        output_transform: Callable[[Any], Any] | None = None,
+        mask_key: str | None = "mask",
+    ) -> None:
+        if average not in ("macro", "micro", "weighted", None):
+            raise ValueError(f"`average` must be 'macro', 'micro', 'weighted' or None, got {average!r}.")
+        self.average = average
+        self.threshold = threshold
+        self._binary = False
+        super().__init__(output_transform, mask_key=mask_key)
+
+    def empty(self) -> Any:
+        return None  # the class count comes from the first batch
+
+    def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
+        y_pred, y = jnp.asarray(y_pred), jnp.asarray(y)
+        if y_pred.shape == y.shape:  # binary: the positive class only
+            self._binary = True
+            y_pred, y, mask = _flatten(y_pred, y, mask, 0)
+            pred = (y_pred > self.threshold).astype(jnp.float32)[:, None]
+            true = (y > 0.5).astype(jnp.float32)[:, None]
+        else:
+            y_pred, y, mask = _flatten(y_pred, y, mask, 0)
+            classes = y_pred.shape[-1]
+            pred = jax.nn.one_hot(jnp.argmax(y_pred, axis=-1), classes)
+            true = jax.nn.one_hot(y, classes)
+        w = _weights(pred.shape[0], mask)[:, None]
+        return (jnp.sum(pred * true * w, 0), jnp.sum(pred * w, 0), jnp.sum(true * w, 0))
+
+    def _reduce(self, per_class: jax.Array, numerator: jax.Array, denominator: jax.Array, support: jax.Array) -> Any:
+        if self._binary or self.average is None:
+            return per_class[0] if self._binary else per_class
+        if self.average == "micro":
+            return _safe_div(jnp.sum(numerator), jnp.sum(denominator))
+        if self.average == "weighted":
+            return _safe_div(jnp.sum(per_class * support), jnp.sum(support))
+        return jnp.mean(per_class)
+
+
+def _safe_div(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a / b`` with 0 where ``b`` is 0 (scikit-learn's ``zero_division=0``)."""
+    return jnp.where(b > 0, a / jnp.where(b > 0, b, 1), 0.0)
+
+
+class Precision(_ClassCounts):
+    """True positives over predicted positives, per class, then averaged.
+
+    ``average`` is ``"macro"`` (default), ``"micro"``, ``"weighted"`` (by support), or ``None`` for the
+    per-class array. A class never predicted counts 0.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import Precision
+        >>> p = Precision()
+        >>> p.update((jnp.array([1.0, 1.0, 0.0, 0.0]), jnp.array([1, 0, 1, 1])))
+        >>> p.compute()
+        0.5
+    """
+
+    def finalize(self, state: Any) -> Any:
+        tp, pred, true = state
+        return self._reduce(_safe_div(tp, pred), tp, pred, true)
+
+
+class Recall(_ClassCounts):
+    """True positives over actual positives, per class, averaged like :class:`Precision`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import Recall
+        >>> r = Recall(average=None)
+        >>> r.update((jnp.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]), jnp.array([0, 1, 1])))
+        >>> r.compute().tolist()
+        [1.0, 0.5]
+    """
+
+    def finalize(self, state: Any) -> Any:
+        tp, _, true = state
+        return self._reduce(_safe_div(tp, true), tp, true, true)
+
+
+class Fbeta(_ClassCounts):
+    """The F-beta score per class, averaged like :class:`Precision`.
+
+    Per class ``(1 + b^2) TP / ((1 + b^2) TP + b^2 FN + FP)``; macro F1 is the mean of per-class F1, as
+    scikit-learn computes it.
+
+    Args:
+        beta: the weight of recall against precision; 1 gives F1.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import Fbeta
+        >>> f1 = Fbeta(beta=1.0)
+        >>> f1.update((jnp.array([1.0, 1.0, 0.0, 0.0]), jnp.array([1, 0, 1, 1])))
+        >>> round(f1.compute(), 4)
+        0.4
+    """
+
+    def __init__(
+        self,
+        beta: float = 1.0,
+        *,
+        average: Average = "macro",
+        threshold: float = 0.5,
+        output_transform: Callable[[Any], Any] | None = None,
+        mask_key: str | None = "mask",
+    ) -> None:
+        if isinstance(beta, bool) or not isinstance(beta, int | float) or beta <= 0:
+            raise ValueError(f"`beta` must be a positive number, got {beta!r}.")
+        self.beta = float(beta)
+        super().__init__(average=average, threshold=threshold, output_transform=output_transform, mask_key=mask_key)
+
+    def finalize(self, state: Any) -> Any:
+        tp, pred, true = state
+        b2 = self.beta**2
+        num = (1 + b2) * tp
+        den = (1 + b2) * tp + b2 * (true - tp) + (pred - tp)
+        return self._reduce(_safe_div(num, den), num, den, true)

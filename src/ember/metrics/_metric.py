@@ -1,0 +1,266 @@
+"""`Metric`: accumulators on device, a jitted merge per update, one host read per compute."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ember.engine import Engine, RemovableEventHandle
+from ember.metrics._composite import MetricArithmetic
+from ember.metrics._usage import EPOCH_WISE, MetricUsage, resolve_usage
+
+
+class _Attachment:
+    """One metric on one engine: its names, its usage and its handles."""
+
+    def __init__(self, usage: MetricUsage) -> None:
+        self.usage = usage
+        self.names: list[str] = []
+        self.handles: list[RemovableEventHandle] = []
+        self.internal = 0  # composite metrics that rely on this one
+
+
+class Metric(MetricArithmetic):
+    """Base of ember's metrics: a pytree of device accumulators with a pure, jittable merge.
+
+    Subclasses define :meth:`empty` (the zero accumulators), :meth:`batch_state` (one batch's
+    accumulators), :meth:`merge` (default: add) and :meth:`finalize` (accumulators to value, with
+    ``jnp``). :meth:`update` runs ``merge(state, batch_state(...))`` as one jitted call on device;
+    :meth:`compute` is the only host read. Arithmetic between metrics builds a lazy metric.
+
+    The metric reads ``engine.state.output``. A mapping output must hold the keys the metric names in
+    :attr:`keys` (``output_transform`` can pick or rename them); its ``"mask"`` entry, if any, marks the
+    elements that count (padding, a padded last batch). Otherwise the output (or what
+    ``output_transform`` returns) is taken as the positional arguments, a tuple or one value.
+
+    Args:
+        output_transform: maps the engine's output to what the metric takes.
+        mask_key: the key of a mapping output that holds the mask (``None``: no mask).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import Accuracy
+        >>> acc = Accuracy()
+        >>> acc.update({"y_pred": jnp.array([[0.9, 0.1], [0.2, 0.8]]), "y": jnp.array([0, 0])})
+        >>> acc.compute()
+        0.5
+    """
+
+    #: the keys a mapping output must hold, in the order of :meth:`batch_state`'s arguments.
+    keys: tuple[str, ...] = ("y_pred", "y")
+
+    def __init__(self, output_transform: Callable[[Any], Any] | None = None, *, mask_key: str | None = "mask") -> None:
+        if output_transform is not None and not callable(output_transform):
+            raise TypeError(f"`output_transform` must be callable, got {output_transform!r}.")
+        self._output_transform = output_transform
+        self.mask_key = mask_key
+        self._update_fn = jax.jit(self._merge_batch)
+        self._attachments: weakref.WeakKeyDictionary[Engine, _Attachment] = weakref.WeakKeyDictionary()
+        self._state: Any = None
+        self._updates = 0
+        self.reset()
+
+    # -- what subclasses define ------------------------------------------------------------------
+
+    def empty(self) -> Any:
+        """The accumulators before any update (device arrays), or ``None`` when their shape comes from data."""
+        raise NotImplementedError
+
+    def batch_state(self, *args: Any, **kwargs: Any) -> Any:
+        """One batch's accumulators from ``(*args, mask=...)``; traced under ``jax.jit``."""
+        raise NotImplementedError
+
+    def merge(self, a: Any, b: Any) -> Any:
+        """Combine two accumulators; the default adds them leaf by leaf."""
+        return jax.tree.map(jnp.add, a, b)
+
+    def finalize(self, state: Any) -> Any:
+        """The value from the accumulators, with ``jnp`` (it may run on device)."""
+        raise NotImplementedError
+
+    # -- the Ignite interface --------------------------------------------------------------------
+
+    def _merge_batch(self, state: Any, args: tuple[Any, ...], mask: Any) -> Any:
+        batch = self.batch_state(*args, mask=mask)
+        return batch if state is None else self.merge(state, batch)  # None: shapes known only from data
+
+    def arguments(self, output: Any) -> tuple[tuple[Any, ...], Any]:
+        """``(args, mask)`` for :meth:`batch_state` from an engine output."""
+        out = self._output_transform(output) if self._output_transform is not None else output
+        if isinstance(out, Mapping):
+            missing = [k for k in self.keys if k not in out]
+            if missing:
+                raise KeyError(
+                    f"{type(self).__name__} needs the keys {list(self.keys)} in the output, but {missing} "
+                    f"{'is' if len(missing) == 1 else 'are'} missing; the output holds {sorted(out)}. "
+                    "Pass output_transform= to pick them."
+                )
+            mask = out.get(self.mask_key) if self.mask_key is not None else None
+            return tuple(out[k] for k in self.keys), mask
+        return (out if isinstance(out, tuple) else (out,)), None  # type: ignore[return-value]
+
+    def reset(self) -> None:
+        """Zero the accumulators.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from ember.metrics import Average
+            >>> avg = Average()
+            >>> avg.update(jnp.array([1.0, 3.0])); avg.reset(); avg.update(jnp.array([5.0]))
+            >>> avg.compute()
+            5.0
+        """
+        self._state = self.empty()
+        self._updates = 0
+
+    def update(self, output: Any) -> None:
+        """Merge one batch into the accumulators, on device (no host read).
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from ember.metrics import Sum
+            >>> total = Sum()
+            >>> total.update(jnp.array([1.0, 2.0])); total.update(jnp.array([3.0]))
+            >>> total.compute()
+            6.0
+        """
+        args, mask = self.arguments(output)
+        self._state = self._update_fn(self._state, args, mask)
+        self._updates += 1
+
+    def compute(self) -> Any:
+        """The value: a float for scalars, a NumPy array otherwise. The only host read.
+
+        Raises:
+            RuntimeError: no update since the last reset.
+
+        Example:
+            >>> from ember.metrics import Average
+            >>> Average().compute()
+            Traceback (most recent call last):
+            ...
+            RuntimeError: Metric `Average` was computed before any update; attach it to an engine or call ...
+        """
+        if not self._updates:
+            raise RuntimeError(
+                f"Metric `{type(self).__name__}` was computed before any update; attach it to an engine or call "
+                "`update` first."
+            )
+        return _to_host(self.finalize(self._state))
+
+    @property
+    def state(self) -> Any:
+        """The accumulators, on device.
+
+        Example:
+            >>> from ember.metrics import Sum
+            >>> float(Sum().state)
+            0.0
+        """
+        return self._state
+
+    # -- attaching -------------------------------------------------------------------------------
+
+    def attach(self, engine: Engine, name: str, usage: str | MetricUsage = EPOCH_WISE) -> None:
+        """Reset, update and compute on ``engine``'s events; write ``engine.state.metrics[name]``.
+
+        Usages: ``"epoch_wise"`` (default), ``"batch_wise"``, ``"running"``, ``"single_epoch_running"``,
+        or :meth:`MetricUsage.filtered`. The metric's handlers run before the engine's other handlers
+        on the same event. Attached under two names, it still updates once per iteration.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from ember import Engine
+            >>> from ember.metrics import Average
+            >>> engine = Engine(lambda engine, batch: jnp.asarray(batch, jnp.float32))
+            >>> Average().attach(engine, "mean")
+            >>> engine.run([[1.0, 2.0], [3.0]]).metrics
+            {'mean': 2.0}
+        """
+        if not isinstance(engine, Engine):
+            raise TypeError(f"`engine` must be an ember Engine, got {type(engine).__name__}.")
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"`name` must be a non-empty string, got {name!r}.")
+        att = self._attach_to(engine, resolve_usage(usage))
+        if name not in att.names:
+            att.names.append(name)
+            if len(att.names) == 1 and not att.internal:
+                att.handles.append(engine.add_priority_handler(att.usage.compute, self._completed))
+
+    def _attach_to(self, engine: Engine, usage: MetricUsage) -> _Attachment:
+        att = self._attachments.get(engine)
+        if att is not None:
+            if att.usage != usage:
+                raise ValueError(
+                    f"This {type(self).__name__} is attached to the engine with usage {att.usage.name!r}; one "
+                    f"metric object has one usage per engine. Use another instance for {usage.name!r}."
+                )
+            return att
+        att = self._attachments[engine] = _Attachment(usage)
+        att.handles.append(engine.add_priority_handler(usage.reset, self.reset))
+        att.handles.append(engine.add_priority_handler(usage.update, self._updated))
+        return att
+
+    def _attach_internal(self, engine: Engine, usage: MetricUsage) -> None:
+        """Attach without a name, for a composite metric that computes from this one."""
+        self._attach_to(engine, usage).internal += 1
+
+    def _updated(self, engine: Engine) -> None:
+        self.update(engine.state.output)
+
+    def _completed(self, engine: Engine) -> None:
+        att = self._attachments.get(engine)
+        if att is None or not att.names:
+            return
+        value = self.compute()
+        for name in att.names:
+            engine.state.metrics[name] = value
+
+    def detach(self, engine: Engine, name: str | None = None) -> None:
+        """Stop updating on ``engine`` (for ``name`` only, if given); the metric's handlers are removed.
+
+        Example:
+            >>> from ember import Engine
+            >>> from ember.metrics import Average
+            >>> engine, avg = Engine(lambda engine, batch: batch), Average()
+            >>> avg.attach(engine, "a"); avg.detach(engine)
+            >>> avg.is_attached(engine)
+            False
+        """
+        att = self._attachments.get(engine)
+        if att is None:
+            return
+        if name is not None:
+            if name in att.names:
+                att.names.remove(name)
+                engine.state.metrics.pop(name, None)
+            if att.names or att.internal:
+                return
+        for handle in att.handles:
+            handle.remove()
+        for n in att.names:
+            engine.state.metrics.pop(n, None)
+        del self._attachments[engine]
+
+    def is_attached(self, engine: Engine, name: str | None = None) -> bool:
+        """Whether the metric is attached to ``engine`` (under ``name``, if given).
+
+        Example:
+            >>> from ember import Engine
+            >>> from ember.metrics import Average
+            >>> engine, avg = Engine(lambda engine, batch: batch), Average()
+            >>> avg.attach(engine, "a")
+            >>> avg.is_attached(engine), avg.is_attached(engine, "b")
+            (True, False)
+        """
+        att = self._attachments.get(engine)
+        return att is not None and (name is None or name in att.names)
+
+
+def _to_host(value: Any) -> Any:
+    host = jax.device_get(value)
+    return jax.tree.map(lambda x: x.item() if getattr(x, "ndim", None) == 0 else x, host)

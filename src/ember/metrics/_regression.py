@@ -1,0 +1,78 @@
+"""Regression metrics: `MeanSquaredError`, `MeanAbsoluteError`, `RootMeanSquaredError`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+from ember.metrics._metric import Metric
+
+
+class _MeanError(Metric):
+    def empty(self) -> Any:
+        return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+
+    def _errors(self, diff: Any) -> Any:
+        raise NotImplementedError
+
+    def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
+        y_pred, y = jnp.asarray(y_pred, jnp.float32), jnp.asarray(y, jnp.float32)
+        errors = self._errors(y_pred - y)
+        if mask is None:
+            w = jnp.ones_like(errors)
+        else:
+            mask = jnp.asarray(mask, jnp.float32)
+            w = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (errors.ndim - mask.ndim)), errors.shape)
+        return (jnp.sum(errors * w), jnp.sum(w))
+
+    def finalize(self, state: Any) -> Any:
+        return state[0] / state[1]
+
+
+class MeanSquaredError(_MeanError):
+    """The mean of squared errors over all elements (masked examples excluded).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import MeanSquaredError
+        >>> mse = MeanSquaredError()
+        >>> mse.update((jnp.array([1.0, 2.0]), jnp.array([0.0, 0.0])))
+        >>> mse.compute()
+        2.5
+    """
+
+    def _errors(self, diff: Any) -> Any:
+        return diff**2
+
+
+class MeanAbsoluteError(_MeanError):
+    """The mean of absolute errors over all elements (masked examples excluded).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import MeanAbsoluteError
+        >>> mae = MeanAbsoluteError()
+        >>> mae.update((jnp.array([1.0, -2.0]), jnp.array([0.0, 0.0])))
+        >>> mae.compute()
+        1.5
+    """
+
+    def _errors(self, diff: Any) -> Any:
+        return jnp.abs(diff)
+
+
+class RootMeanSquaredError(MeanSquaredError):
+    """The square root of :class:`MeanSquaredError`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import RootMeanSquaredError
+        >>> rmse = RootMeanSquaredError()
+        >>> rmse.update((jnp.array([3.0, 4.0]), jnp.array([0.0, 0.0])))
+        >>> round(rmse.compute(), 4)
+        3.5355
+    """
+
+    def finalize(self, state: Any) -> Any:
+        return jnp.sqrt(state[0] / state[1])

@@ -1,0 +1,102 @@
+"""`RunningAverage`: an exponential moving average of a metric's batch value or of an output, on device."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+
+from ember.engine import Engine, Events
+from ember.metrics._metric import Metric
+from ember.metrics._usage import MetricUsage
+
+#: reset at STARTED, update every iteration, and publish the (device) value every iteration.
+RUNNING_BATCH_WISE = MetricUsage(
+    "running_batch_wise", Events.STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED
+)
+
+
+class RunningAverage(Metric):
+    """``avg = alpha * avg + (1 - alpha) * value`` each iteration, starting from the first value, as Ignite.
+
+    ``value`` is ``src``'s value on the current batch (its accumulators for that batch alone, finalised on
+    device), or ``output_transform(output)``. The average stays on device: attached (by default every
+    iteration, over the whole run), ``engine.state.metrics[name]`` holds a device scalar, so nothing is read
+    back until a handler converts it; :meth:`compute` returns a float.
+
+    Args:
+        src: a metric whose per-batch value is averaged; or ``None`` to average an output.
+        alpha: the weight of the past, in ``(0, 1)``.
+        output_transform: with ``src=None``, picks the value from the output (e.g. ``lambda o: o["loss"]``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import RunningAverage
+        >>> avg = RunningAverage(output_transform=lambda out: out, alpha=0.98)
+        >>> for x in [0.0, 1.0, 0.0, 1.0]:
+        ...     avg.update(jnp.array(x))
+        >>> round(avg.compute(), 6)
+        0.039208
+    """
+
+    keys = ()
+
+    def __init__(
+        self,
+        src: Metric | None = None,
+        *,
+        alpha: float = 0.98,
+        output_transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        if (src is None) == (output_transform is None):
+            raise ValueError("RunningAverage takes exactly one of `src` (a metric) and `output_transform`.")
+        if src is not None and not isinstance(src, Metric):
+            raise TypeError(f"`src` must be a Metric, got {type(src).__name__}.")
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+            raise ValueError(f"`alpha` must be a number in (0, 1), got {alpha!r}.")
+        self.src = src
+        self.alpha = float(alpha)
+        super().__init__(output_transform, mask_key=None)
+
+    def arguments(self, output: Any) -> tuple[tuple[Any, ...], Any]:
+        if self.src is not None:
+            return self.src.arguments(output)
+        return (self._output_transform(output),), None  # type: ignore[misc]
+
+    def empty(self) -> Any:
+        return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.bool_))
+
+    def batch_state(self, *args: Any, mask: Any = None) -> Any:
+        value = args[0] if self.src is None else self.src.finalize(self.src.batch_state(*args, mask=mask))
+        return jnp.asarray(value, jnp.float32)
+
+    def _merge_batch(self, state: Any, args: tuple[Any, ...], mask: Any) -> Any:
+        avg, started = state
+        value = self.batch_state(*args, mask=mask)
+        return (jnp.where(started, self.alpha * avg + (1 - self.alpha) * value, value), jnp.ones((), jnp.bool_))
+
+    def finalize(self, state: Any) -> Any:
+        return state[0]
+
+    def attach(self, engine: Engine, name: str, usage: Any = RUNNING_BATCH_WISE) -> None:
+        """Attach; by default reset at STARTED and publish the device value every iteration.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from ember import Engine
+            >>> from ember.metrics import RunningAverage
+            >>> engine = Engine(lambda e, batch: {"loss": jnp.array(batch)})
+            >>> RunningAverage(output_transform=lambda out: out["loss"]).attach(engine, "loss")
+            >>> round(float(engine.run([0.0, 1.0]).metrics["loss"]), 4)
+            0.02
+        """
+        super().attach(engine, name, usage)
+
+    def _completed(self, engine: Engine) -> None:
+        att = self._attachments.get(engine)
+        if att is None or not att.names:
+            return
+        value = self.finalize(self._state)  # a device scalar: no host read here
+        for name in att.names:
+            engine.state.metrics[name] = value
