@@ -1,0 +1,155 @@
+"""Every built-in against scikit-learn (or NumPy), over several batches, with edge cases and masks."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn import metrics as skm
+
+from ember.metrics import (
+    Accuracy,
+    Average,
+    ConfusionMatrix,
+    Fbeta,
+    IoU,
+    Loss,
+    Max,
+    MeanAbsoluteError,
+    MeanSquaredError,
+    Min,
+    Precision,
+    Recall,
+    RootMeanSquaredError,
+    Sum,
+    TopKAccuracy,
+    mIoU,
+)
+
+RNG = np.random.default_rng(0)
+
+
+def feed(metric, *arrays, batch=7, mask=None):
+    """Update ``metric`` batch by batch (the last batch may be of one) and compute."""
+    n = len(arrays[0])
+    for i in range(0, n, batch):
+        out = {"y_pred": jnp.asarray(arrays[0][i : i + batch]), "y": jnp.asarray(arrays[1][i : i + batch])}
+        if mask is not None:
+            out["mask"] = jnp.asarray(mask[i : i + batch])
+        metric.update(out)
+    return metric.compute()
+
+
+def multiclass(n=50, c=4, missing=None):
+    scores = RNG.normal(size=(n, c)).astype(np.float32)
+    y = RNG.integers(0, c, size=n)
+    if missing is not None:  # a class that never appears in y
+        y[y == missing] = (missing + 1) % c
+    return scores, y
+
+
+@pytest.mark.parametrize("n", [50, 43])  # 43: the last batch of 7 holds one example
+def test_multiclass_accuracy_matches_sklearn(n):
+    """Argmax accuracy over batches equals accuracy_score on everything."""
+    scores, y = multiclass(n)
+    assert feed(Accuracy(), scores, y) == pytest.approx(skm.accuracy_score(y, scores.argmax(1)))
+
+
+def test_binary_and_multilabel_accuracy_match_sklearn():
+    """Thresholded binary accuracy and exact-match multilabel accuracy equal scikit-learn's."""
+    p, y = RNG.random(40).astype(np.float32), RNG.integers(0, 2, 40)
+    assert feed(Accuracy(), p, y) == pytest.approx(skm.accuracy_score(y, p > 0.5))
+    pm, ym = RNG.random((40, 3)).astype(np.float32), RNG.integers(0, 2, (40, 3))
+    assert feed(Accuracy(is_multilabel=True), pm, ym) == pytest.approx(skm.accuracy_score(ym, pm > 0.5))
+
+
+def test_all_correct_all_wrong_and_masked_accuracy():
+    """Edge cases: 1.0 when all correct, 0.0 when all wrong; masked examples do not count."""
+    y = np.array([0, 1, 2, 1])
+    right = np.eye(3, dtype=np.float32)[y]
+    wrong = np.eye(3, dtype=np.float32)[(y + 1) % 3]
+    assert feed(Accuracy(), right, y) == 1.0
+    assert feed(Accuracy(), wrong, y) == 0.0
+    mixed = np.concatenate([right[:2], wrong[2:]])
+    assert feed(Accuracy(), mixed, y, mask=np.array([1, 1, 0, 0])) == 1.0
+
+
+def test_top_k_accuracy_matches_sklearn():
+    """TopKAccuracy equals top_k_accuracy_score."""
+    scores, y = multiclass(60, 5)
+    want = skm.top_k_accuracy_score(y, scores, k=2, labels=range(5))
+    assert feed(TopKAccuracy(k=2), scores, y) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("average", ["macro", "micro", "weighted", None])
+@pytest.mark.parametrize("missing", [None, 2])
+def test_precision_recall_fbeta_match_sklearn(average, missing):
+    """Precision, Recall, F1 and F2 equal scikit-learn's for every averaging, with a class absent from y."""
+    scores, y = multiclass(60, 4, missing)
+    pred = scores.argmax(1)
+    kw = {"average": average, "labels": range(4), "zero_division": 0}
+    np.testing.assert_allclose(
+        feed(Precision(average=average), scores, y), skm.precision_score(y, pred, **kw), atol=1e-6
+    )
+    np.testing.assert_allclose(feed(Recall(average=average), scores, y), skm.recall_score(y, pred, **kw), atol=1e-6)
+    np.testing.assert_allclose(feed(Fbeta(1.0, average=average), scores, y), skm.f1_score(y, pred, **kw), atol=1e-6)
+    np.testing.assert_allclose(
+        feed(Fbeta(2.0, average=average), scores, y), skm.fbeta_score(y, pred, beta=2.0, **kw), atol=1e-6
+    )
+
+
+def test_binary_precision_recall_match_sklearn():
+    """With scores and labels of one shape, the positive class's precision and recall are reported."""
+    p, y = RNG.random(50).astype(np.float32), RNG.integers(0, 2, 50)
+    assert feed(Precision(), p, y) == pytest.approx(skm.precision_score(y, p > 0.5))
+    assert feed(Recall(), p, y) == pytest.approx(skm.recall_score(y, p > 0.5))
+
+
+def test_confusion_matrix_and_iou_match_sklearn():
+    """ConfusionMatrix equals confusion_matrix; IoU and mIoU equal jaccard_score per class and its mean."""
+    scores, y = multiclass(70, 3)
+    cm = ConfusionMatrix(num_classes=3)
+    iou, miou = IoU(cm), mIoU(cm)
+    got = feed(cm, scores, y)
+    np.testing.assert_array_equal(got, skm.confusion_matrix(y, scores.argmax(1), labels=range(3)))
+    np.testing.assert_allclose(iou.compute(), skm.jaccard_score(y, scores.argmax(1), average=None), atol=1e-6)
+    assert miou.compute() == pytest.approx(skm.jaccard_score(y, scores.argmax(1), average="macro"))
+    assert IoU(cm, ignore_index=0).compute().shape == (2,)
+
+
+def test_regression_errors_match_sklearn():
+    """MSE, MAE and RMSE equal scikit-learn's, also with a mask."""
+    p, y = RNG.normal(size=45).astype(np.float32), RNG.normal(size=45).astype(np.float32)
+    assert feed(MeanSquaredError(), p, y) == pytest.approx(skm.mean_squared_error(y, p), rel=1e-5)
+    assert feed(MeanAbsoluteError(), p, y) == pytest.approx(skm.mean_absolute_error(y, p), rel=1e-5)
+    assert feed(RootMeanSquaredError(), p, y) == pytest.approx(np.sqrt(skm.mean_squared_error(y, p)), rel=1e-5)
+    mask = (RNG.random(45) > 0.3).astype(np.float32)
+    keep = mask > 0
+    assert feed(MeanSquaredError(), p, y, mask=mask) == pytest.approx(
+        skm.mean_squared_error(y[keep], p[keep]), rel=1e-5
+    )
+
+
+def test_reductions_and_loss_match_numpy():
+    """Average, Sum, Min, Max and Loss over batches equal NumPy on everything."""
+    values = RNG.normal(size=33).astype(np.float32)
+    for metric, want in (
+        (Average(), values.mean()),
+        (Sum(), values.sum()),
+        (Min(), values.min()),
+        (Max(), values.max()),
+    ):
+        for i in range(0, 33, 8):
+            metric.update(jnp.asarray(values[i : i + 8]))
+        assert metric.compute() == pytest.approx(want, rel=1e-5)
+    p, y = RNG.normal(size=30).astype(np.float32), RNG.normal(size=30).astype(np.float32)
+    assert feed(Loss(lambda a, b: (a - b) ** 2), p, y) == pytest.approx(np.mean((p - y) ** 2), rel=1e-5)
+
+
+def test_a_leading_device_axis_reduces_like_flat_examples():
+    """Outputs of a pmapped step, (devices, batch, ...), give the same values as the flat batch."""
+    scores, y = multiclass(48, 4)
+    flat = [Accuracy(), Precision(), ConfusionMatrix(4), TopKAccuracy(2)]
+    stacked = [Accuracy(), Precision(), ConfusionMatrix(4), TopKAccuracy(2)]
+    for a, b in zip(flat, stacked, strict=True):
+        a.update({"y_pred": jnp.asarray(scores), "y": jnp.asarray(y)})
+        b.update({"y_pred": jnp.asarray(scores.reshape(8, 6, 4)), "y": jnp.asarray(y.reshape(8, 6))})
+        np.testing.assert_allclose(b.compute(), a.compute())

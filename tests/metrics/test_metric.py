@@ -1,0 +1,169 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ember.metrics._metric as metric_module
+from ember import Engine, Events
+from ember.metrics import BATCH_WISE, RUNNING, SINGLE_EPOCH_RUNNING, Accuracy, Average, MetricUsage
+
+# Two epochs of two batches: values 1..8, two per batch.
+DATA = [jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0])]
+
+
+def engine_recording(metric, usage, event=Events.ITERATION_COMPLETED):
+    """An engine echoing its batch, with ``metric`` attached as "avg" and its value recorded at ``event``."""
+    engine = Engine(lambda e, batch: batch + 4.0 * (e.state.epoch - 1))
+    metric.attach(engine, "avg", usage=usage)
+    seen = []
+    engine.add_event_handler(event, lambda e: seen.append(float(e.state.metrics["avg"])))
+    return engine, seen
+
+
+def test_epoch_wise_resets_each_epoch_and_computes_at_epoch_end():
+    """The default usage gives each epoch's mean at EPOCH_COMPLETED."""
+    engine, seen = engine_recording(Average(), "epoch_wise", Events.EPOCH_COMPLETED)
+    engine.run(DATA, max_epochs=2)
+    assert seen == [2.5, 6.5]
+
+
+def test_batch_wise_gives_each_batch_value():
+    """batch_wise resets per iteration and computes at ITERATION_COMPLETED."""
+    engine, seen = engine_recording(Average(), BATCH_WISE)
+    engine.run(DATA, max_epochs=2)
+    assert seen == [1.5, 3.5, 5.5, 7.5]
+
+
+def test_running_never_resets_within_a_run():
+    """The running usage accumulates over epochs and computes at each EPOCH_COMPLETED."""
+    engine, seen = engine_recording(Average(), RUNNING, Events.EPOCH_COMPLETED)
+    engine.run(DATA, max_epochs=2)
+    assert seen == [2.5, 4.5]
+
+
+def test_single_epoch_running_gives_the_epoch_so_far_every_iteration():
+    """single_epoch_running resets at EPOCH_STARTED and computes every iteration."""
+    engine, seen = engine_recording(Average(), SINGLE_EPOCH_RUNNING)
+    engine.run(DATA, max_epochs=2)
+    assert seen == [1.5, 2.5, 5.5, 6.5]
+
+
+def test_filtered_usage_updates_only_where_the_filter_fires():
+    """A filtered usage skips the iterations its filter does not select."""
+    usage = MetricUsage.filtered(Events.ITERATION_COMPLETED(every=2))
+    engine, seen = engine_recording(Average(), usage, Events.EPOCH_COMPLETED)
+    engine.run(DATA, max_epochs=2)
+    assert seen == [3.5, 7.5]
+    with pytest.raises(ValueError, match=r"A filtered usage takes Events.ITERATION_COMPLETED\(...\) with a filter"):
+        MetricUsage.filtered(Events.EPOCH_COMPLETED)  # type: ignore[arg-type]
+
+
+def test_a_metric_under_two_names_updates_once():
+    """Attached as "a" and "b", the metric is updated once per iteration and both names get its value."""
+    metric = Average()
+    engine = Engine(lambda e, batch: batch)
+    updates = []
+    original = metric.update
+    metric.update = lambda out: (updates.append(1), original(out))  # type: ignore[method-assign]
+    metric.attach(engine, "a")
+    metric.attach(engine, "b")
+    state = engine.run(DATA)
+    assert state.metrics == {"a": 2.5, "b": 2.5}
+    assert len(updates) == 2
+    with pytest.raises(
+        ValueError, match=r"attached to the engine with usage 'epoch_wise'; one metric object has one usage"
+    ):
+        metric.attach(engine, "c", usage="batch_wise")
+
+
+def test_metric_handlers_run_before_a_logger_attached_earlier():
+    """A logger registered before the metric still sees the metric's fresh value (Ignite #706)."""
+    engine = Engine(lambda e, batch: batch)
+    seen = []
+    engine.add_event_handler(Events.EPOCH_COMPLETED, lambda e: seen.append(e.state.metrics.get("avg")))
+    Average().attach(engine, "avg")
+    engine.run(DATA, max_epochs=2)
+    assert seen == [2.5, 2.5]
+
+
+def test_detach_and_is_attached():
+    """Detaching removes the handlers and the name; a partial detach keeps the other name."""
+    metric = Average()
+    engine = Engine(lambda e, batch: batch)
+    metric.attach(engine, "a")
+    metric.attach(engine, "b")
+    metric.detach(engine, "a")
+    assert metric.is_attached(engine)
+    assert not metric.is_attached(engine, "a")
+    assert engine.run(DATA).metrics == {"b": 2.5}
+    metric.detach(engine)
+    assert not metric.is_attached(engine)
+    engine.state.max_epochs = None
+    assert engine.run(DATA).metrics == {}
+
+
+def test_errors_name_the_problem():
+    """Missing keys, computing before an update, bad usage and bad arguments raise clear errors."""
+    with pytest.raises(
+        KeyError, match=r"Accuracy needs the keys \['y_pred', 'y'\] in the output, but \['y'\] is missing"
+    ):
+        Accuracy().update({"y_pred": jnp.ones((2, 3)), "loss": 0.1})
+    with pytest.raises(RuntimeError, match=r"Metric `Accuracy` was computed before any update; attach it"):
+        Accuracy().compute()
+    with pytest.raises(ValueError, match=r"`usage` must be one of \['batch_wise', 'epoch_wise'"):
+        Average().attach(Engine(lambda e, b: b), "x", usage="per_epoch")
+    with pytest.raises(KeyError, match=r"Average got a mapping output with keys \['loss'\]; say which value"):
+        Average().update({"loss": jnp.array(1.0)})
+    with pytest.raises(TypeError, match=r"`engine` must be an ember Engine, got str"):
+        Average().attach("trainer", "x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"`output_transform` must be callable"):
+        Average(output_transform=3)  # type: ignore[arg-type]
+
+
+def test_output_transform_picks_and_renames():
+    """output_transform maps an output that lacks the metric's keys."""
+    acc = Accuracy(output_transform=lambda out: (out["logits"], out["labels"]))
+    acc.update({"logits": jnp.array([[1.0, 0.0], [0.0, 1.0]]), "labels": jnp.array([0, 0])})
+    assert acc.compute() == 0.5
+
+
+def test_merged_updates_equal_one_update_and_jit_equals_eager():
+    """Per-batch updates merged equal one update on the concatenated batch; the jitted merge equals eager."""
+    rng = np.random.default_rng(1)
+    scores, y = rng.normal(size=(30, 3)).astype(np.float32), rng.integers(0, 3, 30)
+    merged, whole = Accuracy(), Accuracy()
+    for i in range(0, 30, 4):
+        merged.update((jnp.asarray(scores[i : i + 4]), jnp.asarray(y[i : i + 4])))
+    whole.update((jnp.asarray(scores), jnp.asarray(y)))
+    assert merged.compute() == whole.compute()
+    metric = Accuracy()
+    eager = metric.merge(metric.empty(), metric.batch_state(jnp.asarray(scores), jnp.asarray(y)))
+    jitted = jax.jit(lambda s: metric.merge(s, metric.batch_state(jnp.asarray(scores), jnp.asarray(y))))(metric.empty())
+    np.testing.assert_array_equal(np.asarray(eager), np.asarray(jitted))
+
+
+def test_an_epoch_wise_metric_reads_nothing_before_epoch_completed(monkeypatch):
+    """An epoch-wise metric's only host read is at EPOCH_COMPLETED, under a transfer guard held all epoch.
+
+    The guard is on from EPOCH_STARTED until just before the metric computes; on CPU it is silent (jax
+    #16602), so the metric's one host-read function is also spied on.
+    """
+    engine = Engine(lambda e, batch: {"y_pred": batch[0], "y": batch[1]})
+    guard = jax.transfer_guard_device_to_host("disallow")
+
+    def enter() -> None:
+        guard.__enter__()
+
+    def leave() -> None:
+        guard.__exit__(None, None, None)
+
+    engine.add_priority_handler(Events.EPOCH_STARTED, enter)
+    engine.add_priority_handler(Events.EPOCH_COMPLETED, leave)  # registered first: runs before the metric computes
+    Accuracy().attach(engine, "accuracy")
+    reads = []
+    to_host = metric_module._to_host
+    monkeypatch.setattr(metric_module, "_to_host", lambda v: (reads.append(engine.last_event_name), to_host(v))[1])
+    data = [(jnp.eye(3)[jnp.array([0, 1, 2])], jnp.array([0, 1, 1]))] * 4
+    state = engine.run(data, max_epochs=2)
+    assert state.metrics["accuracy"] == pytest.approx(2 / 3)
+    assert reads == [Events.EPOCH_COMPLETED, Events.EPOCH_COMPLETED]
