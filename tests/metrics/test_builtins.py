@@ -8,17 +8,23 @@ from sklearn import metrics as skm
 from ember.metrics import (
     Accuracy,
     Average,
+    Collect,
     ConfusionMatrix,
     Fbeta,
     IoU,
+    Last,
     Loss,
     Max,
     MeanAbsoluteError,
     MeanSquaredError,
     Min,
+    Perplexity,
     Precision,
+    R2Score,
     Recall,
+    RocAuc,
     RootMeanSquaredError,
+    Std,
     Sum,
     TopKAccuracy,
     mIoU,
@@ -153,3 +159,43 @@ def test_a_leading_device_axis_reduces_like_flat_examples():
         a.update({"y_pred": jnp.asarray(scores), "y": jnp.asarray(y)})
         b.update({"y_pred": jnp.asarray(scores.reshape(8, 6, 4)), "y": jnp.asarray(y.reshape(8, 6))})
         np.testing.assert_allclose(b.compute(), a.compute())
+
+
+def test_std_r2_perplexity_match_numpy_and_sklearn():
+    """Std equals numpy.std; R2Score equals r2_score (also masked); Perplexity is exp of the masked mean."""
+    values = RNG.normal(loc=100.0, size=61).astype(np.float32)  # a large mean: the merge must stay stable
+    std = Std()
+    for i in range(0, 61, 8):
+        std.update(jnp.asarray(values[i : i + 8]))
+    assert std.compute() == pytest.approx(values.astype(np.float64).std(), rel=1e-4)
+    p, y = RNG.normal(size=37).astype(np.float32), RNG.normal(size=37).astype(np.float32)
+    assert feed(R2Score(), p, y) == pytest.approx(skm.r2_score(y, p), rel=1e-4)
+    mask = (RNG.random(37) > 0.4).astype(np.float32)
+    assert feed(R2Score(), p, y, mask=mask) == pytest.approx(skm.r2_score(y[mask > 0], p[mask > 0]), rel=1e-4)
+    losses, tokens = RNG.random((6, 5)).astype(np.float32), (RNG.random((6, 5)) > 0.3).astype(np.float32)
+    ppl = Perplexity(key="token_loss")
+    for i in range(0, 6, 4):
+        ppl.update({"token_loss": jnp.asarray(losses[i : i + 4]), "mask": jnp.asarray(tokens[i : i + 4])})
+    assert ppl.compute() == pytest.approx(np.exp((losses * tokens).sum() / tokens.sum()), rel=1e-5)
+
+
+def test_roc_auc_matches_sklearn_with_ties_and_masks():
+    """RocAuc over collected batches equals roc_auc_score, ties included; masked examples are dropped."""
+    scores = np.round(RNG.random(50), 1).astype(np.float32)  # many ties
+    labels = RNG.integers(0, 2, 50)
+    assert feed(RocAuc(), scores, labels) == pytest.approx(skm.roc_auc_score(labels, scores))
+    mask = (RNG.random(50) > 0.5).astype(np.float32)
+    keep = mask > 0
+    assert feed(RocAuc(), scores, labels, mask=mask) == pytest.approx(skm.roc_auc_score(labels[keep], scores[keep]))
+    with pytest.raises(ValueError, match=r"ROC AUC needs both classes; the epoch had 0 positive and 3 negative"):
+        feed(RocAuc(), np.array([0.1, 0.2, 0.3], np.float32), np.zeros(3, int))
+
+
+def test_last_and_collect_keep_what_they_see():
+    """Last keeps the last update; Collect concatenates every batch, reading back only in compute()."""
+    last = Last(output_transform=lambda out: out["y"])
+    collect = Collect()
+    got = feed(collect, np.arange(10, dtype=np.float32), np.arange(10), batch=3)
+    feed(last, np.zeros(4), np.array([1, 2, 3, 4]), batch=3)
+    assert last.compute().tolist() == [4]
+    assert [c.tolist() for c in got] == [list(map(float, range(10))), list(range(10))]

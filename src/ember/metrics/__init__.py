@@ -1,10 +1,12 @@
 """Metrics whose accumulators live on device: Ignite's attach API over mergeable accumulators."""
 
 from ember.metrics._classification import Accuracy, Fbeta, Precision, Recall, TopKAccuracy
+from ember.metrics._collect import Collect, Last, RocAuc
 from ember.metrics._composite import MetricsLambda
 from ember.metrics._confusion import ConfusionMatrix, IoU, mIoU
 from ember.metrics._metric import Metric
-from ember.metrics._reductions import Average, Loss, Max, Min, Sum
+from ember.metrics._moments import R2Score, Std
+from ember.metrics._reductions import Average, Loss, Max, Min, Perplexity, Sum
 from ember.metrics._regression import MeanAbsoluteError, MeanSquaredError, RootMeanSquaredError
 from ember.metrics._running_average import RunningAverage
 from ember.metrics._usage import BATCH_WISE, EPOCH_WISE, RUNNING, SINGLE_EPOCH_RUNNING, MetricUsage
@@ -16,9 +18,11 @@ __all__ = [
     "SINGLE_EPOCH_RUNNING",
     "Accuracy",
     "Average",
+    "Collect",
     "ConfusionMatrix",
     "Fbeta",
     "IoU",
+    "Last",
     "Loss",
     "Max",
     "MeanAbsoluteError",
@@ -27,10 +31,14 @@ __all__ = [
     "MetricUsage",
     "MetricsLambda",
     "Min",
+    "Perplexity",
     "Precision",
+    "R2Score",
     "Recall",
+    "RocAuc",
     "RootMeanSquaredError",
     "RunningAverage",
+    "Std",
     "Sum",
     "TopKAccuracy",
     "mIoU",

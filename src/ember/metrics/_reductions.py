@@ -185,3 +185,23 @@ class Loss(Metric):
 
     def finalize(self, state: Any) -> Any:
         return state[0] / state[1]
+
+
+class Perplexity(Average):
+    """``exp`` of the mean token loss: the perplexity of a language model, with padding masked out.
+
+    The value (``output[key]``) holds per-token negative log-likelihoods, and the mask, if any, marks the
+    real tokens with the same shape.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import Perplexity
+        >>> ppl = Perplexity(key="token_loss")
+        >>> ppl.update({"token_loss": jnp.array([[1.0, 3.0], [2.0, 9.0]]), "mask": jnp.array([[1, 1], [1, 0]])})
+        >>> round(ppl.compute(), 4)
+        7.3891
+    """
+
+    def finalize(self, state: Any) -> Any:
+        total, count = state
+        return jnp.exp(total / count)

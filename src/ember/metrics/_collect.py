@@ -1,0 +1,137 @@
+"""Metrics that keep what they see: `Last`, `Collect`, and `RocAuc` (computed from the collected values)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ember.metrics._metric import Metric
+
+
+class Last(Metric):
+    """The value of the last update (any pytree), kept on device.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import Last
+        >>> last = Last(output_transform=lambda out: out["loss"])
+        >>> last.update({"loss": jnp.array(0.5)}); last.update({"loss": jnp.array(0.25)})
+        >>> last.compute()
+        0.25
+    """
+
+    keys = ("value",)
+
+    def empty(self) -> Any:
+        return None
+
+    def batch_state(self, value: Any, mask: Any = None) -> Any:
+        return value
+
+    def merge(self, a: Any, b: Any) -> Any:
+        return b
+
+    def finalize(self, state: Any) -> Any:
+        return state
+
+
+class Collect(Metric):
+    """Keeps every batch's values, on device, for metrics that need them all at the epoch's end.
+
+    Updates append the (device) arrays without reading them; :meth:`compute` reads them back once and
+    concatenates them along the example axis, dropping masked examples. Subclasses (such as
+    :class:`RocAuc`) compute from the concatenated arrays in :meth:`finalize_collected`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import Collect
+        >>> collect = Collect()
+        >>> collect.update({"y_pred": jnp.array([0.1, 0.2]), "y": jnp.array([0, 1]), "mask": jnp.array([1, 0])})
+        >>> collect.update({"y_pred": jnp.array([0.3]), "y": jnp.array([1])})
+        >>> [a.tolist() for a in collect.compute()]
+        [[0.10000000149011612, 0.30000001192092896], [0, 1]]
+    """
+
+    def __init__(self, output_transform: Callable[[Any], Any] | None = None, *, mask_key: str | None = "mask") -> None:
+        self._batches: list[tuple[tuple[Any, ...], Any]] = []
+        super().__init__(output_transform, mask_key=mask_key)
+
+    def empty(self) -> Any:
+        return None
+
+    def reset(self) -> None:
+        """Forget the collected batches."""
+        self._batches = []
+        super().reset()
+
+    def update(self, output: Any) -> None:
+        """Keep this batch's arrays (still on device)."""
+        self._batches.append(self.arguments(output))
+        self._updates += 1
+
+    def compute(self) -> Any:
+        """Read the collected arrays back once, concatenate them, and finalise."""
+        if not self._updates:
+            return super().compute()  # raises the "computed before any update" error
+        host: list[tuple[tuple[Any, ...], Any]] = jax.device_get(self._batches)
+        columns = [
+            np.concatenate([np.asarray(args[i]).reshape(-1, *np.shape(args[i])[1:]) for args, _ in host])
+            for i in range(len(host[0][0]))
+        ]
+        if any(mask is not None for _, mask in host):
+            keep = np.concatenate(
+                [np.ones(len(args[0]), bool) if m is None else np.asarray(m).reshape(-1) > 0 for args, m in host]
+            )
+            columns = [c[keep] for c in columns]
+        return self.finalize_collected(*columns)
+
+    def finalize_collected(self, *columns: np.ndarray) -> Any:
+        """The value from the concatenated host arrays; the default returns them."""
+        return list(columns)
+
+    def finalize(self, state: Any) -> Any:
+        return state
+
+    def batch_state(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("Collect keeps batches as they come; it has no per-batch accumulators.")
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), np.float64)
+    sorted_x = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+class RocAuc(Collect):
+    """The area under the ROC curve for binary labels, from all scores collected in the epoch.
+
+    Computed exactly from the rank statistic (ties share their average rank), which equals scikit-learn's
+    ``roc_auc_score``. Both classes must appear.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import RocAuc
+        >>> auc = RocAuc()
+        >>> auc.update((jnp.array([0.1, 0.4, 0.35, 0.8]), jnp.array([0, 0, 1, 1])))
+        >>> auc.compute()
+        0.75
+    """
+
+    def finalize_collected(self, *columns: np.ndarray) -> Any:
+        scores, labels = columns[0].astype(np.float64).reshape(-1), columns[1].reshape(-1) > 0.5
+        pos, neg = int(labels.sum()), int((~labels).sum())
+        if pos == 0 or neg == 0:
+            raise ValueError(f"ROC AUC needs both classes; the epoch had {pos} positive and {neg} negative examples.")
+        ranks = _average_ranks(scores)
+        return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
