@@ -5,8 +5,11 @@ shows) and an MLP 784-512-512-10 with batch 128. Rows, each the best of ``--repe
 
 - ``hand loop``: ``jax.jit`` with the state donated, no host sync until the end; the reference;
 - ``ember``: ``create_trainer`` with no handlers;
-- ``ember + handlers``: a typical set: a running-average loss updated on device every step, a progress read
-  every 100 iterations, and an epoch-level read;
+- ``ember + handlers``: a typical set: a ``RunningAverage`` of the loss (on device) read every 100
+  iterations as a progress bar would, and epoch-level loss and accuracy metrics;
+- ``ember, aux outputs`` and ``ember + metrics``: the step also returns logits and labels; the second row
+  attaches ``Average`` of the loss, ``Accuracy`` and a ``RunningAverage`` of the loss, so the ratio between
+  the two is what the metrics cost (their updates fold into the compiled step);
 - ``hand scan x10`` and ``ember steps_per_call=10``: ten steps per compiled call (``lax.scan``);
 - ``keras fit`` and ``keras fit, steps_per_execution=10``: Keras 3 on the JAX backend, when installed
   (``pip install keras``; it is not a dependency).
@@ -38,6 +41,7 @@ from flax import linen as nn
 
 import ember
 from ember import Events
+from ember.metrics import Accuracy, Average, RunningAverage
 from ember.training import SingleDevice, TrainState, create_trainer
 
 try:
@@ -59,6 +63,12 @@ class MLP(nn.Module):
 def loss_fn(model: Any, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
     x, y = batch
     return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+
+def loss_with_outputs(model: Any, batch: tuple[jax.Array, jax.Array]) -> Any:
+    x, y = batch
+    logits = model(x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), {"y_pred": logits, "y": y}
 
 
 def make_data(n: int, batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -135,28 +145,30 @@ def hand_scan(hidden: tuple[int, ...], data: list[Any], k: int) -> Callable[[], 
     return run
 
 
-def ember_run(hidden: tuple[int, ...], data: list[Any], *, k: int = 1, handlers: bool = False) -> Callable[[], float]:
-    update_avg = jax.jit(lambda avg, loss: 0.98 * avg + 0.02 * loss)
+def ember_run(
+    hidden: tuple[int, ...], data: list[Any], *, k: int = 1, extra: str = "", aux: bool = False
+) -> Callable[[], float]:
+    """The ember trainer, built (and compiled) once and restarted for each timed run.
+
+    ``extra``: ``""`` (nothing attached), ``"handlers"`` (the typical set) or ``"metrics"``.
+    """
     initial = jax.device_get(fresh_state(hidden))  # host copy: every run starts from the same values
     placement = SingleDevice()
-    trainer = create_trainer(initial, loss_fn, placement=placement, steps_per_call=k)  # compiled once, reused
-    if handlers:
-
-        @trainer.on(Events.STARTED)
-        def reset_average(engine: ember.Engine) -> None:
-            engine.state.running_loss = jnp.zeros(())  # type: ignore[attr-defined]
-
-        @trainer.on(Events.ITERATION_COMPLETED)
-        def running_average(engine: ember.Engine) -> None:
-            engine.state.running_loss = update_avg(engine.state.running_loss, engine.state.output["loss"])  # type: ignore[attr-defined]
+    step_loss = loss_with_outputs if aux or extra else loss_fn
+    trainer = create_trainer(initial, step_loss, placement=placement, steps_per_call=k)
+    if extra == "handlers":
+        RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running_loss")
+        Average(key="loss").attach(trainer, "loss")
+        Accuracy().attach(trainer, "accuracy")
 
         @trainer.on(Events.ITERATION_COMPLETED(every=100))
-        def progress(engine: ember.Engine) -> None:
-            engine.state.shown = float(engine.state.running_loss)  # type: ignore[attr-defined]
+        def progress(engine: ember.Engine) -> None:  # what a progress bar refresh reads
+            engine.state.shown = float(engine.state.metrics["running_loss"])  # type: ignore[attr-defined]
 
-        @trainer.on(Events.EPOCH_COMPLETED)
-        def epoch_metric(engine: ember.Engine) -> None:
-            engine.state.metrics["loss"] = float(engine.state.running_loss)  # type: ignore[attr-defined]
+    elif extra == "metrics":
+        Average(key="loss").attach(trainer, "loss")
+        Accuracy().attach(trainer, "accuracy")
+        RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running_loss")
 
     def run() -> float:
         trainer.state.train_state = placement.put_state(initial)
@@ -201,7 +213,9 @@ def measure(name: str, hidden: tuple[int, ...], batch: int, steps: int, repeats:
     rows: dict[str, Callable[[], float] | None] = {
         "hand loop": hand_loop(hidden, data),
         "ember": ember_run(hidden, data),
-        "ember + handlers": ember_run(hidden, data, handlers=True),
+        "ember + handlers": ember_run(hidden, data, extra="handlers"),
+        "ember, aux outputs": ember_run(hidden, data, aux=True),
+        "ember + metrics": ember_run(hidden, data, extra="metrics"),
         "hand scan x10": hand_scan(hidden, data, 10),
         "ember steps_per_call=10": ember_run(hidden, data, k=10),
         "keras fit": keras_fit(hidden, data),
@@ -219,6 +233,7 @@ def measure(name: str, hidden: tuple[int, ...], batch: int, steps: int, repeats:
     ratios = {
         "ember": "hand loop",
         "ember + handlers": "hand loop",
+        "ember + metrics": "ember, aux outputs",
         "ember steps_per_call=10": "hand scan x10",
         "keras fit": "hand loop",
         "keras fit, steps_per_execution=10": "hand scan x10",

@@ -86,6 +86,22 @@ class Engine(RunLoop):
         """Hook for subclasses: what the engine iterates for ``data`` (a trainer puts it on device)."""
         return data
 
+    def fuse_step_update(self, update: Any, reset: Any = None, compute: Any = None) -> Callable[[], None] | None:
+        """Offer an update to be folded into the engine's compiled step; return how to take it out again.
+
+        A plain engine has no compiled step and returns ``None``: the caller then registers an ordinary
+        ITERATION_COMPLETED handler. A training engine folds the update of a metric into its compiled
+        call, so updating costs no extra device dispatch. ``reset`` and ``compute`` name the events at which
+        the update's owner resets and reads it, so an engine can refuse what it cannot fold faithfully.
+        Metrics call this; users rarely need it.
+
+        Example:
+            >>> from ember import Engine
+            >>> Engine(lambda engine, batch: batch).fuse_step_update(object()) is None
+            True
+        """
+        return None
+
     # -- handlers --------------------------------------------------------------------------------
 
     def register_events(

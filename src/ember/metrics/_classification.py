@@ -130,26 +130,36 @@ class _ClassCounts(Metric):
     """Per-class true positives, predicted counts and true counts; the base of Precision/Recall/Fbeta.
 
     Binary when ``y_pred`` and ``y`` share a shape (positive class: ``y_pred > threshold``), multiclass when
-    ``y_pred`` has a class axis. With ``average=None`` the per-class values come back as an array.
+    ``y_pred`` has a class axis. With ``average=None`` the per-class values come back as an array. Giving
+    ``num_classes`` (multiclass) lets a training engine fold the update into its compiled step.
     """
 
     def __init__(
         self,
         *,
         average: Average = "macro",
+        num_classes: int | None = None,
         threshold: float = 0.5,
         output_transform: Callable[[Any], Any] | None = None,
         mask_key: str | None = "mask",
     ) -> None:
         if average not in ("macro", "micro", "weighted", None):
             raise ValueError(f"`average` must be 'macro', 'micro', 'weighted' or None, got {average!r}.")
+        if num_classes is not None and (
+            not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2
+        ):
+            raise ValueError(f"`num_classes` must be an int >= 2 or None, got {num_classes!r}.")
         self.average = average
+        self.num_classes = num_classes
         self.threshold = threshold
         self._binary = False
         super().__init__(output_transform, mask_key=mask_key)
 
     def empty(self) -> Any:
-        return None  # the class count comes from the first batch
+        if self.num_classes is None:
+            return None  # the class count comes from the first batch
+        zeros = jnp.zeros((self.num_classes,), jnp.float32)
+        return (zeros, zeros, zeros)
 
     def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
         y_pred, y = jnp.asarray(y_pred), jnp.asarray(y)
@@ -241,6 +251,7 @@ class Fbeta(_ClassCounts):
         beta: float = 1.0,
         *,
         average: Average = "macro",
+        num_classes: int | None = None,
         threshold: float = 0.5,
         output_transform: Callable[[Any], Any] | None = None,
         mask_key: str | None = "mask",
@@ -248,7 +259,13 @@ class Fbeta(_ClassCounts):
         if isinstance(beta, bool) or not isinstance(beta, int | float) or beta <= 0:
             raise ValueError(f"`beta` must be a positive number, got {beta!r}.")
         self.beta = float(beta)
-        super().__init__(average=average, threshold=threshold, output_transform=output_transform, mask_key=mask_key)
+        super().__init__(
+            average=average,
+            num_classes=num_classes,
+            threshold=threshold,
+            output_transform=output_transform,
+            mask_key=mask_key,
+        )
 
     def finalize(self, state: Any) -> Any:
         tp, pred, true = state

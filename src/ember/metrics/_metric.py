@@ -9,9 +9,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ember.engine import Engine, RemovableEventHandle
+from ember.engine import Engine, Events, RemovableEventHandle
 from ember.metrics._composite import MetricArithmetic
 from ember.metrics._usage import EPOCH_WISE, MetricUsage, resolve_usage
+
+
+class _Unfuse:
+    """Takes a fused update out of an engine's compiled step; shaped like a handle."""
+
+    def __init__(self, undo: Callable[[], None]) -> None:
+        self.remove = undo
 
 
 class _Attachment:
@@ -20,7 +27,7 @@ class _Attachment:
     def __init__(self, usage: MetricUsage) -> None:
         self.usage = usage
         self.names: list[str] = []
-        self.handles: list[RemovableEventHandle] = []
+        self.handles: list[RemovableEventHandle | _Unfuse] = []
         self.internal = 0  # composite metrics that rely on this one
 
 
@@ -114,7 +121,7 @@ class Metric(MetricArithmetic):
             >>> avg.compute()
             5.0
         """
-        self._state = self.empty()
+        self._state = _distinct_buffers(self.empty())
         self._updates = 0
 
     def update(self, output: Any) -> None:
@@ -202,8 +209,46 @@ class Metric(MetricArithmetic):
             return att
         att = self._attachments[engine] = _Attachment(usage)
         att.handles.append(engine.add_priority_handler(usage.reset, self.reset))
-        att.handles.append(engine.add_priority_handler(usage.update, self._updated))
+        fuse = self.fusable and usage.update is Events.ITERATION_COMPLETED
+        undo = engine.fuse_step_update(self, usage.reset, usage.compute) if fuse else None
+        if undo is not None:  # updated inside the engine's compiled step: no dispatch of its own
+            att.handles.append(_Unfuse(undo))
+        else:
+            att.handles.append(engine.add_priority_handler(usage.update, self._updated))
         return att
+
+    @property
+    def fusable(self) -> bool:
+        """Whether a training engine may fold this metric's update into its compiled step.
+
+        True when the accumulators exist before the first batch (:meth:`empty` is not ``None``) and
+        :meth:`update` is the standard jitted merge.
+
+        Example:
+            >>> from ember.metrics import Accuracy, Precision
+            >>> Accuracy().fusable, Precision().fusable, Precision(num_classes=3).fusable
+            (True, False, True)
+        """
+        return type(self).update is Metric.update and self.empty() is not None
+
+    def set_state(self, state: Any) -> None:
+        """Take accumulators updated elsewhere (inside an engine's compiled step) as one more update.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from ember.metrics import Sum
+            >>> total = Sum()
+            >>> total.set_state(total.fused_update(total.state, jnp.array([1.0, 2.0])))
+            >>> total.compute()
+            3.0
+        """
+        self._state = state
+        self._updates += 1
+
+    def fused_update(self, state: Any, output: Any) -> Any:
+        """The update as a pure function of the accumulators, traced into a compiled step."""
+        args, mask = self.arguments(output)
+        return self._merge_batch(state, args, mask)
 
     def _attach_internal(self, engine: Engine, usage: MetricUsage) -> None:
         """Attach without a name, for a composite metric that computes from this one."""
@@ -259,6 +304,19 @@ class Metric(MetricArithmetic):
         """
         att = self._attachments.get(engine)
         return att is not None and (name is None or name in att.names)
+
+
+def _distinct_buffers(state: Any) -> Any:
+    """``state`` with no buffer used twice (``(zero, zero)``), so an engine can donate it to a compiled step."""
+    seen: set[int] = set()
+
+    def unique(x: Any) -> Any:
+        if id(x) in seen:
+            return jnp.array(x, copy=True)
+        seen.add(id(x))
+        return x
+
+    return jax.tree.map(unique, state)
 
 
 def _to_host(value: Any) -> Any:

@@ -64,6 +64,9 @@ class TrainingEngine(Engine):
         self._k = steps_per_call
         self._group_end = True
         self._pending_terminate: bool | None = None
+        self.can_fuse = True  # the factories turn it off where updates cannot be folded (pmap, debug)
+        self._fused: list[Any] = []
+        self._fused_version = 0
         if steps_per_call > 1:
             self.add_event_handler(Events.ITERATION_COMPLETED, self._terminate_at_group_end)
 
@@ -72,6 +75,43 @@ class TrainingEngine(Engine):
         if self._k > 1:
             return StepGroups(data, self._k, lambda b: place(b, stacked=True), self._prefetch)
         return DevicePrefetch(data, place, size=self._prefetch)
+
+    def fuse_step_update(self, update: Any, reset: Any = None, compute: Any = None) -> Callable[[], None] | None:
+        """Fold a metric's update into the compiled step (see :meth:`Engine.fuse_step_update`).
+
+        Accepted unless the placement is ``Pmap`` or ``debug=True``; with K steps per call only for metrics
+        that reset and compute at run or epoch boundaries, since one call updates K batches at once.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.metrics import Average
+            >>> from ember.training import TrainState, create_trainer
+            >>> state = TrainState.create(lambda p, x: x * p, jnp.array(0.0), optax.sgd(0.1))
+            >>> trainer = create_trainer(state, lambda m, b: jnp.mean((m(b) - 1.0) ** 2))
+            >>> Average(key="loss").attach(trainer, "loss")
+            >>> len(trainer._fused), round(trainer.run([jnp.ones(2)] * 3).metrics["loss"], 4)  # (1 + 0.64 + 0.4096) / 3
+            (1, 0.6832)
+        """
+        coarse = {Events.STARTED, Events.EPOCH_STARTED, Events.EPOCH_COMPLETED, Events.COMPLETED}
+        if not self.can_fuse or (self._k > 1 and not {reset, compute} <= coarse):
+            return None
+        self._fused.append(update)
+        self._fused_version += 1
+
+        def undo() -> None:
+            if any(u is update for u in self._fused):
+                self._fused = [u for u in self._fused if u is not update]
+                self._fused_version += 1
+
+        return undo
+
+    def _run_fused(self, fn: Callable[..., Any], train_state: Any, batch: Any) -> tuple[Any, Any]:
+        """Call a compiled step that also updates the fused metrics; store their new accumulators."""
+        fused = self._fused
+        (train_state, states), out = fn((train_state, tuple(m.state for m in fused)), batch)
+        for metric, state in zip(fused, states, strict=True):
+            metric.set_state(state)
+        return train_state, out
 
     def terminate(self, skip_completed: bool = False) -> None:
         """As :meth:`Engine.terminate`; with K steps per call, at the end of the current group.
@@ -113,6 +153,18 @@ def _check_options(
     if prefetch is None:
         prefetch = 2 if placement.prefers_prefetch else 0
     return placement, prefetch
+
+
+def _with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable[..., Any]:
+    """``step`` whose carry also holds the fused metrics' accumulators, updated from each step's output."""
+
+    def fused(carry: Any, batch: Any) -> Any:
+        train_state, states = carry
+        train_state, out = step(train_state, batch)
+        states = tuple(u.fused_update(s, out) for u, s in zip(updates, states, strict=True))
+        return (train_state, states), out
+
+    return fused
 
 
 def _scan_k(step: Callable[..., Any]) -> Callable[..., Any]:
@@ -180,16 +232,29 @@ def create_trainer(
         lr_schedule=lr_schedule,
         axis_name=placement.axis_name,
     )
-    compiled: dict[int, Callable[..., Any]] = {}  # by group size
+    compiled: dict[tuple[int, int], Callable[..., Any]] = {}  # by (group size, fused-metrics version)
     spec: list[BatchSpec] = []
 
-    def compile_for(size: int, train_state: Any, batch: Any) -> Callable[..., Any]:
+    def compile_for(engine: TrainingEngine, size: int, train_state: Any, batch: Any) -> Callable[..., Any]:
+        key = (size, engine._fused_version)
+        if key in compiled:
+            return compiled[key]
         grouped = steps_per_call > 1
-        fn = _scan_k(step) if grouped else step
-        if debug:
-            return fn
-        example = _example_output(step, placement, train_state, batch, stacked=grouped)
-        return placement.compile_train(fn, example, stacked=grouped)
+        one = _with_updates(step, list(engine._fused)) if engine._fused else step
+        fn = _scan_k(one) if grouped else one
+        if not debug:
+            example = _example_output(step, placement, train_state, batch, stacked=grouped)
+            fn = placement.compile_train(fn, example, stacked=grouped)
+        compiled[key] = fn
+        return fn
+
+    def call(engine: TrainingEngine, fn: Callable[..., Any], batch: Any) -> Any:
+        st = engine.state
+        if engine._fused:
+            st.train_state, out = engine._run_fused(fn, st.train_state, batch)
+        else:
+            st.train_state, out = fn(st.train_state, batch)
+        return out
 
     def process(engine: TrainingEngine, batch: Any) -> Any:
         st = engine.state
@@ -200,27 +265,36 @@ def create_trainer(
                 spec[0].check(batch)
             else:
                 spec.append(BatchSpec(batch))
-            fn = compiled.get(1) or compiled.setdefault(1, compile_for(1, st.train_state, batch))
-            st.train_state, out = fn(st.train_state, batch)
-            return out
+            return call(engine, compile_for(engine, 1, st.train_state, batch), batch)
         feeder: StepGroups = st.dataloader  # type: ignore[assignment]
         if feeder.slot == 0:  # one check per group, on the stacked host batches
             if spec:
                 spec[0].check(feeder.host_group)
             else:
                 spec.append(BatchSpec(feeder.host_group, stacked=True))
-            size = feeder.size
-            fn = compiled.get(size) or compiled.setdefault(size, compile_for(size, st.train_state, feeder.group))
-            st.train_state, engine._outputs = fn(st.train_state, feeder.group)  # type: ignore[attr-defined]
+            fn = compile_for(engine, feeder.size, st.train_state, feeder.group)
+            engine._outputs = call(engine, fn, feeder.group)  # type: ignore[attr-defined]
         engine._group_end = feeder.slot == feeder.size - 1
         return StepOutput(engine._outputs, feeder.slot)  # type: ignore[attr-defined]
 
     if not callable(state) and not isinstance(state, TrainState):
         raise TypeError(f"`state` must be a TrainState or a function of the first batch, got {type(state).__name__}.")
     engine = TrainingEngine(process, placement, prefetch, steps_per_call)
+    engine.can_fuse = not debug and not isinstance(placement, Pmap)
     if isinstance(state, TrainState):
         engine.state.train_state = placement.put_state(state)
     return engine
+
+
+def _eval_with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable[..., Any]:
+    """An eval step that also updates the fused metrics' accumulators from its output."""
+
+    def fused(carry: Any, batch: Any) -> Any:
+        train_state, states = carry
+        out = step(train_state, batch)
+        return tuple(u.fused_update(s, out) for u, s in zip(updates, states, strict=True)), out
+
+    return fused
 
 
 def _build_state(factory: Any, batch: Any) -> TrainState:
@@ -273,8 +347,15 @@ def create_evaluator(
     if not isinstance(source, TrainState | Engine):
         raise TypeError(f"`source` must be a TrainState or a trainer Engine, got {type(source).__name__}.")
     step = make_eval_step(eval_fn)
-    compiled = step if debug else placement.compile_eval(step)
+    compiled: dict[int, Callable[..., Any]] = {}  # by fused-metrics version
     spec: list[BatchSpec] = []
+
+    def compile_for(engine: TrainingEngine) -> Callable[..., Any]:
+        fn = compiled.get(engine._fused_version)
+        if fn is None:
+            fn = _eval_with_updates(step, list(engine._fused)) if engine._fused else step
+            fn = compiled[engine._fused_version] = fn if debug else placement.compile_eval(fn)
+        return fn
 
     def process(engine: TrainingEngine, batch: Any) -> Any:
         if spec:
@@ -282,9 +363,16 @@ def create_evaluator(
         else:
             spec.append(BatchSpec(batch, allow_short=True))
         train_state = engine.state.train_state if isinstance(source, TrainState) else source.state.train_state  # type: ignore[attr-defined]
-        return compiled(train_state, batch)
+        fn = compile_for(engine)
+        if not engine._fused:
+            return fn(train_state, batch)
+        states, out = fn((train_state, tuple(m.state for m in engine._fused)), batch)
+        for metric, s in zip(engine._fused, states, strict=True):
+            metric.set_state(s)
+        return out
 
     engine = TrainingEngine(process, placement, prefetch, 1)
+    engine.can_fuse = not debug and not isinstance(placement, Pmap)
     if isinstance(source, TrainState):
         engine.state.train_state = placement.put_state(source)
     return engine

@@ -1,0 +1,79 @@
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from ember import Events
+from ember.metrics import Accuracy, Average, Precision, RunningAverage
+from ember.training import Pmap, TrainState, create_evaluator, create_trainer
+from tests.training.models import batches
+
+
+def loss_fn(model, batch):
+    logits = model(batch["x"])
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+    return loss, {"y_pred": logits, "y": batch["y"]}
+
+
+def state():
+    return TrainState.create(lambda p, x: x @ p["w"], {"w": jnp.zeros((4, 3))}, optax.adam(0.05))
+
+
+def metrics():
+    return {
+        "loss": Average(key="loss"),
+        "accuracy": Accuracy(),
+        "precision": Precision(num_classes=3),
+        "running": RunningAverage(output_transform=lambda out: out["loss"]),
+    }
+
+
+def run(k, fuse):
+    trainer = create_trainer(state(), loss_fn, steps_per_call=k)
+    trainer.can_fuse = fuse
+    attached = metrics()
+    for name, m in attached.items():
+        m.attach(trainer, name)
+    seen = []
+    trainer.add_event_handler(
+        Events.EPOCH_COMPLETED, lambda e: seen.append({k: float(v) for k, v in e.state.metrics.items()})
+    )
+    trainer.run(batches(7), max_epochs=2)
+    return trainer, seen
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_fused_metrics_equal_handler_metrics(k):
+    """Metrics folded into the compiled step give exactly the values of per-iteration handler updates."""
+    fused_trainer, fused = run(k, fuse=True)
+    plain_trainer, plain = run(k, fuse=False)
+    assert fused == plain
+    assert len(plain_trainer._fused) == 0
+    # with K steps per call only epoch-granular metrics fold in; RunningAverage publishes every step
+    assert len(fused_trainer._fused) == (4 if k == 1 else 3)
+
+
+def test_evaluator_folds_metrics_in_and_detach_takes_them_out():
+    """An evaluator's fused Accuracy equals the handler path; detaching recompiles without it."""
+    values = []
+    for fuse in (True, False):
+        evaluator = create_evaluator(state(), lambda model, b: {"y_pred": model(b["x"]) + b["x"][:, :3], "y": b["y"]})
+        evaluator.can_fuse = fuse
+        acc = Accuracy()
+        acc.attach(evaluator, "accuracy")
+        values.append(evaluator.run(batches(3)).metrics["accuracy"])
+        acc.detach(evaluator)
+        assert evaluator._fused == []
+        assert evaluator.run(batches(3)).metrics == {}
+    assert values[0] == values[1]
+    assert 0.0 < values[0] < 1.0
+
+
+def test_pmap_and_debug_keep_the_handler_path():
+    """Under pmap or debug=True metrics are updated by handlers (nothing folds into the step)."""
+    for kwargs in ({"placement": Pmap()}, {"debug": True}):
+        trainer = create_trainer(state(), loss_fn, **kwargs)
+        Accuracy().attach(trainer, "accuracy")
+        assert trainer._fused == []
+        assert 0.0 <= trainer.run(batches(2)).metrics["accuracy"] <= 1.0
+    np.testing.assert_equal(Precision().fusable, False)
