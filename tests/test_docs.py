@@ -6,6 +6,7 @@ import pytest
 
 import ember
 import ember.data
+import ember.metrics
 import ember.training
 from tests.engine import expectations as expect
 
@@ -34,7 +35,7 @@ def test_termination_table_in_the_docs_matches_the_tested_expectations():
     assert table == expect.TERMINATION
 
 
-MODULES = {"ember": ember, "ember.training": ember.training, "ember.data": ember.data}
+MODULES = {"ember": ember, "ember.training": ember.training, "ember.data": ember.data, "ember.metrics": ember.metrics}
 PUBLIC = [f"{mod}.{name}" for mod, m in MODULES.items() for name in m.__all__ if name != "__version__"]
 
 

@@ -44,10 +44,13 @@ def run(k, fuse):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_fused_metrics_equal_handler_metrics(k):
-    """Metrics folded into the compiled step give exactly the values of per-iteration handler updates."""
+    """Metrics folded into the compiled step give the handler path's values (counts exactly, floats to rounding)."""
     fused_trainer, fused = run(k, fuse=True)
     plain_trainer, plain = run(k, fuse=False)
-    assert fused == plain
+    assert len(fused) == len(plain) == 2
+    for got, want in zip(fused, plain, strict=True):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
+        assert got["accuracy"] == want["accuracy"]
     assert len(plain_trainer._fused) == 0
     # with K steps per call only epoch-granular metrics fold in; RunningAverage publishes every step
     assert len(fused_trainer._fused) == (4 if k == 1 else 3)

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from ember.data import DevicePrefetch
@@ -155,14 +156,39 @@ def _check_options(
     return placement, prefetch
 
 
+def _tied(states: Any, out: Any) -> Any:
+    """``states`` unchanged in value, but made to depend on ``out`` (any pytree with a float leaf).
+
+    XLA:CPU's runtime runs independent branches of a computation concurrently, and on a 2-core machine
+    such a branch costs about 30-60 us of thread hand-off: an accumulator whose update depends only on
+    shapes (an example count, a sum of ones) is one. Multiplying by
+    ``(v == v) | (v != v)``, which is 1 for every float ``v`` (NaN and inf included) and which XLA cannot
+    fold for floats, orders the work without changing a value (measurements in docs/benchmarks.md).
+    """
+    anchors = [x for x in jax.tree.leaves(out) if jnp.issubdtype(jnp.result_type(x), jnp.floating)]
+    if not anchors:
+        return states
+    v = jnp.ravel(anchors[0])[0]
+    one = (v == v) | (v != v)
+
+    def tie(leaf: Any) -> Any:
+        return leaf & one if leaf.dtype == jnp.bool_ else leaf * one.astype(leaf.dtype)
+
+    return jax.tree.map(tie, states)
+
+
+def _update_all(updates: list[Any], states: tuple[Any, ...], out: Any) -> tuple[Any, ...]:
+    """Every fused metric's update from ``out``, its results tied to ``out`` (see :func:`_tied`)."""
+    return _tied(tuple(u.fused_update(s, out) for u, s in zip(updates, states, strict=True)), out)
+
+
 def _with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable[..., Any]:
     """``step`` whose carry also holds the fused metrics' accumulators, updated from each step's output."""
 
     def fused(carry: Any, batch: Any) -> Any:
         train_state, states = carry
         train_state, out = step(train_state, batch)
-        states = tuple(u.fused_update(s, out) for u, s in zip(updates, states, strict=True))
-        return (train_state, states), out
+        return (train_state, _update_all(updates, states, out)), out
 
     return fused
 
@@ -292,7 +318,7 @@ def _eval_with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable
     def fused(carry: Any, batch: Any) -> Any:
         train_state, states = carry
         out = step(train_state, batch)
-        return tuple(u.fused_update(s, out) for u, s in zip(updates, states, strict=True)), out
+        return _update_all(updates, states, out), out
 
     return fused
 
