@@ -14,6 +14,8 @@ from flax import nnx  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from ember import Events  # noqa: E402
+from ember.metrics import Accuracy, Average, ConfusionMatrix  # noqa: E402
 from ember.training import DataParallel, Pmap, SingleDevice, TrainState, create_trainer  # noqa: E402
 from tests.training.models import LinenNet, NNXNet, batches, classification_loss  # noqa: E402
 
@@ -76,6 +78,38 @@ out["pmap_bn_stats_shape"] = list(stats.shape)
 out["pmap_bn_stats_spec"] = str(stats.sharding.spec)
 nn_pm = train(nnx_state(), Pmap())
 out["pmap_nnx_steps"] = int(nn_pm.train_state.step)
+
+
+def epoch_metrics(placement):
+    """Epoch metrics of a trainer whose step returns logits and labels: fused under jit, handlers under pmap."""
+
+    def loss(model, batch):
+        logits = model(batch["x"])
+        value = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), batch["y"][:, None], axis=1))
+        return value, {"y_pred": logits, "y": batch["y"]}
+
+    trainer = create_trainer(mlp(), loss, placement=placement)
+    for name, metric in (("loss", Average(key="loss")), ("acc", Accuracy()), ("cm", ConfusionMatrix(3))):
+        metric.attach(trainer, name)
+    seen = []
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: seen.append(dict(e.state.metrics)))
+    trainer.run(DATA, max_epochs=2)
+    fused = len(trainer._fused)
+    return [{k: np.asarray(v).tolist() for k, v in m.items()} for m in seen], fused
+
+
+ref_metrics, _ = epoch_metrics(one)
+dp_metrics, dp_fused = epoch_metrics(DataParallel())
+pm_metrics, pm_fused = epoch_metrics(Pmap())
+out["metrics_fused_counts"] = [dp_fused, pm_fused]
+out["metrics_dataparallel_equal"] = all(
+    a["acc"] == b["acc"] and a["cm"] == b["cm"] and abs(a["loss"] - b["loss"]) < 1e-5
+    for a, b in zip(ref_metrics, dp_metrics, strict=True)
+)
+out["metrics_pmap_equal"] = all(
+    a["acc"] == b["acc"] and a["cm"] == b["cm"] and abs(a["loss"] - b["loss"]) < 1e-5
+    for a, b in zip(ref_metrics, pm_metrics, strict=True)
+)
 
 try:
     train(mlp(), DataParallel(), data=batches(2, size=12))

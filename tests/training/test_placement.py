@@ -49,6 +49,13 @@ def test_pmap_averages_model_state_across_devices(eight_devices):
     assert eight_devices["pmap_nnx_steps"] == 12
 
 
+def test_metrics_on_8_devices_equal_one_device(eight_devices):
+    """Epoch metrics (fused into the step under DataParallel, by handlers under pmap) equal one device's."""
+    assert eight_devices["metrics_fused_counts"] == [3, 0]
+    assert eight_devices["metrics_dataparallel_equal"] is True
+    assert eight_devices["metrics_pmap_equal"] is True
+
+
 def test_a_batch_that_cannot_be_split_names_size_and_devices(eight_devices):
     """A batch of 12 on 8 devices is refused, naming both numbers."""
     assert eight_devices["indivisible_error"].startswith("A batch of size 12 cannot be split over 8 devices")

@@ -71,6 +71,11 @@ def _pmean_floats(tree: Any, axis_name: str) -> Any:
     return jax.tree.map(lambda x: lax.pmean(x, axis_name) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
+def _is_float_scalar(x: Any) -> bool:
+    """A per-device scalar that pmap averages (a loss, a mean); per-example values keep their device."""
+    return x.ndim == 0 and jnp.issubdtype(x.dtype, jnp.floating)
+
+
 def _merge_micro(aux: Any) -> Any:
     """Stacked per-micro-batch aux values: per-example ones concatenated, scalars averaged."""
     return jax.tree.map(lambda x: x.mean(0) if x.ndim == 1 else x.reshape((-1, *x.shape[2:])), aux)
@@ -112,7 +117,8 @@ def make_train_step(
         lr_schedule: the schedule the optimizer uses, evaluated at the step for ``"lr"`` (otherwise the
             learning rate is read from an ``optax.inject_hyperparams`` state).
         axis_name: under ``pmap``, the device axis: gradients, loss, float aux values and model state
-            are averaged over it. Placements set it.
+            are averaged over it (aux values only when they are float scalars; per-example values keep
+            a leading device axis). Placements set it.
 
     Returns:
         The pure step function, ready for ``jax.jit``.
@@ -164,7 +170,7 @@ def make_train_step(
         if axis_name is not None:
             grads, loss = lax.pmean((grads, loss), axis_name)
             model_state = _pmean_floats(model_state, axis_name)
-            aux = jax.tree.map(lambda x: lax.pmean(x, axis_name) if x.ndim == 0 else x, _pmean_floats(aux, axis_name))
+            aux = jax.tree.map(lambda x: lax.pmean(x, axis_name) if _is_float_scalar(x) else x, aux)
         updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, model_state=model_state)
