@@ -1,4 +1,4 @@
 """Test configuration shared by the whole suite."""
 
-# Run in a subprocess with 8 simulated devices by tests/training/test_placement.py, never imported here.
-collect_ignore = ["training/multidevice_script.py"]
+# Scripts that tests run in subprocesses (8 simulated devices; two jax.distributed processes), never imported here.
+collect_ignore = ["training/multidevice_script.py", "metrics/multiprocess_script.py"]

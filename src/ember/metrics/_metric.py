@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 
 from ember.engine import Engine, Events, RemovableEventHandle
 from ember.metrics._composite import MetricArithmetic
@@ -157,7 +158,38 @@ class Metric(MetricArithmetic):
                 f"Metric `{type(self).__name__}` was computed before any update; attach it to an engine or call "
                 "`update` first."
             )
-        return _to_host(self.finalize(self._state))
+        return _to_host(self.finalize(self.global_state()))
+
+    def global_state(self) -> Any:
+        """The accumulators of every process merged, leaving this process's own untouched.
+
+        In a multi-process run each process usually updates from its own data, so :meth:`compute` merges
+        the processes' accumulators (a collective: every process must compute at the same point, as they
+        do when the same engine runs everywhere). Accumulators that are already global arrays (updated from
+        a step jitted over a mesh spanning the processes) are returned as they are, so nothing is counted
+        twice. In a single process this is just :attr:`state`.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from ember.metrics import Sum
+            >>> total = Sum()
+            >>> total.update(jnp.array([1.0, 2.0]))
+            >>> float(total.global_state())
+            3.0
+        """
+        state = self._state
+        if jax.process_count() == 1 or _is_global(state):
+            return state
+        gathered = multihost_utils.process_allgather(state)
+        parts = [jax.tree.map(lambda x, i=i: jnp.asarray(x[i]), gathered) for i in range(jax.process_count())]
+        return self.merge_processes(parts)
+
+    def merge_processes(self, parts: list[Any]) -> Any:
+        """Combine the processes' accumulators; by default :meth:`merge` them in order."""
+        merged = parts[0]
+        for part in parts[1:]:
+            merged = self.merge(merged, part)
+        return merged
 
     @property
     def state(self) -> Any:
@@ -304,6 +336,12 @@ class Metric(MetricArithmetic):
         """
         att = self._attachments.get(engine)
         return att is not None and (name is None or name in att.names)
+
+
+def _is_global(state: Any) -> bool:
+    """Whether the accumulators are arrays spanning every process already (so merging would double count)."""
+    leaves = jax.tree.leaves(state)
+    return bool(leaves) and all(isinstance(x, jax.Array) and not x.is_fully_addressable for x in leaves)
 
 
 def _distinct_buffers(state: Any) -> Any:

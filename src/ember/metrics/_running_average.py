@@ -23,7 +23,8 @@ class RunningAverage(Metric):
     ``value`` is ``src``'s value on the current batch (its accumulators for that batch alone, finalised on
     device), or ``output_transform(output)``. The average stays on device: attached (by default every
     iteration, over the whole run), ``engine.state.metrics[name]`` holds a device scalar, so nothing is read
-    back until a handler converts it; :meth:`compute` returns a float.
+    back until a handler converts it; :meth:`compute` returns a float. In a multi-process run the published
+    value is this process's (no collective per step) and :meth:`compute` is the mean over processes.
 
     Args:
         src: a metric whose per-batch value is averaged; or ``None`` to average an output.
@@ -79,6 +80,13 @@ class RunningAverage(Metric):
 
     def finalize(self, state: Any) -> Any:
         return state[0]
+
+    def merge_processes(self, parts: list[Any]) -> Any:
+        """Across processes, the mean of their running averages."""
+        started = [p for p in parts if float(p[1]) > 0]
+        if not started:
+            return parts[0]
+        return (sum(p[0] for p in started) / len(started), started[0][1])
 
     def attach(self, engine: Engine, name: str, usage: Any = RUNNING_BATCH_WISE) -> None:
         """Attach; by default reset at STARTED and publish the device value every iteration.

@@ -1,0 +1,65 @@
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn import metrics as skm
+
+SCRIPT = Path(__file__).with_name("multiprocess_script.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_processes() -> list[dict]:
+    """The results of the two processes of one jax.distributed run on localhost (CPU, Gloo)."""
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(pid), port], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for pid in (0, 1)
+    ]
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 0, stderr[-3000:]
+        line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT ") :]))
+    return results
+
+
+def test_compute_returns_the_global_value_on_every_process(two_processes):
+    """Each process saw half the data; both report accuracy and confusion matrix over all of it."""
+    rng = np.random.default_rng(0)
+    scores, labels = rng.normal(size=(40, 3)).astype(np.float32), rng.integers(0, 3, size=40)
+    for result in two_processes:
+        assert result["accuracy"] == pytest.approx(skm.accuracy_score(labels, scores.argmax(1)))
+        assert result["cm"] == skm.confusion_matrix(labels, scores.argmax(1), labels=range(3)).tolist()
+
+
+def test_update_compute_update_compute_does_not_double_count(two_processes):
+    """compute() leaves the local accumulators as they were (Ignite #2803): 1+2, then 11+12."""
+    for pid, result in enumerate(two_processes):
+        assert result["sum_twice"] == [3.0, 23.0]
+        assert result["sum_local_after"] == pid + 1.0 + 10.0
+
+
+def test_accumulators_that_are_already_global_are_not_merged_again(two_processes):
+    """Updated from a global array spanning both processes, the sum is 1 + 2 = 3, not 6."""
+    assert [r["global_sum"] for r in two_processes] == [3.0, 3.0]
+
+
+def test_running_average_publishes_local_values_and_computes_their_mean(two_processes):
+    """The per-iteration value stays local (no collective per step); compute() averages the processes."""
+    local = [r["running_local"] for r in two_processes]
+    assert local[0] != local[1]
+    for result in two_processes:
+        assert result["running_global"] == pytest.approx(sum(local) / 2, rel=1e-6)
