@@ -8,6 +8,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from ember.metrics._mean import MeanMetric
 from ember.metrics._metric import Metric
 
 Average = Literal["macro", "micro", "weighted"] | None
@@ -29,7 +30,7 @@ def _flatten(y_pred: Any, y: Any, mask: Any, label_dims: int) -> tuple[jax.Array
     return y_pred, y, (None if mask is None else jnp.asarray(mask).reshape(n))
 
 
-class Accuracy(Metric):
+class Accuracy(MeanMetric):
     """The fraction of correct predictions: binary, multiclass or multilabel.
 
     - multiclass: ``y_pred`` holds scores ``(..., C)`` and ``y`` class indices ``(...)``; the argmax counts;
@@ -66,9 +67,6 @@ class Accuracy(Metric):
         self.threshold = threshold
         super().__init__(output_transform, mask_key=mask_key)
 
-    def empty(self) -> Any:
-        return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-
     def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
         y_pred, y = jnp.asarray(y_pred), jnp.asarray(y)
         if self.is_multilabel:
@@ -88,11 +86,8 @@ class Accuracy(Metric):
         w = _weights(correct.shape[0], mask)
         return (jnp.sum(correct * w), jnp.sum(w))
 
-    def finalize(self, state: Any) -> Any:
-        return state[0] / state[1]
 
-
-class TopKAccuracy(Metric):
+class TopKAccuracy(MeanMetric):
     """The fraction of examples whose label is among the ``k`` highest scores.
 
     Example:
@@ -112,18 +107,12 @@ class TopKAccuracy(Metric):
         self.k = k
         super().__init__(output_transform, mask_key=mask_key)
 
-    def empty(self) -> Any:
-        return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-
     def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
         y_pred, y, mask = _flatten(y_pred, y, mask, 0)
         _, top = jax.lax.top_k(y_pred, self.k)
         correct = jnp.any(top == y[:, None], axis=-1)
         w = _weights(correct.shape[0], mask)
         return (jnp.sum(correct * w), jnp.sum(w))
-
-    def finalize(self, state: Any) -> Any:
-        return state[0] / state[1]
 
 
 class _ClassCounts(Metric):

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from ember.metrics._mean import MeanMetric, broadcast_weights
 from ember.metrics._metric import Metric
 
 
@@ -35,13 +36,10 @@ class _Reduction(Metric):
     @staticmethod
     def _values(value: Any, mask: Any) -> tuple[jnp.ndarray, jnp.ndarray]:
         value = jnp.asarray(value, jnp.float32)
-        weights = (
-            jnp.ones_like(value) if mask is None else jnp.broadcast_to(jnp.asarray(mask, jnp.float32), value.shape)
-        )
-        return value, weights
+        return value, broadcast_weights(value, mask)
 
 
-class Average(_Reduction):
+class Average(_Reduction, MeanMetric):
     """The mean of the values seen, weighted by how many there are.
 
     A per-example array counts each element, a scalar counts once. Masked elements do not count.
@@ -60,16 +58,9 @@ class Average(_Reduction):
         4.0
     """
 
-    def empty(self) -> Any:
-        return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-
     def batch_state(self, value: Any, mask: Any = None) -> Any:
         v, w = self._values(value, mask)
         return (jnp.sum(v * w), jnp.sum(w))
-
-    def finalize(self, state: Any) -> Any:
-        total, count = state
-        return total / count
 
 
 class Sum(_Reduction):
@@ -147,7 +138,7 @@ class Max(_Reduction):
         return state
 
 
-class Loss(Metric):
+class Loss(MeanMetric):
     """The average of ``loss_fn(y_pred, y)`` over examples, as Ignite's ``Loss``.
 
     ``loss_fn`` returns one loss per example (or a per-batch mean, which then counts once per example of
@@ -174,17 +165,11 @@ class Loss(Metric):
         self.loss_fn = loss_fn
         super().__init__(output_transform, mask_key=mask_key)
 
-    def empty(self) -> Any:
-        return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-
     def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
         n = jnp.shape(y)[0]
         losses = jnp.broadcast_to(jnp.asarray(self.loss_fn(y_pred, y), jnp.float32), (n,))
         w = jnp.ones((n,), jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32)
         return (jnp.sum(losses * w), jnp.sum(w))
-
-    def finalize(self, state: Any) -> Any:
-        return state[0] / state[1]
 
 
 class Perplexity(Average):

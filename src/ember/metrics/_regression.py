@@ -6,28 +6,18 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ember.metrics._metric import Metric
+from ember.metrics._mean import MeanMetric, broadcast_weights
 
 
-class _MeanError(Metric):
-    def empty(self) -> Any:
-        return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-
+class _MeanError(MeanMetric):
     def _errors(self, diff: Any) -> Any:
         raise NotImplementedError
 
     def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
         y_pred, y = jnp.asarray(y_pred, jnp.float32), jnp.asarray(y, jnp.float32)
         errors = self._errors(y_pred - y)
-        if mask is None:
-            w = jnp.ones_like(errors)
-        else:
-            mask = jnp.asarray(mask, jnp.float32)
-            w = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (errors.ndim - mask.ndim)), errors.shape)
+        w = broadcast_weights(errors, mask)
         return (jnp.sum(errors * w), jnp.sum(w))
-
-    def finalize(self, state: Any) -> Any:
-        return state[0] / state[1]
 
 
 class MeanSquaredError(_MeanError):
