@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 import ember
+import ember.checkpoint
 import ember.data
 import ember.metrics
 import ember.training
@@ -35,7 +36,13 @@ def test_termination_table_in_the_docs_matches_the_tested_expectations():
     assert table == expect.TERMINATION
 
 
-MODULES = {"ember": ember, "ember.training": ember.training, "ember.data": ember.data, "ember.metrics": ember.metrics}
+MODULES = {
+    "ember": ember,
+    "ember.training": ember.training,
+    "ember.data": ember.data,
+    "ember.metrics": ember.metrics,
+    "ember.checkpoint": ember.checkpoint,
+}
 PUBLIC = [f"{mod}.{name}" for mod, m in MODULES.items() for name in m.__all__ if name != "__version__"]
 
 

@@ -1,0 +1,316 @@
+"""`CheckpointStore`: save, list, find and restore verified checkpoints in one folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import numpy as np
+from flax import serialization, traverse_util
+
+from ember.checkpoint._atomic import TMP_PREFIX, commit, temporary_dir
+from ember.checkpoint._format import read_leaves, write_leaves
+
+DATA, MANIFEST = "state.msgpack", "manifest.json"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One verified checkpoint on disk: its folder, step, metrics and manifest.
+
+    Example:
+        >>> import tempfile, numpy as np
+        >>> from ember.checkpoint import CheckpointStore
+        >>> store = CheckpointStore(tempfile.mkdtemp())
+        >>> info = store.save({"w": np.ones(2)}, step=7, metrics={"loss": 0.5})
+        >>> info.step, info.metrics, info.path.name
+        (7, {'loss': 0.5}, 'step_00000007')
+    """
+
+    path: Path
+    step: int
+    metrics: dict[str, float]
+    manifest: dict[str, Any]
+
+
+def _flat_state(tree: Any) -> dict[str, Any]:
+    """``tree`` as ``{"a/b/c": leaf}`` with leaves on the host: arrays as NumPy, scalars as they are."""
+    state = serialization.to_state_dict(jax.device_get(tree))
+    flat = traverse_util.flatten_dict(state, sep="/", keep_empty_nodes=True) if isinstance(state, dict) else {"": state}
+    out: dict[str, Any] = {}
+    for path, leaf in flat.items():
+        if isinstance(leaf, np.ndarray | np.generic):
+            out[path] = np.asarray(leaf)
+        elif leaf is traverse_util.empty_node:  # an empty subtree, such as optax's EmptyState()
+            out[path] = {}
+        elif leaf is None or isinstance(leaf, bool | int | float | str):
+            out[path] = leaf
+        else:
+            raise TypeError(f"Checkpoint leaf {path!r} is a {type(leaf).__name__}; leaves must be arrays or scalars.")
+    return out
+
+
+def _describe(leaf: Any) -> dict[str, Any]:
+    if isinstance(leaf, np.ndarray):
+        return {"shape": list(leaf.shape), "dtype": leaf.dtype.name}
+    return {"value": type(leaf).__name__}
+
+
+class CheckpointStore:
+    """Checkpoints in one folder, each committed atomically and verified before it is ever returned.
+
+    A checkpoint is a folder holding ``state.msgpack`` (the tree, streamed leaf by leaf) and
+    ``manifest.json`` (step, metrics, wall time, ember version, each leaf's path, shape and dtype, and
+    the size and SHA-256 of the data file). It is written under a temporary name in the same folder,
+    fsynced, renamed into place, and the folder is fsynced: a crash leaves either a complete checkpoint or
+    a temporary folder, which the next store opened on the folder removes. Files get the permissions the
+    umask allows.
+
+    A checkpoint that is incomplete or corrupt (missing manifest, truncated data, bad checksum) is never
+    returned: :meth:`latest`, :meth:`best` and :meth:`restore` skip it with a warning that names it and
+    says why, and fall back to the newest valid one.
+
+    Args:
+        root: the folder; created if missing.
+
+    Example:
+        >>> import tempfile, numpy as np
+        >>> from ember.checkpoint import CheckpointStore
+        >>> store = CheckpointStore(tempfile.mkdtemp())
+        >>> _ = store.save({"w": np.arange(3.0)}, step=1)
+        >>> _ = store.save({"w": np.arange(3.0) * 2}, step=2)
+        >>> tree, info = store.restore()
+        >>> info.step, tree["w"].tolist()
+        (2, [0.0, 2.0, 4.0])
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        for leftover in self.root.glob(f"{TMP_PREFIX}*"):  # an interrupted write
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def save(
+        self,
+        tree: Any,
+        *,
+        step: int,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> CheckpointInfo:
+        """Write ``tree`` (a pytree of arrays and scalars) as a new checkpoint; return its info.
+
+        Args:
+            tree: what to save; device arrays are copied to the host first.
+            step: the training step it belongs to.
+            metrics: numbers to rank checkpoints by (``best``).
+            metadata: any JSON-serialisable extras (an engine's ``state_dict()``).
+            name: the folder name; ``step_<step>`` by default.
+
+        Example:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> store.save({"w": np.zeros(2)}, step=3, name="step_3-loss=0.1").path.name
+            'step_3-loss=0.1'
+        """
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"`step` must be a non-negative int, got {step!r}.")
+        name = name or f"step_{step:08d}"
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"`name` must be a plain folder name, got {name!r}.")
+        leaves = _flat_state(tree)
+        manifest: dict[str, Any] = {
+            "format": 1,
+            "step": step,
+            "wall_time": time.time(),
+            "ember_version": _version(),
+            "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+            "metadata": dict(metadata or {}),
+            "tree": {path: _describe(leaf) for path, leaf in leaves.items()},
+        }
+        tmp = temporary_dir(self.root, name)
+        try:
+            with open(tmp / DATA, "wb") as f:
+                size, sha = write_leaves(f, list(leaves.items()))
+                f.flush()
+                os.fsync(f.fileno())
+            manifest["files"] = {DATA: {"bytes": size, "sha256": sha}}
+            with open(tmp / MANIFEST, "w") as f:
+                json.dump(manifest, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            commit(tmp, self.root / name)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return CheckpointInfo(self.root / name, step, manifest["metrics"], manifest)
+
+    def delete(self, info: CheckpointInfo) -> None:
+        """Remove a checkpoint (renamed to a temporary name first, so a crash never leaves half of one)."""
+        doomed = self.root / f"{TMP_PREFIX}deleting-{info.path.name}"
+        os.replace(info.path, doomed)
+        shutil.rmtree(doomed)
+
+    # -- finding ---------------------------------------------------------------------------------
+
+    def _candidates(self) -> list[Path]:
+        return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def _manifest(self, path: Path) -> CheckpointInfo:
+        manifest_path = path / MANIFEST
+        if not manifest_path.exists():
+            raise ValueError("it has no manifest (the write did not finish)")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            expected = manifest["files"][DATA]
+            step = int(manifest["step"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"its manifest is unreadable ({e})") from None
+        data = path / DATA
+        if not data.exists() or data.stat().st_size != expected["bytes"]:
+            got = data.stat().st_size if data.exists() else "no"
+            raise ValueError(f"its data file holds {got} bytes, the manifest says {expected['bytes']} (truncated)")
+        return CheckpointInfo(path, step, dict(manifest.get("metrics", {})), manifest)
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Every checkpoint whose manifest and data size check out, oldest step first (no warnings).
+
+        Example:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> for s in (5, 1, 3):
+            ...     _ = store.save({"w": np.zeros(1)}, step=s)
+            >>> [c.step for c in store.checkpoints()]
+            [1, 3, 5]
+        """
+        found = []
+        for path in self._candidates():
+            try:
+                found.append(self._manifest(path))
+            except ValueError:
+                continue
+        return sorted(found, key=lambda c: (c.step, c.path.name))
+
+    def _ranked(self, key: Any, reverse: bool) -> list[CheckpointInfo]:
+        infos = []
+        for path in self._candidates():
+            try:
+                infos.append(self._manifest(path))
+            except ValueError as why:
+                warnings.warn(f"Skipping checkpoint {path.name!r}: {why}.", UserWarning, stacklevel=3)
+        return sorted(infos, key=key, reverse=reverse)
+
+    def latest(self) -> CheckpointInfo | None:
+        """The valid checkpoint with the highest step, or ``None``; invalid ones are skipped with a warning.
+
+        Example:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> store.latest() is None
+            True
+        """
+        ranked = self._ranked(lambda c: (c.step, c.path.name), reverse=True)
+        return ranked[0] if ranked else None
+
+    def best(self, metric: str, mode: Literal["min", "max"] = "max") -> CheckpointInfo | None:
+        """The valid checkpoint with the best value of ``metric`` (ties: the later step), or ``None``.
+
+        Example:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> for step, acc in ((1, 0.7), (2, 0.9), (3, 0.8)):
+            ...     _ = store.save({"w": np.zeros(1)}, step=step, metrics={"accuracy": acc})
+            >>> store.best("accuracy").step, store.best("accuracy", mode="min").step
+            (2, 1)
+        """
+        if mode not in ("min", "max"):
+            raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
+        sign = 1.0 if mode == "max" else -1.0
+        scored = [c for c in self._ranked(lambda c: c.step, reverse=True) if metric in c.metrics]
+        return max(scored, key=lambda c: (sign * c.metrics[metric], c.step), default=None)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def restore(self, target: Any = None, checkpoint: CheckpointInfo | None = None) -> tuple[Any, CheckpointInfo]:
+        """Read a checkpoint (the latest valid one by default), verified against its checksum.
+
+        With ``target``, the tree is restored into its structure (``flax.serialization``), after checking that
+        every path, shape and dtype matches; otherwise a nested dict of NumPy arrays comes back. When the
+        latest checkpoint turns out corrupt, it is skipped with a warning and the next newest one is read.
+
+        Raises:
+            FileNotFoundError: there is no valid checkpoint.
+            ValueError: ``target`` does not match the saved structure (the mismatches are listed), or the
+                checkpoint asked for is corrupt.
+
+        Example:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save({"w": np.ones(2, np.float32)}, step=1)
+            >>> tree, _ = store.restore(target={"w": np.zeros(2, np.float32)})
+            >>> tree["w"].tolist()
+            [1.0, 1.0]
+        """
+        if checkpoint is not None:
+            return self._read(checkpoint, target), checkpoint
+        for info in self._ranked(lambda c: (c.step, c.path.name), reverse=True):
+            try:
+                return self._read(info, target), info
+            except _Corrupt as why:
+                warnings.warn(f"Skipping checkpoint {info.path.name!r}: {why}.", UserWarning, stacklevel=2)
+        raise FileNotFoundError(f"No valid checkpoint in {self.root}.")
+
+    def _read(self, info: CheckpointInfo, target: Any) -> Any:
+        if target is not None:
+            _check_structure(info.manifest["tree"], _flat_state(target))
+        try:
+            with open(info.path / DATA, "rb") as f:
+                leaves, sha = read_leaves(f)
+        except Exception as e:  # truncated or garbled msgpack
+            raise _Corrupt(f"its data file cannot be read ({type(e).__name__}: {e})") from None
+        if sha != info.manifest["files"][DATA]["sha256"]:
+            raise _Corrupt("its data file does not match the checksum in its manifest")
+        nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
+        return nested if target is None else serialization.from_state_dict(target, nested)
+
+
+class _Corrupt(ValueError):
+    """A checkpoint whose data does not match its manifest."""
+
+
+def _check_structure(saved: dict[str, Any], target: dict[str, Any]) -> None:
+    problems = [f"missing from the checkpoint: {p}" for p in sorted(set(target) - set(saved))]
+    problems += [f"not in the target: {p}" for p in sorted(set(saved) - set(target))]
+    for path in sorted(set(saved) & set(target)):
+        want, got = _describe(target[path]), saved[path]
+        if want != got:
+            problems.append(f"{path}: the checkpoint has {_fmt(got)}, the target {_fmt(want)}")
+    if problems:
+        shown = "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else "")
+        raise ValueError(f"The checkpoint does not fit the target ({len(problems)} differences):\n  {shown}")
+
+
+def _fmt(d: dict[str, Any]) -> str:
+    return f"{d['dtype']}{d['shape']}" if "shape" in d else d["value"]
+
+
+def _version() -> str:
+    from ember import __version__
+
+    return __version__

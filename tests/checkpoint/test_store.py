@@ -1,0 +1,158 @@
+import json
+import os
+import stat
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from ember import __version__
+from ember.checkpoint import CheckpointStore
+from ember.training import TrainState, make_train_step
+from tests.training.models import LinenNet, batches, classification_loss
+
+
+def linen_state(seed=0):
+    return TrainState.from_linen(LinenNet(), jnp.ones((2, 4)), optax.adam(1e-2), seed=seed, rngs=("dropout",))
+
+
+def trained(steps=3):
+    state, step = linen_state(), jax.jit(make_train_step(classification_loss))
+    for b in batches(steps):
+        state, _ = step(state, b)
+    return state
+
+
+def test_a_train_state_round_trips_bit_for_bit_and_keeps_training(tmp_path):
+    """A trained TrainState restores into a fresh one exactly, and training on from both agrees."""
+    store = CheckpointStore(tmp_path)
+    state = trained()
+    store.save(state, step=int(state.step), metadata={"engine": {"iteration": 3, "epoch_length": None}})
+    restored, info = store.restore(target=linen_state(seed=1))
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert info.manifest["metadata"] == {"engine": {"iteration": 3, "epoch_length": None}}
+    step = jax.jit(make_train_step(classification_loss))
+    next_a, _ = step(state, batches(4)[3])
+    next_b, _ = step(restored, batches(4)[3])
+    np.testing.assert_array_equal(next_a.params["Dense_0"]["kernel"], next_b.params["Dense_0"]["kernel"])
+
+
+def test_the_manifest_describes_the_checkpoint(tmp_path):
+    """The manifest holds step, metrics, wall time, version, every leaf's shape and dtype, and the checksum."""
+    store = CheckpointStore(tmp_path)
+    info = store.save({"w": np.ones((2, 3), np.float32), "n": 4, "flag": None}, step=12, metrics={"loss": 0.25})
+    manifest = json.loads((info.path / "manifest.json").read_text())
+    assert manifest["step"] == 12
+    assert manifest["metrics"] == {"loss": 0.25}
+    assert manifest["ember_version"] == __version__
+    assert manifest["tree"] == {
+        "w": {"shape": [2, 3], "dtype": "float32"},
+        "n": {"value": "int"},
+        "flag": {"value": "NoneType"},
+    }
+    assert manifest["files"]["state.msgpack"]["bytes"] == (info.path / "state.msgpack").stat().st_size
+    assert len(manifest["files"]["state.msgpack"]["sha256"]) == 64
+    tree, _ = store.restore()
+    assert (tree["n"], tree["flag"], tree["w"].tolist()) == (4, None, [[1.0] * 3] * 2)
+
+
+def test_a_leftover_temporary_from_a_crash_is_removed(tmp_path):
+    """An interrupted write leaves a temporary folder, never a checkpoint; opening the store removes it."""
+    (tmp_path / ".tmp-step_00000009-deadbeef").mkdir()
+    (tmp_path / ".tmp-step_00000009-deadbeef" / "state.msgpack").write_bytes(b"half")
+    store = CheckpointStore(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    assert store.latest() is None
+
+
+def test_incomplete_and_corrupt_checkpoints_are_skipped_with_a_warning(tmp_path):
+    """Missing manifest, truncated data and a flipped byte are each skipped, named, with the reason."""
+    store = CheckpointStore(tmp_path)
+    good = store.save({"w": np.arange(4.0)}, step=1)
+    no_manifest = store.save({"w": np.arange(4.0) + 1}, step=2)
+    (no_manifest.path / "manifest.json").unlink()
+    truncated = store.save({"w": np.arange(4.0) + 2}, step=3)
+    data = truncated.path / "state.msgpack"
+    data.write_bytes(data.read_bytes()[:-5])
+    flipped = store.save({"w": np.arange(4.0) + 3}, step=4)
+    raw = bytearray((flipped.path / "state.msgpack").read_bytes())
+    raw[-1] ^= 0xFF
+    (flipped.path / "state.msgpack").write_bytes(bytes(raw))
+
+    with pytest.warns(UserWarning, match=r"^Skipping checkpoint") as caught:
+        tree, info = store.restore()
+    messages = [str(w.message) for w in caught]
+    assert info.path == good.path
+    assert tree["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert "Skipping checkpoint 'step_00000002': it has no manifest (the write did not finish)." in messages
+    assert any(
+        m.startswith("Skipping checkpoint 'step_00000003': its data file holds") and "(truncated)" in m
+        for m in messages
+    )
+    assert "Skipping checkpoint 'step_00000004': its data file does not match the checksum in its manifest." in messages
+    assert [c.step for c in store.checkpoints()] == [1, 4]  # the flipped byte is only found when read
+
+
+def test_files_get_the_permissions_the_umask_allows(tmp_path):
+    """Checkpoint files and folders follow the umask (no 0600 temporaries, Ignite #1876)."""
+    for umask, file_mode, dir_mode in ((0o022, 0o644, 0o755), (0o077, 0o600, 0o700)):
+        old = os.umask(umask)
+        try:
+            info = CheckpointStore(tmp_path / f"u{umask:o}").save({"w": np.ones(1)}, step=1)
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE((info.path / "state.msgpack").stat().st_mode) == file_mode
+        assert stat.S_IMODE((info.path / "manifest.json").stat().st_mode) == file_mode
+        assert stat.S_IMODE(info.path.stat().st_mode) == dir_mode
+
+
+def test_restoring_into_a_different_structure_lists_the_differences(tmp_path):
+    """A target of another shape, dtype or structure is refused, naming each mismatching path."""
+    store = CheckpointStore(tmp_path)
+    store.save({"a": np.ones((2, 3), np.float32), "b": np.ones(2, np.int32), "c": np.ones(1)}, step=1)
+    target = {"a": np.ones((3, 3), np.float32), "b": np.ones(2, np.float32), "d": np.ones(1)}
+    with pytest.raises(
+        ValueError,
+        match=r"(?s)does not fit the target \(4 differences\).*missing from the checkpoint: d.*"
+        r"not in the target: c.*a: the checkpoint has float32\[2, 3\], the target float32\[3, 3\].*"
+        r"b: the checkpoint has int32\[2\], the target float32\[2\]",
+    ):
+        store.restore(target=target)
+
+
+def test_latest_best_checkpoints_and_delete(tmp_path):
+    """Checkpoints are ordered by step; best ranks by a metric in either mode; delete removes one."""
+    store = CheckpointStore(tmp_path)
+    for step, loss in ((10, 0.5), (20, 0.3), (30, 0.4)):
+        store.save({"w": np.full(1, step)}, step=step, metrics={"loss": loss})
+    assert store.latest().step == 30
+    assert store.best("loss", mode="min").step == 20
+    assert store.best("loss", mode="max").step == 10
+    assert store.best("accuracy") is None
+    store.delete(store.latest())
+    assert [c.step for c in store.checkpoints()] == [10, 20]
+    assert store.restore()[0]["w"].tolist() == [20]
+
+
+def test_save_arguments_and_an_empty_store(tmp_path):
+    """Bad steps, names and modes are refused; an empty store has nothing to restore."""
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(ValueError, match=r"`step` must be a non-negative int, got -1"):
+        store.save({"w": np.ones(1)}, step=-1)
+    with pytest.raises(ValueError, match=r"`name` must be a plain folder name, got '../x'"):
+        store.save({"w": np.ones(1)}, step=1, name="../x")
+    with pytest.raises(ValueError, match=r"`mode` must be 'min' or 'max', got 'low'"):
+        store.best("loss", mode="low")  # type: ignore[arg-type]
+    with pytest.raises(FileNotFoundError, match=r"No valid checkpoint in"):
+        store.restore()
+    store.save({"w": np.ones(1)}, step=1)
+    with pytest.raises(FileExistsError, match=r"A checkpoint named 'step_00000001' already exists"):
+        store.save({"w": np.ones(1)}, step=1)
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000001"]
+    with pytest.raises(
+        TypeError, match=r"Checkpoint leaf 'f' is a builtin_function_or_method; leaves must be arrays or scalars"
+    ):
+        store.save({"f": print}, step=2)
