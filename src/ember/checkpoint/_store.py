@@ -8,6 +8,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -97,6 +98,8 @@ class CheckpointStore:
         self.root.mkdir(parents=True, exist_ok=True)
         for leftover in self.root.glob(f"{TMP_PREFIX}*"):  # an interrupted write
             shutil.rmtree(leftover, ignore_errors=True)
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: Future[CheckpointInfo] | None = None
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -110,6 +113,8 @@ class CheckpointStore:
         name: str | None = None,
     ) -> CheckpointInfo:
         """Write ``tree`` (a pytree of arrays and scalars) as a new checkpoint; return its info.
+
+        Waits for a background save still in flight first (see :meth:`save_in_background`).
 
         Args:
             tree: what to save; device arrays are copied to the host first.
@@ -125,11 +130,82 @@ class CheckpointStore:
             >>> store.save({"w": np.zeros(2)}, step=3, name="step_3-loss=0.1").path.name
             'step_3-loss=0.1'
         """
+        self.wait()
+        return self._write(*self._prepare(tree, step, metrics, metadata, name))
+
+    def save_in_background(
+        self,
+        tree: Any,
+        *,
+        step: int,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> Future[CheckpointInfo]:
+        """Copy ``tree`` to the host now, then serialise and write it on a background thread.
+
+        When this returns, training may change the device state freely: what is saved is already on the
+        host. The write runs on one background thread; the next save (of either kind) first waits for
+        it, and re-raises its error if it failed, as do :meth:`wait` and :meth:`raise_if_failed`.
+
+        Example:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> future = store.save_in_background({"w": np.ones(2)}, step=1)
+            >>> store.wait().step, future.result().path.name
+            (1, 'step_00000001')
+        """
+        self.wait()
+        # The host copy, made before returning: device arrays are copied by device_get; NumPy arrays, which
+        # device_get hands back as they are, are copied here so later in-place changes cannot leak in.
+        tree = jax.tree.map(lambda x: np.array(x, copy=True) if isinstance(x, np.ndarray) else x, tree)
+        prepared = self._prepare(tree, step, metrics, metadata, name)
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-checkpoint")
+        self._pending = self._writer.submit(self._write, *prepared)
+        return self._pending
+
+    def wait(self) -> CheckpointInfo | None:
+        """Block until a background save is on disk; re-raise its error; return its info (or ``None``).
+
+        Example:
+            >>> import tempfile
+            >>> from ember.checkpoint import CheckpointStore
+            >>> CheckpointStore(tempfile.mkdtemp()).wait() is None
+            True
+        """
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
+
+    def raise_if_failed(self) -> None:
+        """Re-raise the error of a background save that has already failed; never blocks.
+
+        Example:
+            >>> import tempfile
+            >>> from ember.checkpoint import CheckpointStore
+            >>> CheckpointStore(tempfile.mkdtemp()).raise_if_failed()
+        """
+        pending = self._pending
+        if pending is not None and pending.done() and pending.exception() is not None:
+            self._pending = None
+            raise pending.exception()  # type: ignore[misc]
+
+    def _prepare(
+        self,
+        tree: Any,
+        step: int,
+        metrics: Mapping[str, float] | None,
+        metadata: Mapping[str, Any] | None,
+        name: str | None,
+    ) -> tuple[str, dict[str, Any], dict[str, Any]]:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"`step` must be a non-negative int, got {step!r}.")
         name = name or f"step_{step:08d}"
         if "/" in name or name.startswith("."):
             raise ValueError(f"`name` must be a plain folder name, got {name!r}.")
+        if (self.root / name).exists():
+            raise FileExistsError(f"A checkpoint named {name!r} already exists in {self.root}.")
         leaves = _flat_state(tree)
         manifest: dict[str, Any] = {
             "format": 1,
@@ -140,6 +216,10 @@ class CheckpointStore:
             "metadata": dict(metadata or {}),
             "tree": {path: _describe(leaf) for path, leaf in leaves.items()},
         }
+        json.dumps(manifest)  # metadata that cannot be written fails here, in the caller's thread
+        return name, leaves, manifest
+
+    def _write(self, name: str, leaves: dict[str, Any], manifest: dict[str, Any]) -> CheckpointInfo:
         tmp = temporary_dir(self.root, name)
         try:
             with open(tmp / DATA, "wb") as f:
@@ -155,7 +235,55 @@ class CheckpointStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return CheckpointInfo(self.root / name, step, manifest["metrics"], manifest)
+        return CheckpointInfo(self.root / name, manifest["step"], manifest["metrics"], manifest)
+
+    def prune(
+        self,
+        *,
+        keep_latest: int | None = None,
+        keep_best: int | None = None,
+        metric: str | None = None,
+        mode: Literal["min", "max"] = "max",
+        keep_every: int | None = None,
+        prefix: str = "",
+    ) -> list[CheckpointInfo]:
+        """Delete the checkpoints (named with ``prefix``) that no policy keeps; return them.
+
+        The policies combine: a checkpoint stays if it is among the ``keep_latest`` highest steps, or among
+        the ``keep_best`` best by ``metric`` (``mode``), or its step is a multiple of ``keep_every``. So the
+        latest checkpoints are kept beside the best ones (orbax #526).
+
+        Example:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> for step, loss in ((1, 0.1), (2, 0.5), (3, 0.4), (4, 0.3)):
+            ...     _ = store.save({"w": np.zeros(1)}, step=step, metrics={"loss": loss})
+            >>> _ = store.prune(keep_latest=1, keep_best=1, metric="loss", mode="min")
+            >>> [c.step for c in store.checkpoints()]
+            [1, 4]
+        """
+        for label, value in (("keep_latest", keep_latest), ("keep_best", keep_best), ("keep_every", keep_every)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"`{label}` must be a positive int or None, got {value!r}.")
+        if keep_best is not None and metric is None:
+            raise ValueError("`keep_best` needs `metric`, the name of the score to rank checkpoints by.")
+        if mode not in ("min", "max"):
+            raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
+        mine = [c for c in self.checkpoints() if c.path.name.startswith(prefix)]
+        kept: set[Path] = set()
+        if keep_latest:
+            kept |= {c.path for c in sorted(mine, key=lambda c: c.step)[-keep_latest:]}
+        if keep_best and metric is not None:
+            sign = 1.0 if mode == "max" else -1.0
+            scored = sorted((c for c in mine if metric in c.metrics), key=lambda c: (sign * c.metrics[metric], c.step))
+            kept |= {c.path for c in scored[-keep_best:]}
+        if keep_every:
+            kept |= {c.path for c in mine if c.step % keep_every == 0}
+        doomed = [c for c in mine if c.path not in kept]
+        for c in doomed:
+            self.delete(c)
+        return doomed
 
     def delete(self, info: CheckpointInfo) -> None:
         """Remove a checkpoint (renamed to a temporary name first, so a crash never leaves half of one)."""

@@ -1,0 +1,109 @@
+import threading
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ember.checkpoint._store as store_module
+from ember.checkpoint import CheckpointStore
+
+
+def test_background_save_copies_to_host_before_returning(tmp_path):
+    """What is saved is fixed when save_in_background returns; later changes do not leak in."""
+    store = CheckpointStore(tmp_path)
+    host = np.arange(4.0)
+    device = jnp.arange(4.0)
+    store.save_in_background({"host": host, "device": device}, step=1)
+    host[:] = -1.0
+    info = store.wait()
+    tree, _ = store.restore(checkpoint=info)
+    assert tree["host"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert tree["device"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_the_write_runs_on_another_thread_and_the_next_save_waits(tmp_path, monkeypatch):
+    """The caller returns while the write is in flight; a second save starts only after the first is on disk."""
+    release, order = threading.Event(), []
+    write = store_module.write_leaves
+
+    def slow(f, leaves):
+        order.append(("start", threading.current_thread().name))
+        release.wait(5)
+        out = write(f, leaves)
+        order.append(("done", threading.current_thread().name))
+        return out
+
+    monkeypatch.setattr(store_module, "write_leaves", slow)
+    store = CheckpointStore(tmp_path)
+    first = store.save_in_background({"w": np.ones(1)}, step=1)
+    time.sleep(0.05)
+    assert not first.done()
+    assert store.checkpoints() == []
+    threading.Timer(0.05, release.set).start()
+    store.save_in_background({"w": np.ones(1)}, step=2)  # waits for the first
+    assert first.done()
+    store.wait()
+    assert [c.step for c in store.checkpoints()] == [1, 2]
+    assert [kind for kind, _ in order] == ["start", "done", "start", "done"]
+    assert all(name.startswith("ember-checkpoint") for _, name in order)
+
+
+def test_a_failed_background_write_is_raised_and_leaves_earlier_checkpoints_intact(tmp_path, monkeypatch):
+    """A disk error in the background surfaces at raise_if_failed/wait; nothing half-written remains."""
+    store = CheckpointStore(tmp_path)
+    store.save({"w": np.ones(1)}, step=1)
+
+    def disk_full(f, leaves):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module, "write_leaves", disk_full)
+    future = store.save_in_background({"w": np.ones(1)}, step=2)
+    while not future.done():
+        time.sleep(0.01)
+    with pytest.raises(OSError, match="No space left on device"):
+        store.raise_if_failed()
+    store.raise_if_failed()  # reported once
+    assert [c.step for c in store.checkpoints()] == [1]
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000001"]
+    store.save_in_background({"w": np.ones(1)}, step=3)
+    with pytest.raises(OSError, match="No space left on device"):
+        store.wait()
+
+
+def test_unwritable_metadata_fails_in_the_callers_thread(tmp_path):
+    """Metadata that JSON cannot hold is refused at the call, not later in the background."""
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        store.save_in_background({"w": np.ones(1)}, step=1, metadata={"bad": object()})
+    assert store.wait() is None
+
+
+def test_prune_keeps_latest_best_and_every_nth_together(tmp_path):
+    """keep_latest, keep_best and keep_every combine; only checkpoints with the prefix are considered."""
+    store = CheckpointStore(tmp_path)
+    losses = {1: 0.9, 2: 0.2, 3: 0.5, 4: 0.8, 5: 0.1, 6: 0.7, 7: 0.6}
+    for step, loss in losses.items():
+        store.save({"w": np.zeros(1)}, step=step, metrics={"loss": loss})
+    store.save({"w": np.zeros(1)}, step=1, name="other-1")
+    deleted = store.prune(keep_latest=2, keep_best=2, metric="loss", mode="min", keep_every=3, prefix="step_")
+    assert sorted(c.step for c in deleted) == [1, 4]
+    assert [c.path.name for c in store.checkpoints()] == [
+        "other-1",
+        "step_00000002",
+        "step_00000003",
+        "step_00000005",
+        "step_00000006",
+        "step_00000007",
+    ]
+
+
+def test_prune_arguments_are_checked(tmp_path):
+    """Non-positive counts, keep_best without a metric and a bad mode are refused."""
+    store = CheckpointStore(tmp_path)
+    with pytest.raises(ValueError, match=r"`keep_latest` must be a positive int or None, got 0"):
+        store.prune(keep_latest=0)
+    with pytest.raises(ValueError, match=r"`keep_best` needs `metric`"):
+        store.prune(keep_best=2)
+    with pytest.raises(ValueError, match=r"`mode` must be 'min' or 'max', got 'up'"):
+        store.prune(keep_best=1, metric="loss", mode="up")  # type: ignore[arg-type]
