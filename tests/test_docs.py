@@ -7,6 +7,7 @@ import pytest
 import ember
 import ember.checkpoint
 import ember.data
+import ember.handlers
 import ember.metrics
 import ember.training
 from tests.engine import expectations as expect
@@ -42,6 +43,7 @@ MODULES = {
     "ember.data": ember.data,
     "ember.metrics": ember.metrics,
     "ember.checkpoint": ember.checkpoint,
+    "ember.handlers": ember.handlers,
 }
 PUBLIC = [f"{mod}.{name}" for mod, m in MODULES.items() for name in m.__all__ if name != "__version__"]
 

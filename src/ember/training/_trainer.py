@@ -106,6 +106,34 @@ class TrainingEngine(Engine):
 
         return undo
 
+    def tree_state_dict(self) -> Any:
+        """The arrays a checkpoint saves for this engine: its current train state (on device).
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.training import TrainState, create_trainer
+            >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))
+            >>> float(create_trainer(state, lambda m, b: m(b)).tree_state_dict().params)
+            2.0
+        """
+        if self.state.train_state is None:
+            raise RuntimeError("This engine has no train state yet (it is built from the first batch); run it first.")
+        return self.state.train_state
+
+    def load_tree_state_dict(self, tree: Any) -> None:
+        """Take a restored train state (host arrays) and place it on this engine's devices.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, optax
+            >>> from ember.training import TrainState, create_trainer
+            >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))
+            >>> trainer = create_trainer(state, lambda m, b: m(b))
+            >>> trainer.load_tree_state_dict(jax.device_get(state.replace(params=jnp.array(5.0))))
+            >>> float(trainer.state.train_state.params)
+            5.0
+        """
+        self.state.train_state = self.placement.put_state(tree)
+
     def _run_fused(self, fn: Callable[..., Any], train_state: Any, batch: Any) -> tuple[Any, Any]:
         """Call a compiled step that also updates the fused metrics; store their new accumulators."""
         fused = self._fused
