@@ -178,6 +178,18 @@ class CheckpointStore:
         pending, self._pending = self._pending, None
         return pending.result() if pending is not None else None
 
+    @property
+    def writing(self) -> bool:
+        """Whether a background save was started and not yet waited for.
+
+        Example:
+            >>> import tempfile
+            >>> from ember.checkpoint import CheckpointStore
+            >>> CheckpointStore(tempfile.mkdtemp()).writing
+            False
+        """
+        return self._pending is not None
+
     def raise_if_failed(self) -> None:
         """Re-raise the error of a background save that has already failed; never blocks.
 

@@ -167,7 +167,7 @@ class Checkpoint:
         return handle
 
     def _save_then_retain_previous(self, engine: Engine) -> None:
-        if self.background and self.store._pending is not None:
+        if self.background and self.store.writing:
             self._retain()  # the previous save is on disk: now older ones may go
         self(engine)
 
