@@ -1,17 +1,26 @@
-"""Data parallel training on 8 devices, with a Mesh (jit + NamedSharding) and with pmap.
+"""Data parallel training on 8 devices, with a Mesh (jit + NamedSharding) and, with ``--pmap``, with pmap.
 
 On a CPU the 8 devices are simulated (``--xla_force_host_platform_device_count=8``); on a machine with
-several accelerators the same code uses them. Both placements train to the same parameters as one
-device would on the same global batches.
+several accelerators the same code uses them. Each placement trains to the same parameters as one device
+would on the same global batches.
 
-Run: ``python examples/data_parallel.py``  (needs ``pip install -e ".[examples]"`` for scikit-learn)
+pmap is opt-in here because on simulated CPU devices XLA:CPU occasionally deadlocks in pmap's first
+all-reduce (about one run in eight of this script on a 2-core machine; see docs/concepts/training.md).
+The ``Pmap`` placement itself is tested against one device in tests/training/test_placement.py.
+
+Run: ``python examples/data_parallel.py [--pmap]``  (needs ``pip install -e ".[examples]"`` for scikit-learn)
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # before JAX starts
+# Before JAX starts: 8 simulated devices, and a longer wait for a collective's slowest device thread (8 device
+# threads share the CPU cores; XLA:CPU's default of 40 s can be exceeded on a busy 2-core machine).
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=300"
+)
 
 import jax  # the device count is fixed when JAX starts
 import numpy as np
@@ -42,12 +51,16 @@ def train(placement):
     data = ArrayDataset({"x": x, "y": y}, batch_size=64, shuffle=True, seed=0, drop_remainder=True)
     trainer = create_trainer(state, loss_fn, placement=placement)
     trainer.run(data, max_epochs=3)
+    # Finish this run's device work before the next placement starts its own collectives: XLA:CPU can
+    # deadlock when two multi-device programs interleave on the same device threads.
+    jax.block_until_ready(trainer.state.train_state)
     return trainer.state
 
 
 if __name__ == "__main__":
     print(f"{len(jax.devices())} devices: {jax.devices()[0].platform}")
-    results = {p: train(p) for p in (SingleDevice(), DataParallel(), Pmap())}
+    placements = [SingleDevice(), DataParallel(), *([Pmap()] if "--pmap" in sys.argv else [])]
+    results = {p: train(p) for p in placements}
     reference = results[next(iter(results))].train_state.params
     for placement, state in results.items():
         pairs = zip(jax.tree.leaves(state.train_state.params), jax.tree.leaves(reference), strict=True)

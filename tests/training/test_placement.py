@@ -15,7 +15,8 @@ SCRIPT = Path(__file__).with_name("multidevice_script.py")
 @pytest.fixture(scope="module")
 def eight_devices() -> dict:
     """The results of the multi-device script, run once with 8 simulated CPU devices."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    flags = "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=300"
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}  # a busy 2-core machine can exceed 40 s
     proc = subprocess.run(
         [sys.executable, "-W", "error", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=600, check=False
     )
