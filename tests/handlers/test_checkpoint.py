@@ -75,11 +75,17 @@ def test_a_failed_background_write_stops_the_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(store_module, "write_leaves", disk_full)
     trainer = Engine(lambda e, b: b)
-    Checkpoint({"trainer": trainer}, tmp_path).attach(trainer, Events.ITERATION_COMPLETED(once=1))
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda: time.sleep(0.05))  # let it fail
+    saver = Checkpoint({"trainer": trainer}, tmp_path)
+    saver.attach(trainer, Events.ITERATION_COMPLETED(once=1))
+
+    def until_the_write_failed() -> None:
+        while not saver.store._pending.done():  # the background write has had its chance to fail
+            time.sleep(0.01)
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=2), until_the_write_failed)
     with pytest.raises(OSError, match="No space left on device"):
         trainer.run(range(50))
-    assert trainer.state.iteration < 50
+    assert trainer.state.iteration == 3  # failed during iteration 2's handlers; raised at the next check
 
 
 def test_evaluator_state_is_not_a_tree(tmp_path):
