@@ -275,13 +275,9 @@ class CheckpointStore:
             >>> [c.step for c in store.checkpoints()]
             [1, 4]
         """
-        for label, value in (("keep_latest", keep_latest), ("keep_best", keep_best), ("keep_every", keep_every)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"`{label}` must be a positive int or None, got {value!r}.")
+        check_retention(keep_latest, keep_best, keep_every, mode)
         if keep_best is not None and metric is None:
             raise ValueError("`keep_best` needs `metric`, the name of the score to rank checkpoints by.")
-        if mode not in ("min", "max"):
-            raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
         mine = [c for c in self.checkpoints() if c.path.name.startswith(prefix)]
         kept: set[Path] = set()
         if keep_latest:
@@ -428,6 +424,15 @@ class CheckpointStore:
             raise _Corrupt("its data file does not match the checksum in its manifest")
         nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
         return nested if target is None else serialization.from_state_dict(target, nested)
+
+
+def check_retention(keep_latest: object, keep_best: object, keep_every: object, mode: object) -> None:
+    """Raise unless the counts are positive ints (or None) and ``mode`` is "min" or "max"."""
+    for label, value in (("keep_latest", keep_latest), ("keep_best", keep_best), ("keep_every", keep_every)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"`{label}` must be a positive int or None, got {value!r}.")
+    if mode not in ("min", "max"):
+        raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
 
 
 class _Corrupt(ValueError):

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore
+from ember.checkpoint._store import check_retention
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
 
 
@@ -90,15 +91,11 @@ class Checkpoint:
         if not isinstance(to_save, Mapping) or not to_save:
             raise TypeError(f"`to_save` must be a non-empty mapping of names to objects, got {to_save!r}.")
         self._kinds = {name: _kind(name, obj) for name, obj in to_save.items()}
-        for label, value in (("keep_latest", keep_latest), ("keep_best", keep_best), ("keep_every", keep_every)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise ValueError(f"`{label}` must be a positive int or None, got {value!r}.")
+        check_retention(keep_latest, keep_best, keep_every, mode)
         if keep_best is not None and score_fn is None:
             raise ValueError("`keep_best` needs `score_fn`, the score to rank checkpoints by.")
         if score_fn is not None and not callable(score_fn):
             raise TypeError(f"`score_fn` must be callable as score_fn(engine), got {score_fn!r}.")
-        if mode not in ("min", "max"):
-            raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
         self.to_save = dict(to_save)
         self.store = store if isinstance(store, CheckpointStore) else CheckpointStore(store)
         self.keep_latest, self.keep_best, self.keep_every = keep_latest, keep_best, keep_every

@@ -136,9 +136,8 @@ class TrainingEngine(Engine):
 
     def _run_fused(self, fn: Callable[..., Any], train_state: Any, batch: Any) -> tuple[Any, Any]:
         """Call a compiled step that also updates the fused metrics; store their new accumulators."""
-        fused = self._fused
-        (train_state, states), out = fn((train_state, tuple(m.state for m in fused)), batch)
-        for metric, state in zip(fused, states, strict=True):
+        (train_state, states), out = fn((train_state, tuple(m.state for m in self._fused)), batch)
+        for metric, state in zip(self._fused, states, strict=True):
             metric.set_state(state)
         return train_state, out
 
@@ -341,12 +340,12 @@ def create_trainer(
 
 
 def _eval_with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable[..., Any]:
-    """An eval step that also updates the fused metrics' accumulators from its output."""
+    """An eval step that also updates the fused metrics' accumulators (the train state passes through)."""
 
     def fused(carry: Any, batch: Any) -> Any:
         train_state, states = carry
         out = step(train_state, batch)
-        return _update_all(updates, states, out), out
+        return (train_state, _update_all(updates, states, out)), out
 
     return fused
 
@@ -420,10 +419,7 @@ def create_evaluator(
         fn = compile_for(engine)
         if not engine._fused:
             return fn(train_state, batch)
-        states, out = fn((train_state, tuple(m.state for m in engine._fused)), batch)
-        for metric, s in zip(engine._fused, states, strict=True):
-            metric.set_state(s)
-        return out
+        return engine._run_fused(fn, train_state, batch)[1]
 
     engine = TrainingEngine(process, placement, prefetch, 1)
     engine.can_fuse = not debug and not isinstance(placement, Pmap)
