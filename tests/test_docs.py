@@ -10,6 +10,7 @@ import ember.data
 import ember.handlers
 import ember.metrics
 import ember.training
+import ember.writers
 from tests.engine import expectations as expect
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -44,6 +45,7 @@ MODULES = {
     "ember.metrics": ember.metrics,
     "ember.checkpoint": ember.checkpoint,
     "ember.handlers": ember.handlers,
+    "ember.writers": ember.writers,
 }
 PUBLIC = [f"{mod}.{name}" for mod, m in MODULES.items() for name in m.__all__ if name != "__version__"]
 
@@ -80,3 +82,19 @@ def test_every_public_method_has_a_docstring(name):
         and not inspect.getdoc(member)
     ]
     assert missing == []
+
+
+def test_the_custom_early_stopping_on_the_handlers_page_works():
+    """The from-scratch handler in docs/concepts/handlers.md stops a trainer after `patience` bad scores."""
+    page = (DOCS / "concepts" / "handlers.md").read_text()
+    code = page.split("<!-- run: custom-early-stopping -->\n```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(code, namespace)
+    trainer, evaluator = ember.Engine(lambda e, b: b), ember.Engine(lambda e, b: b)
+    losses = iter([0.9, 0.8, 0.85, 0.8, 0.81, 0.7])
+    evaluator.add_event_handler(ember.Events.COMPLETED, lambda e: e.state.metrics.update(loss=next(losses)))
+    stop = namespace["StopWhenStuck"](trainer)
+    evaluator.add_event_handler(ember.Events.COMPLETED, stop)
+    trainer.add_event_handler(ember.Events.EPOCH_COMPLETED, lambda: evaluator.run([0]))
+    assert trainer.run([0], max_epochs=10).epoch == 5
+    assert stop.state_dict() == {"best": 0.8, "bad": 3}

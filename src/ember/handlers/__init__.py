@@ -1,5 +1,33 @@
-"""Stock handlers: what a run reports and decides (checkpoints so far)."""
+"""Stock handlers: what a run reports and decides."""
 
 from ember.handlers._checkpoint import Checkpoint, global_step_from_engine, load_objects
+from ember.handlers._common import setup_common_training_handlers
+from ember.handlers._early_stopping import EarlyStopping
+from ember.handlers._evaluation import Evaluate
+from ember.handlers._logging import ScalarLogger
+from ember.handlers._lr_monitor import LRMonitor
+from ember.handlers._profiler import Profiler
+from ember.handlers._progress import ProgressBar
+from ember.handlers._statistics import GradientSpikeMonitor, ParamStats, count_parameters
+from ember.handlers._terminate_on_nan import NonFiniteError, TerminateOnNan
+from ember.handlers._timing import TimeLimit, Timer
 
-__all__ = ["Checkpoint", "global_step_from_engine", "load_objects"]
+__all__ = [
+    "Checkpoint",
+    "EarlyStopping",
+    "Evaluate",
+    "GradientSpikeMonitor",
+    "LRMonitor",
+    "NonFiniteError",
+    "ParamStats",
+    "Profiler",
+    "ProgressBar",
+    "ScalarLogger",
+    "TerminateOnNan",
+    "TimeLimit",
+    "Timer",
+    "count_parameters",
+    "global_step_from_engine",
+    "load_objects",
+    "setup_common_training_handlers",
+]

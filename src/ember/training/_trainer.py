@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import jax
@@ -136,7 +137,7 @@ class TrainingEngine(Engine):
 
     def _run_fused(self, fn: Callable[..., Any], train_state: Any, batch: Any) -> tuple[Any, Any]:
         """Call a compiled step that also updates the fused metrics; store their new accumulators."""
-        (train_state, states), out = fn((train_state, tuple(m.state for m in self._fused)), batch)
+        (train_state, states), out = fn(train_state, batch, tuple(m.state for m in self._fused))
         for metric, state in zip(self._fused, states, strict=True):
             metric.set_state(state)
         return train_state, out
@@ -220,6 +221,19 @@ def _with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable[...,
     return fused
 
 
+def _undonated_carry(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step((state, metrics), batch)`` as ``step(state, batch, metrics)``: only the train state is donated.
+
+    The fused metrics' accumulators are tiny; not donating them keeps values published from them (a
+    running average in ``state.metrics``) readable after the next step, by handlers that read late.
+    """
+
+    def split(train_state: Any, batch: Any, states: Any) -> Any:
+        return step((train_state, states), batch)
+
+    return split
+
+
 def _scan_k(step: Callable[..., Any]) -> Callable[..., Any]:
     """K steps in one call; outputs come back stacked, and each step's view slices only what is read."""
 
@@ -295,9 +309,11 @@ def create_trainer(
         grouped = steps_per_call > 1
         one = _with_updates(step, list(engine._fused)) if engine._fused else step
         fn = _scan_k(one) if grouped else one
+        if engine._fused:
+            fn = _undonated_carry(fn)
         if not debug:
             example = _example_output(step, placement, train_state, batch, stacked=grouped)
-            fn = placement.compile_train(fn, example, stacked=grouped)
+            fn = placement.compile_train(fn, example, stacked=grouped, carry=bool(engine._fused))
         compiled[key] = fn
         return fn
 
@@ -348,6 +364,10 @@ def _eval_with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable
         return (train_state, _update_all(updates, states, out)), out
 
     return fused
+
+
+def _call_with_carry(fn: Callable[..., Any], train_state: Any, batch: Any, states: Any) -> Any:
+    return fn((train_state, states), batch)
 
 
 def _build_state(factory: Any, batch: Any) -> TrainState:
@@ -407,7 +427,10 @@ def create_evaluator(
         fn = compiled.get(engine._fused_version)
         if fn is None:
             fn = _eval_with_updates(step, list(engine._fused)) if engine._fused else step
-            fn = compiled[engine._fused_version] = fn if debug else placement.compile_eval(fn)
+            fn = fn if debug else placement.compile_eval(fn)
+            if engine._fused:  # called as fn(state, batch, metrics), like the trainer's fused step
+                fn = partial(_call_with_carry, fn)
+            compiled[engine._fused_version] = fn
         return fn
 
     def process(engine: TrainingEngine, batch: Any) -> Any:

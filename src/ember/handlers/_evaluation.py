@@ -1,0 +1,69 @@
+"""`Evaluate`: run an evaluator on validation data on a trainer's schedule and report under a label."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.handlers._logging import as_async
+from ember.handlers._values import pick
+from ember.writers import Writer
+
+
+class Evaluate:
+    """Runs ``evaluator`` over ``data`` when the trainer's event fires; writes its metrics as ``tag/name``.
+
+    Metrics are written at the trainer's iteration, so validation curves line up with training ones.
+    The evaluator's own handlers (early stopping, a best-checkpoint saver on its COMPLETED) run as usual.
+    :attr:`history` keeps ``(trainer iteration, metrics)`` of every evaluation.
+
+    Args:
+        evaluator: the engine to run (from :func:`~ember.training.create_evaluator`).
+        data: validation data, iterated from the start at every evaluation.
+        writer: where the metrics go (wrapped in an ``AsyncWriter``); ``None`` to write nothing.
+        tag: the label in front of every metric name.
+
+    Example:
+        >>> from ember import Engine, Events
+        >>> from ember.handlers import Evaluate
+        >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
+        >>> _ = evaluator.add_event_handler(Events.COMPLETED, lambda e: e.state.metrics.update(last=e.state.output))
+        >>> evaluate = Evaluate(evaluator, [1.0, 3.0])
+        >>> _ = evaluate.attach(trainer, Events.EPOCH_COMPLETED)
+        >>> _ = trainer.run([0, 0], max_epochs=2); evaluate.history
+        [(2, {'last': 3.0}), (4, {'last': 3.0})]
+    """
+
+    def __init__(self, evaluator: Engine, data: Iterable[Any], *, writer: Writer | None = None, tag: str = "val"):
+        if not isinstance(evaluator, Engine):
+            raise TypeError(f"`evaluator` must be an ember Engine, got {type(evaluator).__name__}.")
+        if writer is not None and not isinstance(writer, Writer):
+            raise TypeError(f"`writer` must be an ember.writers.Writer or None, got {type(writer).__name__}.")
+        self.evaluator, self.data, self.writer, self.tag = evaluator, data, writer, tag
+        self.history: list[tuple[int, dict[str, Any]]] = []
+
+    def __call__(self, trainer: Engine) -> None:
+        """Evaluate now; write and remember the metrics."""
+        self.evaluator.run(self.data)
+        self.history.append((trainer.state.iteration, dict(self.evaluator.state.metrics)))
+        if self.writer is not None:
+            values = pick(self.evaluator, "all", (), self.tag)
+            if values:
+                self.writer.write_scalars(trainer.state.iteration, values)
+
+    def attach(
+        self, trainer: Engine, event: Events | FilteredEvent | EventsList = Events.EPOCH_COMPLETED
+    ) -> RemovableEventHandle:
+        """Evaluate on the trainer's ``event`` (every epoch by default; ``ITERATION_COMPLETED(every=N)``...).
+
+        Example:
+            >>> from ember import Engine, Events
+            >>> from ember.handlers import Evaluate
+            >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
+            >>> handle = Evaluate(evaluator, [1, 2]).attach(trainer, Events.EPOCH_COMPLETED(every=2))
+        """
+        handle = trainer.add_event_handler(event, self)
+        if self.writer is not None:
+            self.writer = as_async(self.writer, trainer)
+        return handle

@@ -1,0 +1,97 @@
+"""`ScalarLogger`: write metrics and outputs to a writer on any event, with a step from any engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.handlers._values import check_names, pick
+from ember.writers import AsyncWriter, Writer
+
+
+def as_async(writer: Writer, engine: Engine) -> AsyncWriter:
+    """``writer`` behind a background thread (itself if it already is one), attached to ``engine``.
+
+    Call it after registering the handler that writes, so the writer's flush at COMPLETED comes after
+    that handler's last write.
+    """
+    if not isinstance(writer, Writer):
+        raise TypeError(f"`writer` must be an ember.writers.Writer, got {type(writer).__name__}.")
+    if not isinstance(writer, AsyncWriter):
+        writer = AsyncWriter(writer)
+    attached: set[int] = writer.__dict__.setdefault("_ember_engines", set())
+    if id(engine) not in attached:  # one error check and flush per engine, however many loggers share it
+        attached.add(id(engine))
+        writer.attach(engine)
+    return writer
+
+
+class ScalarLogger:
+    """Writes ``engine.state.metrics`` and scalar outputs to a writer when its event fires.
+
+    Values go to the writer untouched (device arrays included); the :class:`~ember.writers.AsyncWriter`
+    it is wrapped in converts them on its own thread, so logging never stalls the step. Names get
+    ``tag/`` in front when a tag is given (``val/accuracy``); the step is ``step_fn(engine)``, by default
+    the engine's iteration; use :func:`global_step_from_engine` to log an evaluator's metrics at the
+    trainer's step.
+
+    Args:
+        writer: any :class:`~ember.writers.Writer` (wrapped in an ``AsyncWriter`` if it is not one).
+        tag: prefix for every name.
+        metric_names: ``"all"`` (default), ``None`` or names in ``state.metrics``.
+        output_keys: scalar keys of a mapping output to log (``"all"``: every scalar), e.g. ``["loss"]``.
+        step_fn: ``step_fn(engine) -> int``.
+
+    Example:
+        >>> import io
+        >>> from ember import Engine, Events
+        >>> from ember.handlers import ScalarLogger
+        >>> from ember.writers import ConsoleWriter
+        >>> out = io.StringIO()
+        >>> engine = Engine(lambda e, b: {"loss": b})
+        >>> logger = ScalarLogger(ConsoleWriter(out), output_keys=["loss"])
+        >>> _ = logger.attach(engine, Events.ITERATION_COMPLETED(every=2))
+        >>> _ = engine.run([0.5, 0.25, 0.125, 0.0625])
+        >>> out.getvalue().splitlines()[0]
+        'step 2 | loss 0.2500'
+    """
+
+    def __init__(
+        self,
+        writer: Writer,
+        *,
+        tag: str | None = None,
+        metric_names: str | Sequence[str] | None = "all",
+        output_keys: str | Sequence[str] | None = None,
+        step_fn: Callable[[Engine], int] | None = None,
+    ) -> None:
+        if not isinstance(writer, Writer):
+            raise TypeError(f"`writer` must be an ember.writers.Writer, got {type(writer).__name__}.")
+        if step_fn is not None and not callable(step_fn):
+            raise TypeError(f"`step_fn` must be callable as step_fn(engine), got {step_fn!r}.")
+        self.writer: Writer = writer
+        self.tag = tag
+        self.metric_names = check_names("metric_names", metric_names)
+        self.output_keys = check_names("output_keys", output_keys)
+        self.step_fn = step_fn or (lambda engine: engine.state.iteration)
+
+    def __call__(self, engine: Engine) -> None:
+        """Write the chosen values at ``step_fn(engine)``."""
+        values = pick(engine, self.metric_names, self.output_keys, self.tag)
+        if values:
+            self.writer.write_scalars(int(self.step_fn(engine)), values)
+
+    def attach(
+        self, engine: Engine, event: Events | FilteredEvent | EventsList = Events.EPOCH_COMPLETED
+    ) -> RemovableEventHandle:
+        """Write on ``engine``'s ``event``; the writer's errors surface and it flushes with the engine.
+
+        Example:
+            >>> from ember import Engine, Events
+            >>> from ember.handlers import ScalarLogger
+            >>> from ember.writers import ConsoleWriter
+            >>> handle = ScalarLogger(ConsoleWriter()).attach(Engine(lambda e, b: b), Events.EPOCH_COMPLETED)
+        """
+        handle = engine.add_event_handler(event, self)
+        self.writer = as_async(self.writer, engine)  # after: its flush at COMPLETED follows this handler's write
+        return handle

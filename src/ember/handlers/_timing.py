@@ -1,0 +1,153 @@
+"""`Timer` and `TimeLimit`: wall-clock time of parts of a run, and a budget for the whole of it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from ember.engine import Engine, Events, EventsList, FilteredEvent
+
+log = logging.getLogger("ember")
+Event = Events | FilteredEvent | EventsList
+
+
+class Timer:
+    """Ignite's timer: measures time between ``start``/``resume`` and ``pause`` events, optionally per step.
+
+    JAX dispatch is asynchronous: a step "completes" on the host long before the device finishes it, so
+    per-iteration times measure dispatch until the queue of in-flight steps fills, and the device's speed
+    after that. Averaged over a run they are right; for exact per-step times pass ``sync=True``, which
+    waits for the engine's output at each pause (and costs the overlap between host and device).
+
+    Args:
+        average: :meth:`value` divides the total by the number of ``step`` events.
+        sync: wait for ``engine.state.output`` to be computed before reading the clock at a pause.
+        clock: seconds since some origin; injectable for tests.
+
+    Example:
+        >>> from ember import Engine, Events
+        >>> from ember.handlers import Timer
+        >>> ticks = iter(range(100))
+        >>> timer = Timer(average=True, clock=lambda: float(next(ticks)))
+        >>> engine = Engine(lambda e, b: b)
+        >>> timer.attach(engine, start=Events.EPOCH_STARTED, resume=Events.ITERATION_STARTED,
+        ...              pause=Events.ITERATION_COMPLETED, step=Events.ITERATION_COMPLETED)
+        >>> _ = engine.run([1, 2, 3])
+        >>> timer.value()  # each iteration took one tick
+        1.0
+    """
+
+    def __init__(self, average: bool = False, *, sync: bool = False, clock: Callable[[], float] = time.perf_counter):
+        self.average, self.sync, self._clock = bool(average), bool(sync), clock
+        self.reset()
+
+    def reset(self, *_: Any) -> Timer:
+        """Start over: zero total, zero steps, running from now."""
+        self._t0 = self._clock()
+        self.total = 0.0
+        self.step_count = 0
+        self.running = True
+        return self
+
+    def pause(self, engine: Engine | None = None, *_: Any) -> None:
+        """Stop counting (after the output is ready, with ``sync=True``)."""
+        if self.running:
+            if self.sync and engine is not None:
+                jax.block_until_ready(engine.state.output)
+            self.total += self._clock() - self._t0
+            self.running = False
+
+    def resume(self, *_: Any) -> None:
+        """Count again from now."""
+        if not self.running:
+            self.running = True
+            self._t0 = self._clock()
+
+    def step(self, *_: Any) -> None:
+        """Count one step, for ``average``."""
+        self.step_count += 1
+
+    def value(self) -> float:
+        """Seconds counted (per step with ``average``)."""
+        total = self.total + (self._clock() - self._t0 if self.running else 0.0)
+        return total / max(self.step_count, 1) if self.average else total
+
+    def attach(
+        self,
+        engine: Engine,
+        start: Event = Events.STARTED,
+        pause: Event = Events.COMPLETED,
+        resume: Event | None = None,
+        step: Event | None = None,
+    ) -> None:
+        """Reset at ``start``, pause at ``pause``, resume at ``resume``, count a step at ``step``.
+
+        Example:
+            >>> from ember import Engine, Events
+            >>> from ember.handlers import Timer
+            >>> engine = Engine(lambda e, b: b)
+            >>> timer = Timer()
+            >>> timer.attach(engine)  # the whole run
+            >>> _ = engine.run([1]); timer.value() > 0
+            True
+        """
+        engine.add_event_handler(start, self.reset)
+        engine.add_event_handler(pause, self.pause)
+        if resume is not None:
+            engine.add_event_handler(resume, self.resume)
+        if step is not None:
+            engine.add_event_handler(step, self.step)
+
+
+class TimeLimit:
+    """Stops the engine at the first iteration that ends after ``seconds`` of the run.
+
+    The clock starts at the engine's STARTED. The engine finishes cleanly (COMPLETED fires, so
+    checkpoints at COMPLETED are written).
+
+    Args:
+        seconds: the budget, positive.
+        clock: seconds since some origin; injectable for tests.
+
+    Example:
+        >>> from ember import Engine
+        >>> from ember.handlers import TimeLimit
+        >>> now = iter(range(100))
+        >>> limit = TimeLimit(2.5, clock=lambda: float(next(now)))
+        >>> engine = Engine(lambda e, b: b)
+        >>> _ = limit.attach(engine)
+        >>> engine.run(range(10)).iteration, limit.reached
+        (3, True)
+    """
+
+    def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+            raise ValueError(f"`seconds` must be a positive number, got {seconds!r}.")
+        self.seconds, self._clock = float(seconds), clock
+        self._start = 0.0
+        self.reached = False
+
+    def _started(self) -> None:
+        self._start, self.reached = self._clock(), False
+
+    def __call__(self, engine: Engine) -> None:
+        """Stop ``engine`` when the budget is spent."""
+        if not self.reached and self._clock() - self._start >= self.seconds:
+            self.reached = True
+            log.info("TimeLimit: %.1f s reached at iteration %d; stopping.", self.seconds, engine.state.iteration)
+            engine.terminate()
+
+    def attach(self, engine: Engine) -> Any:
+        """Start the clock at STARTED; check at every ITERATION_COMPLETED.
+
+        Example:
+            >>> from ember import Engine
+            >>> from ember.handlers import TimeLimit
+            >>> handle = TimeLimit(60).attach(Engine(lambda e, b: b))
+        """
+        engine.add_event_handler(Events.STARTED, self._started)
+        return engine.add_event_handler(Events.ITERATION_COMPLETED, self)

@@ -1,0 +1,21 @@
+"""Where a run's numbers go: console, TensorBoard, JSONL and CSV, written on one background thread."""
+
+from ember.writers._async import AsyncWriter, is_primary_process
+from ember.writers._console import ConsoleWriter
+from ember.writers._files import CsvWriter, JsonlWriter
+from ember.writers._multi import MultiWriter
+from ember.writers._run import create_run_writer
+from ember.writers._tensorboard import TensorBoardWriter
+from ember.writers._writer import Writer
+
+__all__ = [
+    "AsyncWriter",
+    "ConsoleWriter",
+    "CsvWriter",
+    "JsonlWriter",
+    "MultiWriter",
+    "TensorBoardWriter",
+    "Writer",
+    "create_run_writer",
+    "is_primary_process",
+]

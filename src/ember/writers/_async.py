@@ -1,0 +1,179 @@
+"""`AsyncWriter`: one ordered background thread per run does all the writing, and all the host copies."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ember.engine import Engine, Events
+from ember.writers._writer import Writer
+
+_STOP = object()
+
+
+def _start_copy(value: Any) -> Any:
+    """Start an asynchronous device-to-host copy (a no-op for host values); return the value."""
+    copy = getattr(value, "copy_to_host_async", None)
+    if callable(copy):
+        copy()
+    return value
+
+
+def _host_scalars(values: Mapping[str, Any]) -> dict[str, float]:
+    return {name: float(np.asarray(v)) for name, v in values.items()}
+
+
+def is_primary_process() -> bool:
+    """Whether this is process 0 of a (possibly multi-process) JAX run: the one that writes files.
+
+    Example:
+        >>> from ember.writers import is_primary_process
+        >>> is_primary_process()
+        True
+    """
+    import jax
+
+    return jax.process_index() == 0
+
+
+class AsyncWriter(Writer):
+    """Runs ``writer`` on one background thread, in call order; device arrays become numbers there.
+
+    A call returns at once: device values start copying to the host (``copy_to_host_async``) and the
+    thread waits for them, so logging never stalls the training loop. An exception on the thread is kept
+    and raised by the next call, :meth:`raise_if_failed` or :meth:`flush` (once; later records are
+    dropped, since the writer is broken). Only the primary process writes unless ``primary_only=False``.
+    :meth:`attach` makes an engine surface errors at every iteration and flush at COMPLETED and on an
+    exception.
+
+    Args:
+        writer: the writer to drive (often a :class:`MultiWriter`).
+        primary_only: drop every record on processes other than process 0.
+        max_pending: records queued before a call waits for the thread (bounds memory).
+
+    Example:
+        >>> import io
+        >>> import jax.numpy as jnp
+        >>> from ember.writers import AsyncWriter, ConsoleWriter
+        >>> out = io.StringIO()
+        >>> w = AsyncWriter(ConsoleWriter(out))
+        >>> w.write_scalars(1, {"loss": jnp.float32(0.5)})
+        >>> w.close(); out.getvalue().splitlines()
+        ['step 1 | loss 0.5000']
+    """
+
+    def __init__(self, writer: Writer, *, primary_only: bool = True, max_pending: int = 10_000) -> None:
+        if not isinstance(writer, Writer):
+            raise TypeError(f"`writer` must be an ember.writers.Writer, got {type(writer).__name__}.")
+        if not isinstance(max_pending, int) or max_pending < 1:
+            raise ValueError(f"`max_pending` must be a positive int, got {max_pending!r}.")
+        self.writer = writer
+        self.active = not primary_only or is_primary_process()
+        self._queue: queue.Queue[Any] = queue.Queue(max_pending)
+        self._error: BaseException | None = None
+        self._reported = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            fn, args = item
+            if self._error is None or fn is threading.Event.set:
+                try:
+                    fn(*args)
+                except BaseException as e:  # kept for the caller's thread; the loop goes on draining
+                    self._error = e
+
+    def _put(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.raise_if_failed()
+        if self._closed:
+            raise RuntimeError("This AsyncWriter is closed.")
+        if not self.active or self._error is not None:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="ember-writer", daemon=True)
+            self._thread.start()
+        self._queue.put((fn, args))
+
+    def raise_if_failed(self) -> None:
+        """Raise the writer thread's exception, if there is one not raised yet."""
+        if self._error is not None and not self._reported:
+            self._reported = True
+            self._error.add_note("(raised on ember's writer thread)")
+            raise self._error
+
+    def write_scalars(self, step: int, values: Mapping[str, Any]) -> None:
+        """Queue scalars; device values are converted on the thread."""
+        values = {k: _start_copy(v) for k, v in values.items()}
+        self._put(lambda: self.writer.write_scalars(step, _host_scalars(values)))
+
+    def write_histogram(self, step: int, name: str, values: Any) -> None:
+        """Queue a histogram."""
+        values = _start_copy(values)
+        self._put(lambda: self.writer.write_histogram(step, name, np.asarray(values)))
+
+    def write_image(self, step: int, name: str, image: Any) -> None:
+        """Queue an image."""
+        image = _start_copy(image)
+        self._put(lambda: self.writer.write_image(step, name, np.asarray(image)))
+
+    def write_text(self, step: int, name: str, text: str) -> None:
+        """Queue text."""
+        self._put(self.writer.write_text, step, name, text)
+
+    def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
+        """Queue hyperparameters."""
+        self._put(self.writer.write_hparams, dict(hparams), dict(metrics or {}))
+
+    def flush(self) -> None:
+        """Wait until everything queued is written and flushed; raise the thread's error if any."""
+        if self._thread is not None and not self._closed:
+            self._put(self.writer.flush)
+            done = threading.Event()
+            self._queue.put((threading.Event.set, (done,)))
+            done.wait()
+        self.raise_if_failed()
+
+    def close(self) -> None:
+        """Flush, close the writer, stop the thread; raise the thread's error if any."""
+        if self._closed:
+            return
+        if self._thread is not None:
+            self._put(self.writer.close)
+            self._queue.put(_STOP)
+            self._thread.join()
+        elif self.active:
+            self.writer.close()
+        self._closed = True
+        self.raise_if_failed()
+
+    def attach(self, engine: Engine) -> None:
+        """Raise thread errors at each ITERATION_COMPLETED; flush at COMPLETED and when an exception is raised.
+
+        Example:
+            >>> from ember import Engine
+            >>> from ember.writers import AsyncWriter, CsvWriter
+            >>> import tempfile, pathlib
+            >>> path = pathlib.Path(tempfile.mkdtemp()) / "m.csv"
+            >>> w = AsyncWriter(CsvWriter(path))
+            >>> trainer = Engine(lambda e, b: w.write_scalars(e.state.iteration, {"x": b}))
+            >>> w.attach(trainer)
+            >>> _ = trainer.run([1.0, 2.0])
+            >>> path.read_text().splitlines()[-1]
+            '2,x,2.0'
+        """
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self.raise_if_failed)
+        engine.add_event_handler(Events.COMPLETED, self.flush)
+        engine.add_event_handler(Events.EXCEPTION_RAISED, self._flush_quietly)
+
+    def _flush_quietly(self, _engine: Engine, _error: BaseException) -> None:
+        with contextlib.suppress(Exception):  # the run already fails with its own exception
+            self.flush()

@@ -1,0 +1,97 @@
+"""`JsonlWriter` and `CsvWriter`: records as lines of plain files, readable without ember."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from ember.writers._writer import Writer
+
+
+class _FileWriter(Writer):
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: TextIO | None = None
+
+    def _open(self) -> TextIO:
+        if self._file is None:
+            self._file = self.path.open("a", encoding="utf-8", newline="")
+        return self._file
+
+    def flush(self) -> None:
+        """Flush the file to the operating system."""
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class JsonlWriter(_FileWriter):
+    """One JSON object per line: ``{"step": 3, "time": ..., "loss": 0.5}``; text and hparams too.
+
+    The file is opened for appending, so a resumed run continues the same log.
+
+    Args:
+        path: the ``.jsonl`` file (its folder is created).
+
+    Example:
+        >>> import json, tempfile, pathlib
+        >>> from ember.writers import JsonlWriter
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "metrics.jsonl"
+        >>> w = JsonlWriter(path)
+        >>> w.write_scalars(3, {"loss": 0.5}); w.close()
+        >>> row = json.loads(path.read_text()); row["step"], row["loss"]
+        (3, 0.5)
+    """
+
+    def _line(self, record: Mapping[str, Any]) -> None:
+        self._open().write(json.dumps(record) + "\n")
+
+    def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """Append ``{"step", "time", **values}``."""
+        self._line({"step": step, "time": time.time(), **{k: float(v) for k, v in values.items()}})
+
+    def write_text(self, step: int, name: str, text: str) -> None:
+        """Append ``{"step", "time", "text": {name: text}}``."""
+        self._line({"step": step, "time": time.time(), "text": {name: text}})
+
+    def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
+        """Append ``{"hparams": ..., "metrics": ...}``."""
+        self._line({"hparams": dict(hparams), "metrics": dict(metrics or {})})
+
+
+class CsvWriter(_FileWriter):
+    """Scalars as ``step,name,value`` rows: new names may appear at any time without rewriting the file.
+
+    Args:
+        path: the ``.csv`` file (its folder is created; a header is written when it is new).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> from ember.writers import CsvWriter
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "metrics.csv"
+        >>> w = CsvWriter(path)
+        >>> w.write_scalars(3, {"loss": 0.5, "lr": 0.1}); w.close()
+        >>> print(path.read_text(), end="")
+        step,name,value
+        3,loss,0.5
+        3,lr,0.1
+    """
+
+    def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """Append one row per value."""
+        new = self._file is None and (not self.path.exists() or self.path.stat().st_size == 0)
+        out = csv.writer(self._open(), lineterminator="\n")
+        if new:
+            out.writerow(["step", "name", "value"])
+        out.writerows([step, name, float(value)] for name, value in values.items())

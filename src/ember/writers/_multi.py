@@ -1,0 +1,66 @@
+"""`MultiWriter`: one writer that fans every record out to several."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ember.writers._writer import Writer
+
+
+class MultiWriter(Writer):
+    """Sends every record to each of ``writers``, in order.
+
+    Args:
+        writers: the writers to fan out to.
+
+    Example:
+        >>> import io
+        >>> from ember.writers import ConsoleWriter, MultiWriter
+        >>> a, b = io.StringIO(), io.StringIO()
+        >>> w = MultiWriter([ConsoleWriter(a), ConsoleWriter(b)])
+        >>> w.write_scalars(1, {"loss": 0.5})
+        >>> a.getvalue().splitlines(), b.getvalue().splitlines()
+        (['step 1 | loss 0.5000'], ['step 1 | loss 0.5000'])
+    """
+
+    def __init__(self, writers: Iterable[Writer]) -> None:
+        self.writers = list(writers)
+        bad = [w for w in self.writers if not isinstance(w, Writer)]
+        if bad:
+            raise TypeError(f"`writers` must all be ember.writers.Writer instances, got {bad!r}.")
+
+    def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """Fan out :meth:`Writer.write_scalars`."""
+        for w in self.writers:
+            w.write_scalars(step, values)
+
+    def write_histogram(self, step: int, name: str, values: Any) -> None:
+        """Fan out :meth:`Writer.write_histogram`."""
+        for w in self.writers:
+            w.write_histogram(step, name, values)
+
+    def write_image(self, step: int, name: str, image: Any) -> None:
+        """Fan out :meth:`Writer.write_image`."""
+        for w in self.writers:
+            w.write_image(step, name, image)
+
+    def write_text(self, step: int, name: str, text: str) -> None:
+        """Fan out :meth:`Writer.write_text`."""
+        for w in self.writers:
+            w.write_text(step, name, text)
+
+    def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
+        """Fan out :meth:`Writer.write_hparams`."""
+        for w in self.writers:
+            w.write_hparams(hparams, metrics)
+
+    def flush(self) -> None:
+        """Flush every writer."""
+        for w in self.writers:
+            w.flush()
+
+    def close(self) -> None:
+        """Close every writer."""
+        for w in self.writers:
+            w.close()

@@ -1,0 +1,60 @@
+"""`create_run_writer`: the usual writers for a run folder, behind one background thread."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TextIO
+
+from ember.writers._async import AsyncWriter
+from ember.writers._console import ConsoleWriter
+from ember.writers._files import CsvWriter, JsonlWriter
+from ember.writers._multi import MultiWriter
+from ember.writers._tensorboard import TensorBoardWriter
+from ember.writers._writer import Writer
+
+
+def create_run_writer(
+    run_dir: str | os.PathLike[str],
+    *,
+    console: bool | TextIO = True,
+    tensorboard: bool = True,
+    jsonl: bool = True,
+    csv: bool = False,
+    primary_only: bool = True,
+) -> AsyncWriter:
+    """An :class:`AsyncWriter` over the chosen writers: ``run_dir/tb``, ``run_dir/metrics.jsonl``, ``.csv``.
+
+    Args:
+        run_dir: the run's folder (created on the primary process).
+        console: print a line per report (``True``: standard output; or a stream).
+        tensorboard: write TensorBoard event files under ``run_dir/tb``.
+        jsonl: append to ``run_dir/metrics.jsonl``.
+        csv: append to ``run_dir/metrics.csv``.
+        primary_only: only process 0 writes (and creates files).
+
+    Example:
+        >>> import tempfile, os
+        >>> from ember.writers import create_run_writer
+        >>> run = tempfile.mkdtemp()
+        >>> w = create_run_writer(run, console=False, csv=True)
+        >>> w.write_scalars(1, {"loss": 0.5}); w.close()
+        >>> sorted(os.listdir(run))
+        ['metrics.csv', 'metrics.jsonl', 'tb']
+    """
+    writer = AsyncWriter(MultiWriter([]), primary_only=primary_only)
+    if not writer.active:
+        return writer
+    root = Path(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    writers: list[Writer] = []
+    if console is not False:
+        writers.append(ConsoleWriter(None if console is True else console))
+    if tensorboard:
+        writers.append(TensorBoardWriter(root / "tb"))
+    if jsonl:
+        writers.append(JsonlWriter(root / "metrics.jsonl"))
+    if csv:
+        writers.append(CsvWriter(root / "metrics.csv"))
+    writer.writer = MultiWriter(writers)
+    return writer

@@ -1,0 +1,52 @@
+"""`Writer`: the interface every destination of numbers implements."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class Writer:
+    """Where a run's numbers go: scalars, and optionally histograms, images, text and hyperparameters.
+
+    Subclasses implement :meth:`write_scalars`; the other kinds default to doing nothing, so a writer that
+    cannot show an image (a CSV file) simply skips it. Values arrive as host numbers and numpy arrays: the
+    :class:`AsyncWriter` in front of every run's writers converts device arrays on its own thread, so the
+    training loop never waits for a transfer.
+
+    Example:
+        >>> from ember.writers import Writer
+        >>> class Remember(Writer):
+        ...     def __init__(self):
+        ...         self.rows = []
+        ...
+        ...     def write_scalars(self, step, values):
+        ...         self.rows.append((step, dict(values)))
+        >>> w = Remember()
+        >>> w.write_scalars(3, {"loss": 0.5})
+        >>> w.write_text(3, "note", "ignored"); w.rows
+        [(3, {'loss': 0.5})]
+    """
+
+    def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """Record ``values`` (name to number) at ``step``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement write_scalars(step, values).")
+
+    def write_histogram(self, step: int, name: str, values: Any) -> None:
+        """Record the distribution of ``values`` (an array) at ``step``; ignored unless overridden."""
+
+    def write_image(self, step: int, name: str, image: Any) -> None:
+        """Record an ``(H, W, C)`` uint8 or float image at ``step``; ignored unless overridden."""
+
+    def write_text(self, step: int, name: str, text: str) -> None:
+        """Record a piece of text at ``step``; ignored unless overridden."""
+
+    def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
+        """Record the run's hyperparameters (and final metrics); ignored unless overridden."""
+
+    def flush(self) -> None:
+        """Push buffered records to their destination."""
+
+    def close(self) -> None:
+        """Flush and release files; the writer is not used afterwards."""
+        self.flush()

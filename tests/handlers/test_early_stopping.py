@@ -1,0 +1,87 @@
+import pytest
+
+from ember import Engine, Events
+from ember.handlers import EarlyStopping
+
+
+def scored(scores):
+    it = iter(scores)
+    return lambda engine: next(it)
+
+
+def test_patience_two_stops_after_the_third_call():
+    """Ignite's numbers: patience 2 with 1.0, 0.8, 0.88 stops on the third call."""
+    trainer = Engine(lambda e, b: b)
+    stop = EarlyStopping(2, scored([1.0, 0.8, 0.88]), trainer)
+    stop(trainer)
+    stop(trainer)
+    assert not trainer.should_terminate
+    stop(trainer)
+    assert trainer.should_terminate
+    assert stop.state_dict() == {"counter": 2, "best_score": 1.0}
+
+
+def test_evaluator_scores_stop_a_ten_epoch_trainer_at_epoch_seven():
+    """Ignite's scenario: evaluator scores 1.0, 0.8, 1.2, 1.5, 0.9, 1.0, 0.99, 1.1, 0.9 with patience 3."""
+    trainer = Engine(lambda e, b: b)
+    evaluator = Engine(lambda e, b: b)
+    scores = iter([1.0, 0.8, 1.2, 1.5, 0.9, 1.0, 0.99, 1.1, 0.9])
+    evaluator.add_event_handler(Events.COMPLETED, lambda e: e.state.metrics.update(score=next(scores)))
+    EarlyStopping(3, lambda e: e.state.metrics["score"], trainer).attach(evaluator)
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: evaluator.run([0]))
+    assert trainer.run([0, 0], max_epochs=10).epoch == 7
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "scores", "calls_until_stop"),
+    [
+        ({"min_delta": 0.1}, [1.0, 1.05, 1.15, 1.2], 3),  # 1.15 is not 0.1 over the best, 1.05
+        ({"min_delta": 0.1, "cumulative_delta": True}, [1.0, 1.05, 1.15, 1.2], None),  # 1.15 is over 1.0 + 0.1
+        ({"mode": "min"}, [1.0, 0.9, 0.95, 0.99], 4),
+    ],
+)
+def test_min_delta_cumulative_delta_and_min_mode(kwargs, scores, calls_until_stop):
+    trainer = Engine(lambda e, b: b)
+    stop = EarlyStopping(2, scored(scores), trainer, **kwargs)
+    stopped_at = None
+    for call in range(1, len(scores) + 1):
+        stop(trainer)
+        if trainer.should_terminate and stopped_at is None:
+            stopped_at = call
+    assert stopped_at == calls_until_stop
+
+
+def test_state_dict_round_trip_continues_the_count():
+    """A restored handler stops exactly when the original would have."""
+    trainer = Engine(lambda e, b: b)
+    first = EarlyStopping(3, scored([1.0, 0.5, 0.5]), trainer)
+    for _ in range(3):
+        first(trainer)
+    second = EarlyStopping(3, scored([0.7]), trainer)
+    second.load_state_dict(first.state_dict())
+    second(trainer)
+    assert trainer.should_terminate
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"patience": 0}, "`patience` must be an int of at least 1, got 0."),
+        ({"min_delta": -1.0}, "`min_delta` must be a number of at least 0, got -1.0."),
+        ({"mode": "up"}, '`mode` must be "min" or "max", got \'up\'.'),
+        ({"score_fn": 3}, "`score_fn` must be callable as score_fn(engine), got 3."),
+        ({"trainer": "t"}, "`trainer` must be an ember Engine, got str."),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    args = {"patience": 2, "score_fn": lambda e: 0.0, "trainer": Engine(lambda e, b: b), **kwargs}
+    patience, score_fn, trainer = args.pop("patience"), args.pop("score_fn"), args.pop("trainer")
+    with pytest.raises((ValueError, TypeError)) as info:
+        EarlyStopping(patience, score_fn, trainer, **args)
+    assert str(info.value) == message
+
+
+def test_load_state_dict_names_missing_keys():
+    stop = EarlyStopping(2, lambda e: 0.0, Engine(lambda e, b: b))
+    with pytest.raises(KeyError, match=r"lacks \['best_score'\]; got keys \['counter'\]"):
+        stop.load_state_dict({"counter": 1})

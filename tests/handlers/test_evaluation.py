@@ -1,0 +1,95 @@
+import io
+import json
+import re
+
+import numpy as np
+import pytest
+
+from ember import Engine, Events
+from ember.handlers import (
+    EarlyStopping,
+    Evaluate,
+    ScalarLogger,
+    global_step_from_engine,
+    setup_common_training_handlers,
+)
+from ember.metrics import Average
+from ember.writers import JsonlWriter
+from tests.handlers.trainers import DATA, evaluator, trainer
+
+
+def test_evaluate_every_n_iterations_writes_metrics_under_a_label_at_the_trainer_step(tmp_path):
+    t = trainer()
+    ev = evaluator(t)
+    Average(key="correct").attach(ev, "accuracy")
+    evaluate = Evaluate(ev, DATA[:2], writer=JsonlWriter(tmp_path / "log.jsonl"), tag="val")
+    evaluate.attach(t, Events.ITERATION_COMPLETED(every=3))
+    t.run(DATA, max_epochs=2)
+    assert [step for step, _ in evaluate.history] == [3, 6]
+    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [(r["step"], round(r["val/accuracy"], 6)) for r in rows] == [
+        (step, round(m["accuracy"], 6)) for step, m in evaluate.history
+    ]
+    assert all(0.0 <= r["val/accuracy"] <= 1.0 for r in rows)
+
+
+def test_early_stopping_on_a_real_evaluator_with_an_epoch_logger():
+    """Validation accuracy drives early stopping; an evaluator logger uses the trainer's iteration."""
+    t = trainer()
+    ev = evaluator(t)
+    Average(key="correct").attach(ev, "accuracy")
+    out = io.StringIO()
+    from ember.writers import ConsoleWriter
+
+    ScalarLogger(ConsoleWriter(out), tag="val", step_fn=global_step_from_engine(t)).attach(ev, Events.COMPLETED)
+    scores = iter([0.5, 0.4, 0.4, 0.3, 0.9])  # the stop comes from the handler's counter, not the data
+    stop = EarlyStopping(2, lambda e: next(scores), t)
+    stop.attach(ev)
+    Evaluate(ev, DATA[:1]).attach(t)
+    assert t.run(DATA, max_epochs=10).epoch == 3
+    assert [line.split(" | ")[0] for line in out.getvalue().splitlines()] == ["step 4", "step 8", "step 12"]
+    assert stop.state_dict() == {"counter": 2, "best_score": 0.5}
+
+
+def test_common_training_handlers_on_a_real_trainer(tmp_path):
+    t = trainer()
+    log = tmp_path / "log.jsonl"
+    handlers = setup_common_training_handlers(
+        t,
+        writer=JsonlWriter(log),
+        log_every=2,
+        progress=False,
+        checkpoint_dir=tmp_path / "ckpt",
+        checkpoint_every=3,
+        keep_latest=2,
+    )
+    losses = []
+    t.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses.append(float(e.state.output["loss"])))
+    t.run(DATA, max_epochs=2)
+    assert sorted(handlers) == ["checkpoint", "logger", "running_average", "terminate_on_nan"]
+    expected, avg = [], 0.0
+    for i, loss in enumerate(losses, 1):
+        avg = loss if i == 1 else 0.98 * avg + 0.02 * loss
+        if i % 2 == 0:
+            expected.append((i, avg))
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4, 6, 8]
+    np.testing.assert_allclose([r["train/loss"] for r in rows], [v for _, v in expected], rtol=1e-5)
+    assert [c.step for c in handlers["checkpoint"].store.checkpoints()] == [6, 8]
+
+
+def test_common_training_handlers_stop_on_nan_and_check_arguments():
+    engine = Engine(lambda e, b: {"loss": np.float32(b)})
+    setup_common_training_handlers(engine, progress=False, running_average=None)
+    assert engine.run([1.0, float("nan"), 1.0, 1.0, 1.0]).iteration == 3
+    with pytest.raises(ValueError, match=re.escape("`log_every` must be a positive int, got 0.")):
+        setup_common_training_handlers(engine, log_every=0)
+    with pytest.raises(TypeError, match=re.escape("`trainer` must be an ember Engine, got int.")):
+        setup_common_training_handlers(3)  # type: ignore[arg-type]
+
+
+def test_evaluate_arguments():
+    with pytest.raises(TypeError, match=re.escape("`evaluator` must be an ember Engine, got list.")):
+        Evaluate([], [])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=re.escape("`writer` must be an ember.writers.Writer or None, got str.")):
+        Evaluate(Engine(lambda e, b: b), [], writer="log")  # type: ignore[arg-type]

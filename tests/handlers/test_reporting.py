@@ -1,0 +1,178 @@
+import io
+import re
+
+import numpy as np
+import optax
+import pytest
+
+from ember import Engine, Events
+from ember.handlers import GradientSpikeMonitor, LRMonitor, ParamStats, ProgressBar, ScalarLogger, count_parameters
+from ember.metrics import Average, RunningAverage
+from ember.writers import TensorBoardWriter, Writer
+from tests.handlers.trainers import DATA, SCHEDULE, trainer
+from tests.writers.tb_reader import read_scalars
+
+
+class Remember(Writer):
+    def __init__(self):
+        self.rows = []
+
+    def write_scalars(self, step, values):
+        self.rows.append((step, {k: round(float(v), 6) for k, v in values.items()}))
+
+
+def bar_frames(out):
+    """Every frame tqdm drew, without cursor movements."""
+    text = out.getvalue().replace("\x1b[A", "").replace("\n", "\r")
+    return [f.strip() for f in text.split("\r") if f.strip()]
+
+
+def test_progress_bar_totals_postfix_and_epochs():
+    """Per-epoch bars with the right totals; the postfix lags one refresh, then shows the epoch's metrics."""
+    out = io.StringIO()
+    t = trainer()
+    RunningAverage(output_transform=lambda o: o["loss"]).attach(t, "loss")
+    bar = ProgressBar(
+        2, stream=out, persist=True, epoch_bar=True, mininterval=0, bar_format="{desc} {n}/{total}{postfix}"
+    )
+    bar.attach(t, metric_names=["loss"])
+    t.run(DATA, max_epochs=2)
+    frames = [f.split(", loss=")[0] + (", loss" if ", loss=" in f else "") for f in bar_frames(out)]
+    assert frames == ["Epochs 0/2"] * 2 + [
+        "Epoch [1/2] 0/4",
+        "Epoch [1/2] 0/4",
+        "Epoch [1/2] 2/4",  # the first refresh has nothing fetched yet
+        "Epoch [1/2] 4/4, loss",  # the value fetched at iteration 2
+        "Epoch [1/2] 4/4, loss",  # the epoch's end: this iteration's value
+        "Epochs 1/2",
+        "Epoch [2/2] 0/4",
+        "Epoch [2/2] 0/4",
+        "Epoch [2/2] 2/4",
+        "Epoch [2/2] 4/4, loss",
+        "Epoch [2/2] 4/4, loss",
+        "Epochs 2/2",
+        "Epochs 2/2",
+    ]
+    assert ProgressBar._open == 0
+
+
+def test_progress_bar_with_unknown_length_and_nested_evaluator():
+    """A generator gets a bar without a total; an evaluator's bar is drawn one line below and not kept."""
+    out = io.StringIO()
+    engine = Engine(lambda e, b: {"loss": float(b)})
+    inner = Engine(lambda e, b: b)
+    engine.add_event_handler(Events.EPOCH_COMPLETED, lambda: inner.run([1, 2, 3]))
+    ProgressBar(1, stream=out, mininterval=0, bar_format="{desc} {n}/{total}{postfix}").attach(
+        engine, output_keys=["loss"]
+    )
+    ProgressBar(1, stream=out, mininterval=0, desc="Eval", bar_format="{desc} {n}/{total}").attach(inner)
+    engine.run((x for x in range(3)), max_epochs=1)
+    frames = bar_frames(out)
+    assert frames == [
+        "Epoch [1/1] 0/None",
+        "Epoch [1/1] 0/None",
+        "Epoch [1/1] 1/None",
+        "Epoch [1/1] 2/None, loss=0",
+        "Epoch [1/1] 3/None, loss=1",
+        *("Eval [1/1] 0/3", "Eval [1/1] 0/3", "Eval [1/1] 1/3", "Eval [1/1] 2/3", "Eval [1/1] 3/3"),
+    ]
+    assert out.getvalue().count("\x1b[A") == 6  # drawn on the line below the trainer's bar, then cleared
+
+
+def test_progress_bar_arguments():
+    with pytest.raises(ValueError, match=re.escape("`refresh_every` must be a positive int, got 0.")):
+        ProgressBar(0)
+    with pytest.raises(
+        TypeError, match=re.escape("`metric_names` must be \"all\", None or a sequence of names, got 'loss'.")
+    ):
+        ProgressBar().attach(Engine(lambda e, b: b), metric_names="loss")
+
+
+def test_scalar_logger_writes_metrics_and_outputs_to_tensorboard(tmp_path):
+    """Training loss every 2 iterations and the epoch's metric, read back from the event file."""
+    t = trainer(extras=("grad_norm",))
+    Average(key="loss").attach(t, "avg_loss")
+    writer = TensorBoardWriter(tmp_path)
+    ScalarLogger(writer, tag="train", metric_names=None, output_keys=["loss", "grad_norm"]).attach(
+        t, Events.ITERATION_COMPLETED(every=2)
+    )
+    ScalarLogger(writer, tag="epoch").attach(t, Events.EPOCH_COMPLETED)
+    losses = []
+    t.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses.append(round(float(e.state.output["loss"]), 6)))
+    t.run(DATA, max_epochs=2)
+    scalars = read_scalars(tmp_path)
+    assert sorted(scalars) == ["epoch/avg_loss", "train/grad_norm", "train/loss"]
+    assert scalars["train/loss"] == [(i, losses[i - 1]) for i in (2, 4, 6, 8)]
+    assert [s for s, _ in scalars["epoch/avg_loss"]] == [4, 8]
+    assert scalars["epoch/avg_loss"][0][1] == pytest.approx(np.mean(losses[:4]), abs=1e-6)
+
+
+def test_scalar_logger_names_missing_keys():
+    engine = Engine(lambda e, b: {"loss": b})
+    ScalarLogger(Remember(), output_keys=["grad_norm"]).attach(engine, Events.ITERATION_COMPLETED)
+    with pytest.raises(
+        KeyError, match=r"Output keys \['grad_norm'\] are not in engine.state.output \(it holds \['loss'\]\)"
+    ):
+        engine.run([1.0])
+
+
+def test_lr_monitor_from_the_schedule_and_from_the_step_agree():
+    """The host-evaluated schedule and the step's injected hyperparameter give the same numbers."""
+    by_schedule, by_state = Remember(), Remember()
+    a = trainer()
+    LRMonitor(by_schedule, schedule=SCHEDULE).attach(a, Events.ITERATION_COMPLETED(every=3))
+    a.run(DATA, max_epochs=2)
+    b = trainer(extras=("lr",), optimizer=optax.inject_hyperparams(optax.sgd)(learning_rate=SCHEDULE))
+    monitor = LRMonitor(by_state)
+    monitor.attach(b, Events.ITERATION_COMPLETED(every=3))
+    b.run(DATA, max_epochs=2)
+    b.state.output = None
+    monitor.writer.flush()
+    expected = [(3, {"lr": 0.0875}), (6, {"lr": 0.06875})]
+    assert by_schedule.rows == expected
+    assert by_state.rows == expected
+
+
+def test_lr_monitor_without_schedule_needs_the_lr_extra():
+    t = trainer()
+    LRMonitor(Remember()).attach(t, Events.ITERATION_COMPLETED)
+    with pytest.raises(ValueError, match=r"create_trainer\(..., extras=\('lr',\)\)"):
+        t.run(DATA)
+
+
+def test_param_stats_counts_before_training():
+    rows = Remember()
+    t = trainer()
+    stats = ParamStats(rows)
+    stats.attach(t)
+    t.run(DATA[:1])
+    stats.writer.flush()
+    assert (stats.count, stats.bytes) == (15, 60)
+    assert rows.rows == [(0, {"params/count": 15.0, "params/bytes": 60.0})]
+    assert count_parameters({"a": np.zeros((2, 2), np.int8)}) == (4, 4)
+
+
+def test_gradient_spike_monitor_on_a_real_trainer_and_its_state():
+    """A batch scaled by 1000 makes the gradient spike; the monitor flags exactly that iteration."""
+    data = [dict(b) for b in DATA * 3]
+    data[9] = {"x": data[9]["x"] * 1000.0, "y": data[9]["y"]}
+    t = trainer(extras=("grad_norm",))
+    seen = []
+    monitor = GradientSpikeMonitor(factor=10.0, warmup=4, on_spike=lambda e, i, n: seen.append((e.state.iteration, i)))
+    monitor.attach(t)
+    t.run(data)
+    assert [i for i, _ in monitor.spikes] == [10]
+    assert seen == [(11, 10)]
+    restored = GradientSpikeMonitor(factor=10.0, warmup=4)
+    restored.load_state_dict(monitor.state_dict())
+    assert restored.state_dict() == monitor.state_dict()
+    assert monitor.state_dict()["seen"] == 12
+
+
+def test_gradient_spike_monitor_needs_the_norm():
+    engine = Engine(lambda e, b: {"loss": b})
+    GradientSpikeMonitor().attach(engine)
+    with pytest.raises(KeyError, match=r"GradientSpikeMonitor reads output\['grad_norm'\]"):
+        engine.run([1.0])
+    with pytest.raises(ValueError, match=re.escape("`factor` must be a number above 1, got 1.")):
+        GradientSpikeMonitor(1)

@@ -1,0 +1,85 @@
+import re
+import time
+
+import jax.numpy as jnp
+import pytest
+
+from ember import Engine, Events
+from ember.handlers import Profiler, TimeLimit, Timer
+from tests.handlers.trainers import DATA, trainer
+
+
+def ticking():
+    ticks = iter(range(1000))
+    return lambda: float(next(ticks))
+
+
+def test_timer_whole_run_and_per_iteration_average():
+    """Ignite's attach pattern: reset per epoch, count only inside iterations, average per step."""
+    engine = Engine(lambda e, b: b)
+    total, per_step = Timer(clock=ticking()), Timer(average=True, clock=ticking())
+    total.attach(engine)
+    per_step.attach(
+        engine,
+        start=Events.EPOCH_STARTED,
+        resume=Events.ITERATION_STARTED,
+        pause=Events.ITERATION_COMPLETED,
+        step=Events.ITERATION_COMPLETED,
+    )
+    engine.run([1, 2, 3, 4])
+    assert total.value() == 1.0  # one tick between STARTED and COMPLETED
+    assert (per_step.value(), per_step.step_count, per_step.running) == (1.0, 4, False)
+
+
+def test_timer_sync_waits_for_the_step():
+    """With sync=True a pause waits until the output is computed: the timed work is real."""
+    t = trainer()
+    timer = Timer(sync=True)
+    timer.attach(t, start=Events.ITERATION_STARTED, pause=Events.ITERATION_COMPLETED)
+    t.run(DATA)
+    assert 0 < timer.value() < 10
+    t.state.output["loss"].block_until_ready()
+
+
+def test_time_limit_stops_cleanly_and_restarts_its_clock():
+    limit = TimeLimit(3, clock=ticking())
+    engine = Engine(lambda e, b: b)
+    limit.attach(engine)
+    completed = []
+    engine.add_event_handler(Events.COMPLETED, lambda e: completed.append(e.state.iteration))
+    assert engine.run(range(100)).iteration == 3
+    assert limit.reached
+    assert completed == [3]
+    engine.run(range(100), max_epochs=2)  # a new run: the clock starts again
+    assert completed == [3, 6]
+    with pytest.raises(ValueError, match=re.escape("`seconds` must be a positive number, got 0.")):
+        TimeLimit(0)
+
+
+def test_time_limit_with_the_real_clock():
+    engine = Engine(lambda e, b: time.sleep(0.01))
+    TimeLimit(0.05).attach(engine)
+    assert 4 <= engine.run(range(1000)).iteration < 1000
+
+
+def test_profiler_traces_the_window_of_a_real_trainer(tmp_path):
+    t = trainer()
+    profiler = Profiler(tmp_path, start_step=2, num_steps=3)
+    profiler.attach(t)
+    t.run(DATA, max_epochs=2)
+    assert profiler.traced == [2, 3, 4]
+    traces = list(tmp_path.rglob("*.xplane.pb"))
+    assert len(traces) == 1
+    assert traces[0].stat().st_size > 0
+    assert traces[0].parent.parent.name == "profile"  # logdir/plugins/profile/<run>/, where TensorBoard looks
+
+
+def test_profiler_stops_when_the_run_ends_inside_the_window(tmp_path):
+    engine = Engine(lambda e, b: jnp.float32(b) * 2)
+    profiler = Profiler(tmp_path, start_step=2, num_steps=10)
+    profiler.attach(engine)
+    engine.run([1, 2, 3])
+    assert profiler.traced == [2, 3]
+    assert not profiler.active
+    with pytest.raises(ValueError, match=re.escape("`num_steps` must be a positive int, got 0.")):
+        Profiler(tmp_path, num_steps=0)

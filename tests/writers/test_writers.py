@@ -1,0 +1,164 @@
+import io
+import json
+import re
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ember.writers._async as async_module
+from ember import Engine, Events
+from ember.writers import (
+    AsyncWriter,
+    ConsoleWriter,
+    CsvWriter,
+    JsonlWriter,
+    MultiWriter,
+    TensorBoardWriter,
+    Writer,
+    create_run_writer,
+)
+from tests.writers.tb_reader import read_scalars, tags
+
+
+class Remember(Writer):
+    def __init__(self):
+        self.calls = []
+        self.thread_names = set()
+
+    def write_scalars(self, step, values):
+        self.thread_names.add(threading.current_thread().name)
+        self.calls.append(("scalars", step, dict(values)))
+
+    def write_text(self, step, name, text):
+        self.calls.append(("text", step, name, text))
+
+
+class Broken(Writer):
+    def write_scalars(self, step, values):
+        if step == 2:
+            raise OSError("disk gone")
+
+
+def test_async_writer_keeps_order_converts_device_values_on_its_thread():
+    inner = Remember()
+    w = AsyncWriter(inner)
+    w.write_scalars(1, {"loss": jnp.float32(0.5), "acc": np.float64(0.25), "n": 3})
+    w.write_text(1, "note", "hi")
+    w.write_scalars(2, {"loss": jnp.float32(0.125)})
+    w.flush()
+    assert inner.calls == [
+        ("scalars", 1, {"loss": 0.5, "acc": 0.25, "n": 3.0}),
+        ("text", 1, "note", "hi"),
+        ("scalars", 2, {"loss": 0.125}),
+    ]
+    assert all(type(v) is float for v in inner.calls[0][2].values())
+    assert inner.thread_names == {"ember-writer"}
+    w.close()
+    with pytest.raises(RuntimeError, match=re.escape("This AsyncWriter is closed.")):
+        w.write_scalars(3, {"loss": 1.0})
+
+
+def test_an_error_on_the_writer_thread_fails_the_run_at_the_next_event():
+    """The thread's exception is raised in the training thread, once; the run ends with it; nothing hangs."""
+    w = AsyncWriter(Broken())
+    engine = Engine(lambda e, b: b)
+    w.attach(engine)
+    engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: w.write_scalars(e.state.iteration, {"x": 1.0}))
+    engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: w.flush())  # make the failure visible at once
+    seen = []
+    engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.iteration))
+    with pytest.raises(OSError, match="disk gone") as info:
+        engine.run(range(10))
+    assert seen == [1]
+    assert "(raised on ember's writer thread)" in info.value.__notes__
+    w.close()  # reported already: closing does not raise again, and returns
+
+
+def test_only_the_primary_process_writes(monkeypatch, tmp_path):
+    monkeypatch.setattr(async_module, "is_primary_process", lambda: False)
+    w = create_run_writer(tmp_path / "run", console=False, csv=True)
+    w.write_scalars(1, {"loss": 1.0})
+    w.close()
+    assert not (tmp_path / "run").exists()
+
+
+def test_files_tensorboard_and_console_through_one_run_writer(tmp_path):
+    """Two runs into the same folder (a resume) append to the logs and both TensorBoard files stay readable."""
+    out = io.StringIO()
+    for start in (1, 3):
+        w = create_run_writer(tmp_path, console=out, csv=True)
+        w.write_scalars(start, {"loss": 0.5 / start, "val/acc": 0.25 * start})
+        w.write_scalars(start + 1, {"loss": 0.5 / (start + 1)})
+        w.write_hparams({"lr": 0.1, "batch": 32}, {"val/acc": 0.75})
+        w.close()
+    assert read_scalars(tmp_path / "tb") == {
+        "loss": [(1, 0.5), (2, 0.25), (3, 0.166667), (4, 0.125)],
+        "val/acc": [(1, 0.25), (0, 0.75), (3, 0.75), (0, 0.75)],
+    }
+    assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= tags(tmp_path / "tb")
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r.get("step"), r.get("loss")) for r in rows] == [
+        (1, 0.5),
+        (2, 0.25),
+        (None, None),
+        (3, 0.5 / 3),
+        (4, 0.125),
+        (None, None),
+    ]
+    assert rows[2] == {"hparams": {"lr": 0.1, "batch": 32}, "metrics": {"val/acc": 0.75}}
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "step,name,value",
+        "1,loss,0.5",
+        "1,val/acc,0.25",
+        "2,loss,0.25",
+        "3,loss,0.16666666666666666",
+        "3,val/acc,0.75",
+        "4,loss,0.125",
+    ]
+    assert out.getvalue().splitlines()[:2] == ["step 1 | loss 0.5000 | val/acc 0.2500", out.getvalue().splitlines()[1]]
+    assert out.getvalue().splitlines()[1].startswith("step 2 | ")
+    assert out.getvalue().splitlines()[1].endswith("s/step | loss 0.2500")
+
+
+def test_tensorboard_histograms_images_and_text(tmp_path):
+    w = TensorBoardWriter(tmp_path)
+    w.write_histogram(1, "weights", np.arange(10.0))
+    w.write_image(1, "digit", np.zeros((8, 8, 1), np.uint8))
+    w.write_text(1, "config", "lr: 0.1")
+    w.close()
+    assert tags(tmp_path) == {"weights", "digit", "config/text_summary"}
+
+
+def test_console_formats_small_and_large_numbers():
+    out = io.StringIO()
+    ConsoleWriter(out).write_scalars(5, {"lr": 1e-4, "tokens": 2.5e6, "loss": 0.0})
+    assert out.getvalue() == "step 5 | lr 1.0000e-04 | tokens 2.5000e+06 | loss 0.0000\n"
+
+
+def test_multi_writer_fans_out_and_checks_its_writers(tmp_path):
+    a, b = Remember(), CsvWriter(tmp_path / "m.csv")
+    MultiWriter([a, b]).write_scalars(7, {"x": 1.0})
+    b.close()
+    assert a.calls == [("scalars", 7, {"x": 1.0})]
+    assert (tmp_path / "m.csv").read_text().splitlines()[1] == "7,x,1.0"
+    with pytest.raises(TypeError, match=r"`writers` must all be ember.writers.Writer instances, got \['nope'\]."):
+        MultiWriter([a, "nope"])  # type: ignore[list-item]
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match=re.escape("`writer` must be an ember.writers.Writer, got int.")):
+        AsyncWriter(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=re.escape("`max_pending` must be a positive int, got 0.")):
+        AsyncWriter(Remember(), max_pending=0)
+    with pytest.raises(NotImplementedError, match=r"Writer must implement write_scalars\(step, values\)."):
+        Writer().write_scalars(1, {})
+
+
+def test_jsonl_writer_text_and_missing_folder(tmp_path):
+    w = JsonlWriter(tmp_path / "deep" / "log.jsonl")
+    w.write_text(2, "note", "hello")
+    w.close()
+    row = json.loads((tmp_path / "deep" / "log.jsonl").read_text())
+    assert (row["step"], row["text"]) == (2, {"note": "hello"})
