@@ -5,8 +5,9 @@ shows) and an MLP 784-512-512-10 with batch 128. Rows, each the best of ``--repe
 
 - ``hand loop``: ``jax.jit`` with the state donated, no host sync until the end; the reference;
 - ``ember``: ``create_trainer`` with no handlers;
-- ``ember + handlers``: a typical set: a ``RunningAverage`` of the loss (on device) read every 100
-  iterations as a progress bar would, and epoch-level loss and accuracy metrics;
+- ``ember + handlers``: a typical set: a ``RunningAverage`` of the loss (on device) shown by a
+  ``ProgressBar`` refreshed every 100 iterations (drawing to ``os.devnull``), and epoch-level loss and
+  accuracy metrics;
 - ``ember, aux outputs`` and ``ember + metrics``: the step also returns logits and labels; the second row
   attaches ``Average`` of the loss, ``Accuracy`` and a ``RunningAverage`` of the loss, so the ratio between
   the two is what the metrics cost (their updates fold into the compiled step);
@@ -39,8 +40,7 @@ import numpy as np
 import optax
 from flax import linen as nn
 
-import ember
-from ember import Events
+from ember.handlers import ProgressBar
 from ember.metrics import Accuracy, Average, RunningAverage
 from ember.training import SingleDevice, TrainState, create_trainer
 
@@ -161,9 +161,7 @@ def ember_run(
         Average(key="loss").attach(trainer, "loss")
         Accuracy().attach(trainer, "accuracy")
 
-        @trainer.on(Events.ITERATION_COMPLETED(every=100))
-        def progress(engine: ember.Engine) -> None:  # what a progress bar refresh reads
-            engine.state.shown = float(engine.state.metrics["running_loss"])  # type: ignore[attr-defined]
+        ProgressBar(refresh_every=100, stream=open(os.devnull, "w")).attach(trainer, metric_names=["running_loss"])  # noqa: SIM115
 
     elif extra == "metrics":
         Average(key="loss").attach(trainer, "loss")

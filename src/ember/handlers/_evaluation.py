@@ -6,8 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
-from ember.handlers._logging import as_async
-from ember.handlers._values import pick
+from ember.handlers._logging import ScalarLogger, as_async
 from ember.writers import Writer
 
 
@@ -48,9 +47,7 @@ class Evaluate:
         self.evaluator.run(self.data)
         self.history.append((trainer.state.iteration, dict(self.evaluator.state.metrics)))
         if self.writer is not None:
-            values = pick(self.evaluator, "all", (), self.tag)
-            if values:
-                self.writer.write_scalars(trainer.state.iteration, values)
+            ScalarLogger(self.writer, tag=self.tag, step_fn=lambda _: trainer.state.iteration)(self.evaluator)
 
     def attach(
         self, trainer: Engine, event: Events | FilteredEvent | EventsList = Events.EPOCH_COMPLETED

@@ -123,6 +123,7 @@ class Metric(MetricArithmetic):
             5.0
         """
         self._state = _distinct_buffers(self.empty())
+        self._published: tuple[Any, Any] | None = None
         self._updates = 0
 
     def update(self, output: Any) -> None:
@@ -263,8 +264,11 @@ class Metric(MetricArithmetic):
         """
         return type(self).update is Metric.update and self.empty() is not None
 
-    def set_state(self, state: Any) -> None:
+    def set_state(self, state: Any, published: Any = None) -> None:
         """Take accumulators updated elsewhere (inside an engine's compiled step) as one more update.
+
+        ``published`` is :meth:`published_value` of ``state``, computed in the same step as a separate
+        output (the accumulators themselves are donated to the next step).
 
         Example:
             >>> import jax.numpy as jnp
@@ -276,6 +280,17 @@ class Metric(MetricArithmetic):
         """
         self._state = state
         self._updates += 1
+        self._published = (state, published) if published is not None else None
+
+    def published_value(self, state: Any) -> Any:
+        """A device value this metric publishes every step, traced into the step; ``None`` for most metrics.
+
+        Example:
+            >>> from ember.metrics import Sum
+            >>> Sum().published_value(Sum().state) is None
+            True
+        """
+        return None
 
     def fused_update(self, state: Any, output: Any) -> Any:
         """The update as a pure function of the accumulators, traced into a compiled step."""

@@ -81,6 +81,10 @@ class RunningAverage(Metric):
     def finalize(self, state: Any) -> Any:
         return state[0]
 
+    def published_value(self, state: Any) -> Any:
+        """The running average, published in ``state.metrics`` every step."""
+        return self.finalize(state)
+
     def merge_processes(self, parts: list[Any]) -> Any:
         """Across processes, the mean of their running averages."""
         started = [p for p in parts if float(p[1]) > 0]
@@ -106,6 +110,9 @@ class RunningAverage(Metric):
         att = self._attachments.get(engine)
         if att is None or not att.names:
             return
-        value = self.finalize(self._state)  # a device scalar: no host read here
+        if self._published is not None and self._published[0] is self._state:
+            value = self._published[1]  # computed in the step as an output of its own: not donated to the next
+        else:
+            value = self.finalize(self._state)  # a device scalar: no host read here
         for name in att.names:
             engine.state.metrics[name] = value

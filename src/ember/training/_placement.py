@@ -76,14 +76,12 @@ class Placement:
         return jax.devices()[0].platform != "cpu"
 
     def compile_train(
-        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False, carry: bool = False
+        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False
     ) -> Callable[..., Any]:
         """Compile ``step(state, batch) -> (state, output)`` with the state donated.
 
         ``example_output`` is one step's per-device output structure (only ``Pmap`` uses it); ``stacked``
-        says the batch holds K steps on a leading axis. With ``carry`` the step is
-        ``step(state, batch, carry) -> ((state, carry), output)``: a replicated third argument (fused
-        metrics' accumulators) that is *not* donated, so values handed out from it stay readable.
+        says the batch holds K steps on a leading axis.
         """
         raise NotImplementedError
 
@@ -111,7 +109,7 @@ class SingleDevice(Placement):
         return self.device
 
     def compile_train(
-        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False, carry: bool = False
+        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False
     ) -> Callable[..., Any]:
         return jax.jit(step, donate_argnums=0)
 
@@ -157,16 +155,15 @@ class DataParallel(Placement):
         return self._stacked if stacked else self._batch
 
     def compile_train(
-        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False, carry: bool = False
+        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False
     ) -> Callable[..., Any]:
         replicated = self.replicated
 
-        def pinned(state: Any, batch: Any, *extra: Any) -> Any:
-            new_state, out = step(state, batch, *extra)
+        def pinned(state: Any, batch: Any) -> Any:
+            new_state, out = step(state, batch)
             return jax.lax.with_sharding_constraint(new_state, replicated), out
 
-        shardings = (replicated, self.batch_sharding(stacked)) + ((replicated,) if carry else ())
-        return jax.jit(pinned, donate_argnums=0, in_shardings=shardings)
+        return jax.jit(pinned, donate_argnums=0, in_shardings=(replicated, self.batch_sharding(stacked)))
 
     def compile_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
         return jax.jit(step, in_shardings=(self.replicated, self._batch))
@@ -227,10 +224,8 @@ class Pmap(Placement):
         return jax.tree.map(lambda s: None if s.ndim == 0 and jnp.issubdtype(s.dtype, jnp.floating) else mapped, output)
 
     def compile_train(
-        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False, carry: bool = False
+        self, step: Callable[..., Any], example_output: Any = None, *, stacked: bool = False
     ) -> Callable[..., Any]:
-        if carry:
-            raise ValueError("Pmap does not fold metric updates into the step (`carry=True`).")
         out_axes = (None, self._out_axes(example_output, stacked))
         return jax.pmap(
             step, self.axis_name, in_axes=(None, 0), out_axes=out_axes, donate_argnums=0, devices=self.devices

