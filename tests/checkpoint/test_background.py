@@ -107,3 +107,12 @@ def test_prune_arguments_are_checked(tmp_path):
         store.prune(keep_best=2)
     with pytest.raises(ValueError, match=r"`mode` must be 'min' or 'max', got 'up'"):
         store.prune(keep_best=1, metric="loss", mode="up")  # type: ignore[arg-type]
+
+
+def test_prune_without_a_policy_keeps_everything(tmp_path):
+    """No policy means no deletion: `Checkpoint(keep_latest=None)` keeps every checkpoint it writes."""
+    store = CheckpointStore(tmp_path)
+    for step in (1, 2, 3):
+        store.save({"w": np.zeros(1)}, step=step)
+    assert store.prune() == []
+    assert [c.step for c in store.checkpoints()] == [1, 2, 3]

@@ -180,3 +180,42 @@ def test_load_state_dict_with_max_iters_derives_max_epochs():
     engine.load_state_dict({"epoch_length": 3, "iteration": 2, "max_iters": 7})
     assert (engine.state.max_epochs, engine.state.max_iters) == (3, 7)
     assert engine.run([1, 2, 3]).iteration == 7
+
+
+def _epoch_events(engine: Engine) -> list[Any]:
+    seen: list[Any] = []
+    engine.add_event_handler(Events.EPOCH_STARTED, lambda e: seen.append(("EPOCH_STARTED", e.state.epoch)))
+    engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.iteration))
+    engine.add_event_handler(Events.EPOCH_COMPLETED, lambda e: seen.append(("EPOCH_COMPLETED", e.state.epoch)))
+    return seen
+
+
+def test_terminate_at_an_epochs_last_iteration_owes_its_epoch_completed():
+    """Stopped at epoch 1's last iteration, a continued or resumed run fires its EPOCH_COMPLETED first."""
+    first = Engine(lambda e, b: b)
+    saved: list[Any] = []
+    first.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda e: (saved.append(e.state_dict()), e.terminate()))
+    seen = _epoch_events(first)
+    first.run(["a", "b"], max_epochs=2)
+    assert saved == [{"epoch_length": 2, "iteration": 2, "max_epochs": 2, "epoch_completed": False}]
+    assert seen == [("EPOCH_STARTED", 1), 1, 2]
+    first.run(["a", "b"])
+    assert seen[3:] == [("EPOCH_COMPLETED", 1), ("EPOCH_STARTED", 2), 3, 4, ("EPOCH_COMPLETED", 2)]
+
+    resumed = Engine(lambda e, b: b)
+    seen = _epoch_events(resumed)
+    resumed.load_state_dict(saved[0])
+    assert (resumed.state.epoch, resumed.state.iteration) == (1, 2)
+    resumed.run(["a", "b"])
+    assert seen == [("EPOCH_COMPLETED", 1), ("EPOCH_STARTED", 2), 3, 4, ("EPOCH_COMPLETED", 2)]
+
+
+def test_terminate_at_the_runs_last_iteration_still_owes_the_last_epoch_completed():
+    engine = Engine(lambda e, b: b)
+    engine.add_event_handler(Events.ITERATION_COMPLETED(once=4), lambda e: e.terminate())
+    seen = _epoch_events(engine)
+    engine.run(["a", "b"], max_epochs=2)
+    assert seen[-1] == 4
+    engine.run(["a", "b"])
+    assert seen[-1] == ("EPOCH_COMPLETED", 2)
+    assert engine.state_dict() == {"epoch_length": 2, "iteration": 4, "max_epochs": 2}

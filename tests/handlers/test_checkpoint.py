@@ -111,3 +111,10 @@ def test_checkpoint_and_load_objects_errors(tmp_path):
     Checkpoint({"a": engine}, tmp_path / "c", background=False)(engine)
     with pytest.raises(KeyError, match=r"holds no state for \['b'\]; it holds \['a'\]"):
         load_objects({"b": Engine(lambda e, b: b)}, CheckpointStore(tmp_path / "c"))
+
+
+def test_keep_latest_none_keeps_every_checkpoint(tmp_path):
+    trainer = Engine(lambda e, b: b)
+    Checkpoint({"trainer": trainer}, tmp_path, keep_latest=None).attach(trainer, Events.ITERATION_COMPLETED(every=2))
+    trainer.run(range(6))
+    assert [c.step for c in CheckpointStore(tmp_path).checkpoints()] == [2, 4, 6]

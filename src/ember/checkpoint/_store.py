@@ -263,7 +263,8 @@ class CheckpointStore:
 
         The policies combine: a checkpoint stays if it is among the ``keep_latest`` highest steps, or among
         the ``keep_best`` best by ``metric`` (``mode``), or its step is a multiple of ``keep_every``. So the
-        latest checkpoints are kept beside the best ones (orbax #526).
+        latest checkpoints are kept beside the best ones (orbax #526). With no policy at all nothing is
+        deleted.
 
         Example:
             >>> import tempfile, numpy as np
@@ -278,6 +279,8 @@ class CheckpointStore:
         check_retention(keep_latest, keep_best, keep_every, mode)
         if keep_best is not None and metric is None:
             raise ValueError("`keep_best` needs `metric`, the name of the score to rank checkpoints by.")
+        if keep_latest is None and keep_best is None and keep_every is None:
+            return []  # no policy: keep everything
         mine = [c for c in self.checkpoints() if c.path.name.startswith(prefix)]
         kept: set[Path] = set()
         if keep_latest:

@@ -640,7 +640,10 @@ class Engine(RunLoop):
             >>> engine.state_dict()
             {'epoch_length': 3, 'iteration': 6, 'max_epochs': 2}
         """
-        return engine_state_dict(self.state, self._state_dict_user_keys)
+        out = engine_state_dict(self.state, self._state_dict_user_keys)
+        if self._epoch_completion_pending():
+            out["epoch_completed"] = False  # resumed, the run fires this epoch's EPOCH_COMPLETED first
+        return out
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a position saved by :meth:`state_dict`; the next :meth:`run` continues from it.
@@ -665,7 +668,10 @@ class Engine(RunLoop):
             raise RuntimeError("load_state_dict() was called while this engine is running; call it before run().")
         self._data_state = load_engine_state(self.state, state_dict, self._state_dict_user_keys)
         st = self.state
-        full, pos = divmod(st.iteration, st.epoch_length) if st.epoch_length else (0, 0)
+        length = st.epoch_length
+        full, pos = divmod(st.iteration, length) if length else (0, 0)
+        if state_dict.get("epoch_completed") is False and length and pos == 0 and full > 0:
+            full, pos = full - 1, length  # the last epoch's EPOCH_COMPLETED is still owed
         self._epoch_open, self._epoch_pos = pos > 0, pos
         st.epoch = full + (pos > 0)
         self._gen = self._iter = None

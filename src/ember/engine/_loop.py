@@ -105,6 +105,11 @@ class RunLoop:
 
     # -- the run ---------------------------------------------------------------------------------
 
+    def _epoch_completion_pending(self) -> bool:
+        """The current epoch's last iteration ran, but a terminate() kept EPOCH_COMPLETED from firing."""
+        length = self.state.epoch_length
+        return self._epoch_open and length is not None and self._epoch_pos >= length
+
     def _is_done(self) -> bool:
         st = self.state
         if st.max_iters is not None and st.iteration >= st.max_iters:
@@ -113,6 +118,8 @@ class RunLoop:
             return False
         if st.epoch - self._epoch_open >= st.max_epochs:
             return True
+        if self._epoch_completion_pending():
+            return False  # the epoch still owes its EPOCH_COMPLETED
         return st.epoch_length is not None and st.iteration >= st.epoch_length * st.max_epochs
 
     def _run_gen(self) -> RunGen:
@@ -166,6 +173,8 @@ class RunLoop:
         its, itc = d[Events.ITERATION_STARTED], d[Events.ITERATION_COMPLETED]
         process = self._process_fn
         length = st.epoch_length
+        if self._epoch_completion_pending():
+            return True  # continued after a terminate() at the epoch's last iteration
         if self._iter is None and st.dataloader is not None:
             self._iter = self._open_iter(st.dataloader)
         pos = self._epoch_pos

@@ -6,20 +6,26 @@ from ember.handlers._early_stopping import EarlyStopping
 from ember.handlers._evaluation import Evaluate
 from ember.handlers._logging import ScalarLogger
 from ember.handlers._lr_monitor import LRMonitor
+from ember.handlers._preemption import Preemption
 from ember.handlers._profiler import Profiler
 from ember.handlers._progress import ProgressBar
+from ember.handlers._readers import CheckpointReader, HighestCheckpointReader, LowestCheckpointReader
 from ember.handlers._statistics import GradientSpikeMonitor, ParamStats, count_parameters
 from ember.handlers._terminate_on_nan import NonFiniteError, TerminateOnNan
 from ember.handlers._timing import TimeLimit, Timer
 
 __all__ = [
     "Checkpoint",
+    "CheckpointReader",
     "EarlyStopping",
     "Evaluate",
     "GradientSpikeMonitor",
+    "HighestCheckpointReader",
     "LRMonitor",
+    "LowestCheckpointReader",
     "NonFiniteError",
     "ParamStats",
+    "Preemption",
     "Profiler",
     "ProgressBar",
     "ScalarLogger",

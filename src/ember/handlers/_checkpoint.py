@@ -123,6 +123,52 @@ class Checkpoint:
         if not self.background:
             self._retain()
 
+    def save_now(self, engine: Engine) -> CheckpointInfo:
+        """Save and wait until the checkpoint is on disk (retention applied); return it.
+
+        Example:
+            >>> import tempfile
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint
+            >>> trainer = Engine(lambda e, b: b)
+            >>> _ = trainer.run([1, 2])
+            >>> Checkpoint({"trainer": trainer}, tempfile.mkdtemp()).save_now(trainer).step
+            2
+        """
+        if self.background and self.store.writing:
+            self._retain()
+        self(engine)
+        self._retain()
+        assert self.last_checkpoint is not None
+        return self.last_checkpoint
+
+    def resume(self, reader: Any = None) -> CheckpointInfo | None:
+        """Restore everything in ``to_save`` from the latest valid checkpoint; ``None`` if there is none.
+
+        One call resumes a run exactly: the trainer's train state and counters, the data position, and
+        every stateful handler in ``to_save``. ``reader`` picks another checkpoint
+        (:class:`HighestCheckpointReader`, ...); it reads this handler's store by default.
+
+        Example:
+            >>> import tempfile
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint
+            >>> folder = tempfile.mkdtemp()
+            >>> trainer = Engine(lambda e, b: b)
+            >>> print(Checkpoint({"trainer": trainer}, folder).resume())  # first run: from scratch
+            None
+            >>> _ = trainer.run([1, 2, 3]); _ = Checkpoint({"trainer": trainer}, folder).save_now(trainer)
+            >>> again = Engine(lambda e, b: b)
+            >>> Checkpoint({"trainer": again}, folder).resume().step, again.state.iteration
+            (3, 3)
+        """
+        from ember.handlers._readers import CheckpointReader
+
+        reader = reader if reader is not None else CheckpointReader(self.store)
+        if not isinstance(reader, CheckpointReader):
+            raise TypeError(f"`reader` must be a CheckpointReader, got {type(reader).__name__}.")
+        return reader.load(self.to_save)
+
     def _retain(self) -> None:
         self.last_checkpoint = self.store.wait() or self.last_checkpoint
         self.store.prune(

@@ -13,6 +13,7 @@ from ember.data import DevicePrefetch
 from ember.engine import Engine, Events, State
 from ember.training._batch_spec import BatchSpec
 from ember.training._feed import StepGroups
+from ember.training._flat_tree import flatten_tree, unflatten_like
 from ember.training._placement import Placement, Pmap, default_placement
 from ember.training._step_output import StepOutput
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
@@ -106,33 +107,40 @@ class TrainingEngine(Engine):
 
         return undo
 
-    def tree_state_dict(self) -> Any:
-        """The arrays a checkpoint saves for this engine: its current train state (on device).
+    def tree_state_dict(self) -> dict[str, Any]:
+        """The arrays a checkpoint saves for this engine: its train state as ``{path: array}`` (on device).
+
+        Paths are JAX key paths joined by dots (``params.Dense_0.kernel``), so any train state (linen
+        dicts, NNX ``State`` objects, optax states) saves the same way; PRNG keys are saved as their raw
+        ``key_data``.
 
         Example:
             >>> import jax.numpy as jnp, optax
             >>> from ember.training import TrainState, create_trainer
             >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))
-            >>> float(create_trainer(state, lambda m, b: m(b)).tree_state_dict().params)
-            2.0
+            >>> sorted(create_trainer(state, lambda m, b: m(b)).tree_state_dict())
+            ['params', 'rng', 'step']
         """
         if self.state.train_state is None:
             raise RuntimeError("This engine has no train state yet (it is built from the first batch); run it first.")
-        return self.state.train_state
+        return flatten_tree(self.state.train_state)
 
-    def load_tree_state_dict(self, tree: Any) -> None:
-        """Take a restored train state (host arrays) and place it on this engine's devices.
+    def load_tree_state_dict(self, tree: dict[str, Any]) -> None:
+        """Take a restored ``{path: array}`` train state and place it, in the live structure, on device.
 
         Example:
             >>> import jax, jax.numpy as jnp, optax
             >>> from ember.training import TrainState, create_trainer
             >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))
             >>> trainer = create_trainer(state, lambda m, b: m(b))
-            >>> trainer.load_tree_state_dict(jax.device_get(state.replace(params=jnp.array(5.0))))
+            >>> saved = trainer.tree_state_dict()
+            >>> trainer.load_tree_state_dict({**saved, "params": jnp.array(5.0)})
             >>> float(trainer.state.train_state.params)
             5.0
         """
-        self.state.train_state = self.placement.put_state(tree)
+        if self.state.train_state is None:
+            raise RuntimeError("This engine has no train state to restore into yet; give create_trainer a TrainState.")
+        self.state.train_state = self.placement.put_state(unflatten_like(self.state.train_state, tree))
 
     def _run_fused(self, fn: Callable[..., Any], train_state: Any, batch: Any) -> tuple[Any, Any]:
         """Call a compiled step that also updates the fused metrics; store their new accumulators."""

@@ -1,0 +1,104 @@
+"""`Preemption`: on SIGTERM, checkpoint at the next iteration boundary and end the run cleanly."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from ember.checkpoint import CheckpointInfo
+from ember.engine import Engine, Events
+from ember.handlers._checkpoint import Checkpoint
+
+log = logging.getLogger("ember")
+
+
+class Preemption:
+    """Turns a termination signal into a checkpoint and a clean exit, for preemptible machines.
+
+    The signal handler only sets a flag. At the trainer's next ITERATION_COMPLETED the ``checkpoint``
+    handler saves synchronously (the checkpoint is on disk before anything else happens) and the trainer
+    terminates; COMPLETED fires, so writers flush and ``run()`` returns normally. If the signal arrives
+    while an evaluator in ``evaluators`` is running inside the trainer (from an EPOCH_COMPLETED handler),
+    the evaluator stops at its next iteration without firing COMPLETED (so no handler acts on a partial
+    evaluation), and the trainer saves and stops right after it. That interrupted evaluation is not
+    rerun on resume; everything else continues exactly. :attr:`saved` holds the checkpoint taken.
+    The previous signal handlers come back when the run ends.
+
+    Args:
+        checkpoint: the :class:`Checkpoint` handler whose ``to_save`` and store are used.
+        signals: the signals to catch (``SIGTERM`` by default; add ``SIGINT`` for Ctrl-C).
+
+    Example:
+        >>> import os, signal, tempfile
+        >>> from ember import Engine, Events
+        >>> from ember.handlers import Checkpoint, Preemption
+        >>> trainer = Engine(lambda e, b: b)
+        >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
+        >>> preemption = Preemption(saver)
+        >>> preemption.attach(trainer)
+        >>> def preempt():
+        ...     os.kill(os.getpid(), signal.SIGTERM)  # as a cluster scheduler would
+        >>> _ = trainer.add_event_handler(Events.ITERATION_COMPLETED(once=3), preempt)
+        >>> trainer.run(range(10)).iteration, preemption.saved.step  # saved at the next iteration boundary
+        (4, 4)
+    """
+
+    def __init__(self, checkpoint: Checkpoint, signals: Sequence[int] = (signal.SIGTERM,)) -> None:
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"`checkpoint` must be an ember.handlers.Checkpoint, got {type(checkpoint).__name__}.")
+        if isinstance(signals, int) or not signals:
+            raise TypeError(f"`signals` must be a non-empty sequence of signal numbers, got {signals!r}.")
+        self.checkpoint, self.signals = checkpoint, tuple(signals)
+        self.requested: int | None = None
+        self.saved: CheckpointInfo | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.requested = signum
+
+    def _install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("Preemption catches signals, which Python only delivers to the main thread.")
+        self.requested, self.saved = None, None
+        for s in self.signals:
+            self._previous[s] = signal.signal(s, self._on_signal)
+
+    def _restore(self, *_: Any) -> None:
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+        self._previous.clear()
+
+    def _trainer_boundary(self, trainer: Engine) -> None:
+        if self.requested is not None and self.saved is None:
+            self.saved = self.checkpoint.save_now(trainer)
+            log.warning(
+                "Signal %d: saved %s at iteration %d; stopping.",
+                self.requested,
+                self.saved.path.name,
+                trainer.state.iteration,
+            )
+            trainer.terminate()
+
+    def _evaluator_boundary(self, evaluator: Engine) -> None:
+        if self.requested is not None:
+            evaluator.terminate(skip_completed=True)
+
+    def attach(self, trainer: Engine, evaluators: Sequence[Engine] = ()) -> None:
+        """Catch the signals during ``trainer``'s runs; stop ``evaluators`` early when one arrives.
+
+        Example:
+            >>> import tempfile
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint, Preemption
+            >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
+            >>> Preemption(Checkpoint({"trainer": trainer}, tempfile.mkdtemp())).attach(trainer, [evaluator])
+        """
+        trainer.add_event_handler(Events.STARTED, self._install)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED | Events.EPOCH_COMPLETED, self._trainer_boundary)
+        trainer.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED, self._restore)
+        for evaluator in evaluators:
+            evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._evaluator_boundary)

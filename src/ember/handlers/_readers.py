@@ -1,0 +1,98 @@
+"""Checkpoint readers: which checkpoint a run starts from (latest, or best by a metric), if any."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from ember.checkpoint import CheckpointInfo, CheckpointStore
+
+
+class CheckpointReader:
+    """Picks the checkpoint to start from: the latest valid one (flax-extra's ``CheckpointFileReader``).
+
+    :meth:`load` restores objects from it, or returns ``None`` when the folder holds no valid checkpoint
+    (it may not exist yet), so the same script starts from scratch the first time and resumes after.
+
+    Args:
+        directory: a checkpoint folder (a :class:`~ember.checkpoint.CheckpointStore`'s root) or a store.
+
+    Example:
+        >>> import tempfile
+        >>> from ember import Engine
+        >>> from ember.handlers import CheckpointReader
+        >>> reader = CheckpointReader(tempfile.mkdtemp())
+        >>> print(reader.load({"trainer": Engine(lambda e, b: b)}))  # nothing saved yet: start from scratch
+        None
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | CheckpointStore) -> None:
+        self.store = directory if isinstance(directory, CheckpointStore) else CheckpointStore(directory)
+
+    def select(self) -> CheckpointInfo | None:
+        """The checkpoint :meth:`load` would use, or ``None``."""
+        return self.store.latest()
+
+    def load(self, to_load: Mapping[str, Any]) -> CheckpointInfo | None:
+        """Restore ``to_load`` in place from :meth:`select`'s checkpoint; ``None`` (nothing changed) if none."""
+        from ember.handlers._checkpoint import load_objects
+
+        info = self.select()
+        return None if info is None else load_objects(to_load, info)
+
+
+class _BestReader(CheckpointReader):
+    mode: Literal["min", "max"]
+
+    def __init__(self, directory: str | os.PathLike[str] | CheckpointStore, metric: str) -> None:
+        super().__init__(directory)
+        if not isinstance(metric, str) or not metric:
+            raise TypeError(f"`metric` must be the name of a checkpoint metric, got {metric!r}.")
+        self.metric = metric
+
+    def select(self) -> CheckpointInfo | None:
+        """The checkpoint with the best ``metric``, or ``None``."""
+        return self.store.best(self.metric, self.mode)
+
+
+class LowestCheckpointReader(_BestReader):
+    """The checkpoint with the lowest value of ``metric`` (a validation loss), as flax-extra's reader.
+
+    Args:
+        directory: a checkpoint folder or store.
+        metric: a metric saved with the checkpoints (a :class:`Checkpoint`'s ``score_name``).
+
+    Example:
+        >>> import tempfile, numpy as np
+        >>> from ember.checkpoint import CheckpointStore
+        >>> from ember.handlers import LowestCheckpointReader
+        >>> store = CheckpointStore(tempfile.mkdtemp())
+        >>> for step, loss in [(1, 0.5), (2, 0.2), (3, 0.4)]:
+        ...     _ = store.save({"w": np.zeros(1)}, step=step, metrics={"loss": loss})
+        >>> LowestCheckpointReader(store, "loss").select().step
+        2
+    """
+
+    mode = "min"
+
+
+class HighestCheckpointReader(_BestReader):
+    """The checkpoint with the highest value of ``metric`` (a validation accuracy).
+
+    Args:
+        directory: a checkpoint folder or store.
+        metric: a metric saved with the checkpoints.
+
+    Example:
+        >>> import tempfile, numpy as np
+        >>> from ember.checkpoint import CheckpointStore
+        >>> from ember.handlers import HighestCheckpointReader
+        >>> store = CheckpointStore(tempfile.mkdtemp())
+        >>> for step, acc in [(1, 0.5), (2, 0.9), (3, 0.7)]:
+        ...     _ = store.save({"w": np.zeros(1)}, step=step, metrics={"acc": acc})
+        >>> HighestCheckpointReader(store, "acc").select().step
+        2
+    """
+
+    mode = "max"
