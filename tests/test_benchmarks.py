@@ -17,3 +17,16 @@ def test_engine_overhead_benchmark_runs_and_reports_every_case():
     for line in ("bare loop:", "ember:", "no handlers", "5 handlers", "5 x every=100", "20 x every=100"):
         assert line in out
     assert out.count("per every=100 handler per iteration") >= 2
+
+
+def test_checkpoint_benchmark_runs_and_reports_every_measure():
+    """A small state (--quick): every measure and its target is reported; no timing is asserted."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "checkpoint.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    for line in ("d2h copy", "blocked per save", "write to disk", "x raw", "restore (verified)", "x the time without"):
+        assert line in out

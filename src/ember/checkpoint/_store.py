@@ -60,8 +60,8 @@ def _flat_state(tree: Any) -> dict[str, Any]:
 
 
 def _describe(leaf: Any) -> dict[str, Any]:
-    if isinstance(leaf, np.ndarray):
-        return {"shape": list(leaf.shape), "dtype": leaf.dtype.name}
+    if isinstance(leaf, np.ndarray | jax.Array):
+        return {"shape": list(leaf.shape), "dtype": np.dtype(leaf.dtype).name}
     return {"value": type(leaf).__name__}
 
 
@@ -70,7 +70,7 @@ class CheckpointStore:
 
     A checkpoint is a folder holding ``state.msgpack`` (the tree, streamed leaf by leaf) and
     ``manifest.json`` (step, metrics, wall time, ember version, each leaf's path, shape and dtype, and
-    the size and SHA-256 of the data file). It is written under a temporary name in the same folder,
+    the size and CRC-32 of the data file). It is written under a temporary name in the same folder,
     fsynced, renamed into place, and the folder is fsynced: a crash leaves either a complete checkpoint or
     a temporary folder, which the next store opened on the folder removes. Files get the permissions the
     umask allows.
@@ -211,6 +211,12 @@ class CheckpointStore:
         metadata: Mapping[str, Any] | None,
         name: str | None,
     ) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        name = self._new_name(step, name)
+        leaves = _flat_state(tree)
+        return name, leaves, new_manifest(step, metrics, metadata, leaves)
+
+    def _new_name(self, step: int, name: str | None) -> str:
+        """Check ``step`` and ``name``; return the folder name of a new checkpoint."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"`step` must be a non-negative int, got {step!r}.")
         name = name or f"step_{step:08d}"
@@ -218,27 +224,16 @@ class CheckpointStore:
             raise ValueError(f"`name` must be a plain folder name, got {name!r}.")
         if (self.root / name).exists():
             raise FileExistsError(f"A checkpoint named {name!r} already exists in {self.root}.")
-        leaves = _flat_state(tree)
-        manifest: dict[str, Any] = {
-            "format": 1,
-            "step": step,
-            "wall_time": time.time(),
-            "ember_version": _version(),
-            "metrics": {k: float(v) for k, v in (metrics or {}).items()},
-            "metadata": dict(metadata or {}),
-            "tree": {path: _describe(leaf) for path, leaf in leaves.items()},
-        }
-        json.dumps(manifest)  # metadata that cannot be written fails here, in the caller's thread
-        return name, leaves, manifest
+        return name
 
     def _write(self, name: str, leaves: dict[str, Any], manifest: dict[str, Any]) -> CheckpointInfo:
         tmp = temporary_dir(self.root, name)
         try:
             with open(tmp / DATA, "wb") as f:
-                size, sha = write_leaves(f, list(leaves.items()))
+                size, crc = write_leaves(f, list(leaves.items()))
                 f.flush()
                 os.fsync(f.fileno())
-            manifest["files"] = {DATA: {"bytes": size, "sha256": sha}}
+            manifest["files"] = {DATA: {"bytes": size, "crc32": crc}}
             with open(tmp / MANIFEST, "w") as f:
                 json.dump(manifest, f, indent=1)
                 f.flush()
@@ -313,15 +308,22 @@ class CheckpointStore:
             raise ValueError("it has no manifest (the write did not finish)")
         try:
             manifest = json.loads(manifest_path.read_text())
-            expected = manifest["files"][DATA]
             step = int(manifest["step"])
         except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"its manifest is unreadable ({e})") from None
+        self._check_files(path, manifest)
+        return CheckpointInfo(path, step, dict(manifest.get("metrics", {})), manifest)
+
+    def _check_files(self, path: Path, manifest: dict[str, Any]) -> None:
+        """Raise ``ValueError`` saying why, unless the checkpoint's data files are all there."""
+        try:
+            expected = manifest["files"][DATA]
+        except (KeyError, TypeError) as e:
             raise ValueError(f"its manifest is unreadable ({e})") from None
         data = path / DATA
         if not data.exists() or data.stat().st_size != expected["bytes"]:
             got = data.stat().st_size if data.exists() else "no"
             raise ValueError(f"its data file holds {got} bytes, the manifest says {expected['bytes']} (truncated)")
-        return CheckpointInfo(path, step, dict(manifest.get("metrics", {})), manifest)
 
     def checkpoints(self) -> list[CheckpointInfo]:
         """Every checkpoint whose manifest and data size check out, oldest step first (no warnings).
@@ -420,13 +422,36 @@ class CheckpointStore:
             _check_structure(info.manifest["tree"], _flat_state(target))
         try:
             with open(info.path / DATA, "rb") as f:
-                leaves, sha = read_leaves(f)
+                leaves, crc = read_leaves(f)
         except Exception as e:  # truncated or garbled msgpack
             raise _Corrupt(f"its data file cannot be read ({type(e).__name__}: {e})") from None
-        if sha != info.manifest["files"][DATA]["sha256"]:
+        if crc != info.manifest["files"][DATA].get("crc32"):
             raise _Corrupt("its data file does not match the checksum in its manifest")
         nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
         return nested if target is None else serialization.from_state_dict(target, nested)
+
+
+def new_manifest(
+    step: int, metrics: Mapping[str, float] | None, metadata: Mapping[str, Any] | None, leaves: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A checkpoint's manifest, less its ``files`` entry; fails here, in the caller's thread, if not JSON."""
+    manifest: dict[str, Any] = {
+        "format": 1,
+        "step": step,
+        "wall_time": time.time(),
+        "ember_version": _version(),
+        "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+        "metadata": dict(metadata or {}),
+        "tree": {path: _describe(leaf) for path, leaf in leaves.items()},
+    }
+    json.dumps(manifest)
+    return manifest
+
+
+def flat_spec(tree: Any) -> dict[str, Any]:
+    """``tree`` as ``{"a/b/c": leaf}``, leaves untouched (device arrays stay on device)."""
+    state = serialization.to_state_dict(tree)
+    return traverse_util.flatten_dict(state, sep="/") if isinstance(state, dict) else {"": state}
 
 
 def check_retention(keep_latest: object, keep_best: object, keep_every: object, mode: object) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore
+from ember.checkpoint._orbax import open_store
 from ember.checkpoint._store import check_retention
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
 
@@ -216,11 +217,16 @@ class Checkpoint:
 
 
 def load_objects(
-    to_load: Mapping[str, Any], checkpoint: CheckpointInfo | CheckpointStore | str | os.PathLike[str]
+    to_load: Mapping[str, Any],
+    checkpoint: CheckpointInfo | CheckpointStore | str | os.PathLike[str],
+    *,
+    store: CheckpointStore | None = None,
 ) -> CheckpointInfo:
     """Restore ``to_load`` in place from a checkpoint (a store or folder: its latest valid checkpoint).
 
-    Array trees are checked against the objects' current structure before anything is changed.
+    Array trees are checked against the objects' current structure before anything is changed. A folder
+    of orbax-written checkpoints is read through :class:`~ember.checkpoint.OrbaxStore`; ``store`` names the
+    store a :class:`~ember.checkpoint.CheckpointInfo` came from.
 
     Example:
         >>> import tempfile
@@ -235,9 +241,9 @@ def load_objects(
     """
     kinds = {name: _kind(name, obj) for name, obj in to_load.items()}
     if isinstance(checkpoint, CheckpointInfo):
-        store, info = CheckpointStore(checkpoint.path.parent), checkpoint
+        store, info = store or open_store(checkpoint.path.parent), checkpoint
     else:
-        store = checkpoint if isinstance(checkpoint, CheckpointStore) else CheckpointStore(checkpoint)
+        store = checkpoint if isinstance(checkpoint, CheckpointStore) else open_store(checkpoint)
         info = store.latest()
         if info is None:
             raise FileNotFoundError(f"No valid checkpoint in {store.root} to load from.")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore
+from ember.checkpoint._orbax import open_store
 
 
 class CheckpointReader:
@@ -28,7 +29,7 @@ class CheckpointReader:
     """
 
     def __init__(self, directory: str | os.PathLike[str] | CheckpointStore) -> None:
-        self.store = directory if isinstance(directory, CheckpointStore) else CheckpointStore(directory)
+        self.store = directory if isinstance(directory, CheckpointStore) else open_store(directory)
 
     def select(self) -> CheckpointInfo | None:
         """The checkpoint :meth:`load` would use, or ``None``."""
@@ -39,7 +40,7 @@ class CheckpointReader:
         from ember.handlers._checkpoint import load_objects
 
         info = self.select()
-        return None if info is None else load_objects(to_load, info)
+        return None if info is None else load_objects(to_load, info, store=self.store)
 
 
 class _BestReader(CheckpointReader):

@@ -1,0 +1,134 @@
+"""`OrbaxStore`: the checkpoint store, with the arrays written and read by orbax-checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+from flax import serialization
+
+from ember.checkpoint._atomic import TMP_PREFIX, commit, fsync_dir
+from ember.checkpoint._store import (
+    MANIFEST,
+    CheckpointInfo,
+    CheckpointStore,
+    _check_structure,
+    _Corrupt,
+    flat_spec,
+    new_manifest,
+)
+
+ITEM = "state"  # the orbax item inside each checkpoint folder
+
+
+class OrbaxStore(CheckpointStore):
+    """A :class:`CheckpointStore` whose arrays go through orbax-checkpoint, for state sharded across processes.
+
+    Everything else is the store's: the folder per checkpoint, the JSON manifest (step, metrics, metadata,
+    leaf shapes and dtypes), the atomic commit of the whole folder, listing, ``latest``/``best``, retention
+    and the :class:`~ember.handlers.Checkpoint` handler on top. The difference is the data: orbax writes each
+    process's shards of each array itself (no gather onto one host, so state larger than one host's memory
+    can be saved) and restores them straight into the target's shardings. In a multi-process run every
+    process must call ``save`` (orbax's save is collective); process 0 writes the manifest and commits.
+    Orbax checks its own files, so there is no SHA-256 here; a folder without a finished orbax item is
+    skipped like a truncated checkpoint. Install with ``pip install 'ember[orbax]'``.
+
+    Args:
+        root: the folder; created if missing.
+
+    Example:
+        >>> import tempfile, jax.numpy as jnp
+        >>> from ember.checkpoint import OrbaxStore
+        >>> store = OrbaxStore(tempfile.mkdtemp())
+        >>> _ = store.save({"w": jnp.arange(3.0)}, step=1, metrics={"loss": 0.5})
+        >>> tree, info = store.restore(target={"w": jnp.zeros(3)})
+        >>> info.step, tree["w"].tolist()
+        (1, [0.0, 1.0, 2.0])
+        >>> store.close()
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        try:
+            import orbax.checkpoint as ocp
+        except ImportError as e:  # pragma: no cover - flax depends on orbax-checkpoint today
+            raise ImportError("OrbaxStore needs orbax-checkpoint: pip install 'ember[orbax]'.") from e
+        super().__init__(root)
+        self._ocp = ocp
+        self._checkpointer = ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())
+
+    def _prepare(
+        self,
+        tree: Any,
+        step: int,
+        metrics: Mapping[str, float] | None,
+        metadata: Mapping[str, Any] | None,
+        name: str | None,
+    ) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        name = self._new_name(step, name)
+        manifest = new_manifest(step, metrics, metadata, flat_spec(tree))
+        tmp = self.root / f"{TMP_PREFIX}{name}-orbax"  # the same on every process: orbax's save is collective
+        if jax.process_index() == 0:
+            tmp.mkdir()
+        # orbax copies the arrays off the devices before this returns, and writes on its own threads
+        self._checkpointer.save(tmp / ITEM, args=self._ocp.args.StandardSave(serialization.to_state_dict(tree)))
+        return name, {"tmp": tmp}, manifest
+
+    def _write(self, name: str, leaves: dict[str, Any], manifest: dict[str, Any]) -> CheckpointInfo:
+        tmp: Path = leaves["tmp"]
+        try:
+            self._checkpointer.wait_until_finished()
+            manifest["files"] = {ITEM: {"format": "orbax"}}
+            if jax.process_index() == 0:
+                with open(tmp / MANIFEST, "w") as f:
+                    json.dump(manifest, f, indent=1)
+                    f.flush()
+                    os.fsync(f.fileno())
+                fsync_dir(tmp)
+                commit(tmp, self.root / name)
+        except BaseException:
+            if jax.process_index() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return CheckpointInfo(self.root / name, manifest["step"], manifest["metrics"], manifest)
+
+    def _check_files(self, path: Path, manifest: dict[str, Any]) -> None:
+        if not (path / ITEM).is_dir():
+            raise ValueError(f"its orbax item {ITEM!r} is missing")
+
+    def _read(self, info: CheckpointInfo, target: Any) -> Any:
+        args = None
+        if target is not None:
+            _check_structure(info.manifest["tree"], flat_spec(target))
+            abstract = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+                serialization.to_state_dict(target),
+            )
+            args = self._ocp.args.StandardRestore(abstract)
+        try:
+            restored = self._checkpointer.restore(info.path / ITEM, args=args)
+        except Exception as e:
+            raise _Corrupt(f"orbax cannot read it ({type(e).__name__}: {e})") from None
+        return restored if target is None else serialization.from_state_dict(target, restored)
+
+    def close(self) -> None:
+        """Wait for writes in flight and stop orbax's threads.
+
+        Example:
+            >>> import tempfile
+            >>> from ember.checkpoint import OrbaxStore
+            >>> OrbaxStore(tempfile.mkdtemp()).close()
+        """
+        self.wait()
+        self._checkpointer.close()
+
+
+def open_store(root: str | os.PathLike[str]) -> CheckpointStore:
+    """The store for an existing folder: an :class:`OrbaxStore` if its checkpoints were written by orbax."""
+    path = Path(root)
+    orbax = path.is_dir() and any((c / ITEM).is_dir() and (c / MANIFEST).exists() for c in path.iterdir())
+    return OrbaxStore(path) if orbax else CheckpointStore(path)
