@@ -116,3 +116,18 @@ def test_prune_without_a_policy_keeps_everything(tmp_path):
         store.save({"w": np.zeros(1)}, step=step)
     assert store.prune() == []
     assert [c.step for c in store.checkpoints()] == [1, 2, 3]
+
+
+def test_background_saves_copy_cpu_device_arrays_into_reused_host_buffers():
+    """Background saves copy CPU device arrays (device_get gives views) into host buffers kept for reuse."""
+    from ember.checkpoint._store import host_copy
+
+    pool: list[np.ndarray] = []
+    state = {"w": jnp.arange(4.0), "n": np.arange(3), "k": 7}
+    first = host_copy(state, pool)
+    assert not np.shares_memory(first["w"], np.asarray(state["w"]))
+    assert not np.shares_memory(first["n"], state["n"])
+    assert first["k"] == 7
+    second = host_copy({"w": state["w"] * 2, "n": state["n"], "k": 8}, pool)
+    assert second["w"] is first["w"]  # the same host buffer, refilled
+    assert second["w"].tolist() == [0.0, 2.0, 4.0, 6.0]

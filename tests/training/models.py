@@ -19,6 +19,18 @@ class LinenNet(nn.Module):
         return nn.Dense(3)(x)
 
 
+class SyncBNNet(nn.Module):
+    """Dense -> BatchNorm over ``axis_name`` (global batch statistics under pmap) -> relu -> Dense."""
+
+    axis_name: str | None = None
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = nn.Dense(16)(x)
+        x = nn.BatchNorm(use_running_average=not train, momentum=0.9, axis_name=self.axis_name)(x)
+        return nn.Dense(3)(nn.relu(x))
+
+
 class NNXNet(nnx.Module):
     """The same network in NNX."""
 

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from ember import Events  # noqa: E402
 from ember.metrics import Accuracy, Average, ConfusionMatrix  # noqa: E402
 from ember.training import DataParallel, Pmap, SingleDevice, TrainState, create_trainer  # noqa: E402
-from tests.training.models import LinenNet, NNXNet, batches, classification_loss  # noqa: E402
+from tests.training.models import LinenNet, NNXNet, SyncBNNet, batches, classification_loss  # noqa: E402
 
 DATA = batches(6, size=32)
 
@@ -78,6 +78,16 @@ out["pmap_bn_stats_shape"] = list(stats.shape)
 out["pmap_bn_stats_spec"] = str(stats.sharding.spec)
 nn_pm = train(nnx_state(), Pmap())
 out["pmap_nnx_steps"] = int(nn_pm.train_state.step)
+
+
+def sync_bn(axis_name):
+    return TrainState.from_linen(SyncBNNet(axis_name=axis_name), jnp.ones((2, 4)), optax.sgd(0.1))
+
+
+# BatchNorm given the pmap axis normalises with the global batch's statistics, so pmap matches one device.
+bn_one, bn_pm = train(sync_bn(None), one), train(sync_bn("batch"), Pmap())
+out["pmap_sync_bn_params"] = max_diff(bn_one.train_state.params, bn_pm.train_state.params)
+out["pmap_sync_bn_model_state"] = max_diff(bn_one.train_state.model_state, bn_pm.train_state.model_state)
 
 
 def epoch_metrics(placement):

@@ -50,6 +50,12 @@ def test_pmap_averages_model_state_across_devices(eight_devices):
     assert eight_devices["pmap_nnx_steps"] == 12
 
 
+def test_pmap_with_batch_norm_over_the_device_axis_matches_one_device(eight_devices):
+    """BatchNorm(axis_name="batch") under Pmap uses the global batch statistics: one device's numbers."""
+    assert eight_devices["pmap_sync_bn_params"] < 1e-5
+    assert eight_devices["pmap_sync_bn_model_state"] < 1e-5
+
+
 def test_metrics_on_8_devices_equal_one_device(eight_devices):
     """Epoch metrics (fused into the step under DataParallel, by handlers under pmap) equal one device's."""
     assert eight_devices["metrics_fused_counts"] == [3, 0]

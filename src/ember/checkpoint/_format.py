@@ -12,6 +12,7 @@ with the disk: measurements in docs/benchmarks.md).
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 import zlib
@@ -87,11 +88,11 @@ def write_leaves(f: IO[bytes], leaves: list[tuple[str, Any]]) -> tuple[int, str]
     return written, crc.hexdigest()
 
 
-def _read_all(f: IO[bytes]) -> tuple[np.ndarray, str]:
+def _read_all(f: io.BufferedIOBase) -> tuple[np.ndarray, str]:
     """The whole file in one buffer (read piece by piece, checksummed alongside), and its CRC-32."""
     size = os.fstat(f.fileno()).st_size
     buf = np.empty(size, np.uint8)
-    view = memoryview(buf)
+    view = buf.data  # a writable memoryview of the buffer
     crc = _Checksum()
     done, previous = 0, None
     while done < size:  # checksum the piece read last while reading the next one
@@ -108,10 +109,10 @@ def _read_all(f: IO[bytes]) -> tuple[np.ndarray, str]:
     return buf, crc.hexdigest()
 
 
-def read_leaves(f: IO[bytes]) -> tuple[dict[str, Any], str]:
+def read_leaves(f: io.BufferedIOBase) -> tuple[dict[str, Any], str]:
     """Read a data file: the leaves by path (arrays are views of one buffer), and the file's CRC-32."""
     buf, digest = _read_all(f)
-    raw = memoryview(buf)
+    raw = buf.data
     pos = 0
 
     def next_object() -> Any:

@@ -100,6 +100,7 @@ class CheckpointStore:
             shutil.rmtree(leftover, ignore_errors=True)
         self._writer: ThreadPoolExecutor | None = None
         self._pending: Future[CheckpointInfo] | None = None
+        self._host_buffers: list[np.ndarray] = []  # reused by background saves (see host_copy)
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -157,10 +158,7 @@ class CheckpointStore:
             (1, 'step_00000001')
         """
         self.wait()
-        # The host copy, made before returning: device arrays are copied by device_get; NumPy arrays, which
-        # device_get hands back as they are, are copied here so later in-place changes cannot leak in.
-        tree = jax.tree.map(lambda x: np.array(x, copy=True) if isinstance(x, np.ndarray) else x, tree)
-        prepared = self._prepare(tree, step, metrics, metadata, name)
+        prepared = self._prepare(host_copy(tree, self._host_buffers), step, metrics, metadata, name)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-checkpoint")
         self._pending = self._writer.submit(self._write, *prepared)
@@ -429,6 +427,35 @@ class CheckpointStore:
             raise _Corrupt("its data file does not match the checksum in its manifest")
         nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
         return nested if target is None else serialization.from_state_dict(target, nested)
+
+
+def host_copy(tree: Any, pool: list[np.ndarray]) -> Any:
+    """``tree`` with every array copied into host memory of its own, all transfers started at once.
+
+    ``jax.device_get`` copies from an accelerator, but for arrays on the CPU backend it returns views of
+    the device buffers, and NumPy arrays come back as they are. Both are copied here: a view would let the
+    next training step, which donates the state, either overwrite what is being saved or (as XLA:CPU
+    does) wait until the background write lets go of the buffer. The copies go into ``pool``'s buffers,
+    reused from one save to the next (the previous write is finished by then): allocating a gigabyte of
+    fresh pages each save costs more than copying into it.
+    """
+    host = jax.device_get(tree)
+    slot = iter(range(len(jax.tree.leaves(tree))))
+
+    def own(original: Any, fetched: Any) -> Any:
+        on_cpu = isinstance(original, jax.Array) and all(d.platform == "cpu" for d in original.devices())
+        if not (on_cpu or isinstance(original, np.ndarray)):
+            return fetched
+        fetched = np.asarray(fetched)
+        i = next(slot)
+        if i >= len(pool):
+            pool.append(np.empty(fetched.shape, fetched.dtype))
+        elif pool[i].shape != fetched.shape or pool[i].dtype != fetched.dtype:
+            pool[i] = np.empty(fetched.shape, fetched.dtype)
+        np.copyto(pool[i], fetched)
+        return pool[i]
+
+    return jax.tree.map(own, tree, host)
 
 
 def new_manifest(
