@@ -1,6 +1,7 @@
 import threading
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -131,3 +132,16 @@ def test_background_saves_copy_cpu_device_arrays_into_reused_host_buffers():
     second = host_copy({"w": state["w"] * 2, "n": state["n"], "k": 8}, pool)
     assert second["w"] is first["w"]  # the same host buffer, refilled
     assert second["w"].tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_only_process_0_writes_and_deletes(tmp_path, monkeypatch):
+    """On another process a save returns the checkpoint's info without writing, and prune deletes nothing."""
+    store = CheckpointStore(tmp_path)
+    store.save({"w": np.zeros(1)}, step=1)
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    info = store.save({"w": np.zeros(1)}, step=2, metrics={"loss": 0.5})
+    assert (info.step, info.metrics, info.path.name) == (2, {"loss": 0.5}, "step_00000002")
+    assert store.save_in_background({"w": np.zeros(1)}, step=3).result().step == 3
+    assert store.wait().step == 3
+    assert store.prune(keep_latest=1) == []
+    assert [c.step for c in store.checkpoints()] == [1]

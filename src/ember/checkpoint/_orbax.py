@@ -52,6 +52,8 @@ class OrbaxStore(CheckpointStore):
         >>> store.close()
     """
 
+    collective_saves = True
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         try:
             import orbax.checkpoint as ocp

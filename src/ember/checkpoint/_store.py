@@ -75,6 +75,9 @@ class CheckpointStore:
     a temporary folder, which the next store opened on the folder removes. Files get the permissions the
     umask allows.
 
+    In a multi-process run only process 0 writes and deletes (the others get the info back from ``save``
+    and read the same folder, which must be on a shared file system to restore on every process).
+
     A checkpoint that is incomplete or corrupt (missing manifest, truncated data, bad checksum) is never
     returned: :meth:`latest`, :meth:`best` and :meth:`restore` skip it with a warning that names it and
     says why, and fall back to the newest valid one.
@@ -132,6 +135,8 @@ class CheckpointStore:
             'step_3-loss=0.1'
         """
         self.wait()
+        if not self._saves_here():
+            return self._not_saved_here(step, metrics, name)
         return self._write(*self._prepare(tree, step, metrics, metadata, name))
 
     def save_in_background(
@@ -158,11 +163,30 @@ class CheckpointStore:
             (1, 'step_00000001')
         """
         self.wait()
+        if not self._saves_here():
+            self._pending = Future()
+            self._pending.set_result(self._not_saved_here(step, metrics, name))
+            return self._pending
         prepared = self._prepare(host_copy(tree, self._host_buffers), step, metrics, metadata, name)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-checkpoint")
         self._pending = self._writer.submit(self._write, *prepared)
         return self._pending
+
+    #: Whether every process takes part in a save (orbax) or only process 0 writes (this store).
+    collective_saves = False
+
+    def _saves_here(self) -> bool:
+        return self.collective_saves or jax.process_index() == 0
+
+    def _not_saved_here(self, step: int, metrics: Mapping[str, float] | None, name: str | None) -> CheckpointInfo:
+        """What a process other than process 0 gets back from a save: the info, nothing written."""
+        return CheckpointInfo(
+            self.root / (name or f"step_{step:08d}"),
+            step,
+            {k: float(v) for k, v in (metrics or {}).items()},
+            {"step": step, "written_by": "process 0"},
+        )
 
     def wait(self) -> CheckpointInfo | None:
         """Block until a background save is on disk; re-raise its error; return its info (or ``None``).
@@ -272,8 +296,8 @@ class CheckpointStore:
         check_retention(keep_latest, keep_best, keep_every, mode)
         if keep_best is not None and metric is None:
             raise ValueError("`keep_best` needs `metric`, the name of the score to rank checkpoints by.")
-        if keep_latest is None and keep_best is None and keep_every is None:
-            return []  # no policy: keep everything
+        if (keep_latest is None and keep_best is None and keep_every is None) or jax.process_index() != 0:
+            return []  # no policy: keep everything; and only process 0 deletes
         mine = [c for c in self.checkpoints() if c.path.name.startswith(prefix)]
         kept: set[Path] = set()
         if keep_latest:
