@@ -162,3 +162,44 @@ def test_jsonl_writer_text_and_missing_folder(tmp_path):
     w.close()
     row = json.loads((tmp_path / "deep" / "log.jsonl").read_text())
     assert (row["step"], row["text"]) == (2, {"note": "hello"})
+
+
+def test_wandb_writer_offline_records_a_run_locally(tmp_path):
+    """Offline W&B: scalars at merged steps, histogram, image, text and hparams, then a local run for sync."""
+    from ember.writers import WandbWriter
+
+    w = WandbWriter("ember-test", dir=tmp_path, config={"batch": 32}, settings={"silent": True})
+    async_w = AsyncWriter(w)
+    async_w.write_scalars(1, {"train/loss": jnp.float32(0.5)})
+    async_w.write_scalars(1, {"val/acc": 0.75})
+    async_w.write_histogram(2, "weights", np.arange(10.0))
+    async_w.write_image(2, "digit", np.zeros((8, 8, 3), np.uint8))
+    async_w.write_text(2, "note", "hello")
+    async_w.write_hparams({"lr": 0.1}, {"best/acc": 0.9})
+    async_w.flush()
+    assert (w.run.summary["train/loss"], w.run.summary["val/acc"], w.run.summary["best/acc"]) == (0.5, 0.75, 0.9)
+    assert (w.run.config["batch"], w.run.config["lr"]) == (32, 0.1)
+    async_w.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert len(list(runs[0].glob("run-*.wandb"))) == 1
+    with pytest.raises(ValueError, match=re.escape('`mode` must be "offline", "online" or "disabled", got \'cloud\'.')):
+        WandbWriter(mode="cloud")
+
+
+def test_confusion_matrix_image_goes_to_tensorboard(tmp_path):
+    from ember.writers import confusion_matrix_image
+
+    image = confusion_matrix_image(np.array([[9, 1, 0], [2, 7, 1], [0, 0, 10]]), ["a", "b", "c"], title="val")
+    assert image.dtype == np.uint8
+    assert image.ndim == 3
+    assert image.shape[2] == 3
+    assert image.min() < 100 < 250 <= image.max()  # dark cells on a light background
+    w = TensorBoardWriter(tmp_path)
+    w.write_image(5, "val/confusion", image)
+    w.close()
+    assert tags(tmp_path) == {"val/confusion"}
+    with pytest.raises(ValueError, match=re.escape("`matrix` must be square (classes x classes), got shape (2, 3).")):
+        confusion_matrix_image(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=re.escape("`class_names` must name the 2 classes, got 1 names.")):
+        confusion_matrix_image(np.eye(2), ["a"])

@@ -1,11 +1,13 @@
-"""Where a run's numbers go: console, TensorBoard, JSONL and CSV, written on one background thread."""
+"""Where a run's numbers go: console, TensorBoard, JSONL, CSV and W&B, written on one background thread."""
 
 from ember.writers._async import AsyncWriter, is_primary_process
 from ember.writers._console import ConsoleWriter
+from ember.writers._figures import confusion_matrix_image
 from ember.writers._files import CsvWriter, JsonlWriter
 from ember.writers._multi import MultiWriter
 from ember.writers._run import create_run_writer
 from ember.writers._tensorboard import TensorBoardWriter
+from ember.writers._wandb import WandbWriter
 from ember.writers._writer import Writer
 
 __all__ = [
@@ -15,7 +17,9 @@ __all__ = [
     "JsonlWriter",
     "MultiWriter",
     "TensorBoardWriter",
+    "WandbWriter",
     "Writer",
+    "confusion_matrix_image",
     "create_run_writer",
     "is_primary_process",
 ]
