@@ -6,6 +6,7 @@ import pytest
 
 import ember
 import ember.checkpoint
+import ember.cli
 import ember.data
 import ember.handlers
 import ember.metrics
@@ -46,6 +47,7 @@ MODULES = {
     "ember.checkpoint": ember.checkpoint,
     "ember.handlers": ember.handlers,
     "ember.writers": ember.writers,
+    "ember.cli": ember.cli,
 }
 PUBLIC = [f"{mod}.{name}" for mod, m in MODULES.items() for name in m.__all__ if name != "__version__"]
 

@@ -118,3 +118,13 @@ def test_keep_latest_none_keeps_every_checkpoint(tmp_path):
     Checkpoint({"trainer": trainer}, tmp_path, keep_latest=None).attach(trainer, Events.ITERATION_COMPLETED(every=2))
     trainer.run(range(6))
     assert [c.step for c in CheckpointStore(tmp_path).checkpoints()] == [2, 4, 6]
+
+
+def test_firing_twice_at_one_step_saves_once(tmp_path):
+    """EPOCH_COMPLETED | COMPLETED both fire after the last iteration: one checkpoint, no error."""
+    trainer = Engine(lambda e, b: b)
+    saver = Checkpoint({"trainer": trainer}, tmp_path, keep_latest=None)
+    saver.attach(trainer, Events.EPOCH_COMPLETED | Events.COMPLETED)
+    trainer.run([1, 2], max_epochs=2)
+    assert [c.step for c in saver.store.checkpoints()] == [2, 4]
+    assert saver.save_now(trainer).step == 4  # still the one on disk

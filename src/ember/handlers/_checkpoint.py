@@ -107,6 +107,7 @@ class Checkpoint:
         self.prefix = prefix
         self.background = background
         self.last_checkpoint: CheckpointInfo | None = None
+        self._last_name: str | None = None
 
     def __call__(self, engine: Engine) -> None:
         """Save now, then apply the retention policies once the checkpoint is on disk."""
@@ -117,6 +118,9 @@ class Checkpoint:
             score = float(self.score_fn(engine))
             metrics[self.score_name] = score
             name += f"-{self.score_name}={score:.4f}"
+        if name == self._last_name:
+            return  # fired twice at one step (EPOCH_COMPLETED | COMPLETED on the last epoch): saved already
+        self._last_name = name
         trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
         states = {k: obj.state_dict() for k, obj in self.to_save.items() if callable(getattr(obj, "state_dict", None))}
         save = self.store.save_in_background if self.background else self.store.save

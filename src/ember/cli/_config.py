@@ -1,0 +1,253 @@
+"""The `ember train` configuration: typed sections, loaded from YAML with errors that say where and what."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+
+class ConfigError(ValueError):
+    """A configuration that does not fit the schema; the message names the field, the value and the choices.
+
+    Example:
+        >>> from ember.cli import ConfigError, load_config
+        >>> try:
+        ...     load_config({"trainer": {"max_epoch": 3}})
+        ... except ConfigError as e:
+        ...     print(e)  # doctest: +ELLIPSIS
+        trainer.max_epoch: unknown field; did you mean 'max_epochs'? (allowed: eval_every, max_epochs, ...)
+    """
+
+
+@dataclass
+class ModelConfig:
+    """The model: a registered name (``cnn``, ``mlp``) or an import path ``package.module:Class``."""
+
+    name: str = "cnn"
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimizerConfig:
+    """An optax optimizer with a schedule and the usual transforms."""
+
+    name: Literal["adamw", "adam", "sgd", "lamb"] = "adamw"
+    learning_rate: float = 3e-3
+    schedule: Literal["constant", "cosine", "warmup_cosine"] = "cosine"
+    warmup_steps: int = 0
+    weight_decay: float = 1e-4
+    clip_norm: float | None = 1.0
+    momentum: float = 0.9
+
+
+@dataclass
+class DataConfig:
+    """A registered data set (``digits``: scikit-learn's 1,797 handwritten 8x8 digits, shipped with it)."""
+
+    name: Literal["digits"] = "digits"
+    batch_size: int = 64
+    val_fraction: float = 0.2
+    seed: int = 0
+
+
+@dataclass
+class TrainerConfig:
+    """How long and where to train."""
+
+    max_epochs: int = 15
+    max_iters: int | None = None
+    steps_per_call: int = 1
+    placement: Literal["auto", "single", "data_parallel", "pmap"] = "auto"
+    seed: int = 0
+    eval_every: int = 1
+
+
+@dataclass
+class CheckpointConfig:
+    """Latest and best checkpoints (best by the validation metric of early stopping)."""
+
+    keep_latest: int = 2
+    keep_best: int = 1
+    every_iters: int | None = None
+
+
+@dataclass
+class EarlyStoppingConfig:
+    """Stop when the validation metric has not improved for ``patience`` evaluations."""
+
+    patience: int = 5
+    metric: Literal["accuracy", "loss"] = "accuracy"
+    min_delta: float = 0.0
+
+
+@dataclass
+class HandlersConfig:
+    """What runs beside training."""
+
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    early_stopping: EarlyStoppingConfig | None = field(default_factory=EarlyStoppingConfig)
+    progress: bool = True
+    writers: list[Literal["console", "tensorboard", "jsonl", "csv"]] = field(
+        default_factory=lambda: ["tensorboard", "jsonl"]
+    )
+    log_every: int = 50
+
+
+@dataclass
+class Config:
+    """Everything ``ember train`` needs; every field has a default (the embedded digits run).
+
+    Example:
+        >>> from ember.cli import Config
+        >>> Config().model.name, Config().trainer.max_epochs
+        ('cnn', 15)
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    handlers: HandlersConfig = field(default_factory=HandlersConfig)
+    output: str = "runs/digits"
+
+
+_POSITIVE = frozenset(
+    {"batch_size", "max_epochs", "max_iters", "steps_per_call", "eval_every", "keep_latest", "keep_best"}
+    | {"every_iters", "patience", "log_every"}
+)
+
+
+def _suggest(given: str, allowed: list[str]) -> str | None:
+    """The allowed name a typo most likely meant: one it abbreviates, else the closest spelling."""
+    starts = [a for a in allowed if a.startswith(given) and given]
+    if len(starts) == 1:
+        return starts[0]
+    close = difflib.get_close_matches(given, allowed, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _type_name(t: Any) -> str:
+    if get_origin(t) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(t))
+    if get_origin(t) in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(t))
+    if get_origin(t) is list:
+        return f"a list of {_type_name(get_args(t)[0])}"
+    if get_origin(t) is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(t):
+        return "a mapping"
+    return {type(None): "null", bool: "true/false", int: "an int", float: "a number", str: "a string"}.get(t, str(t))
+
+
+def _convert(value: Any, t: Any, path: str) -> Any:
+    origin = get_origin(t)
+    if origin in (Union, types.UnionType):
+        options = get_args(t)
+        if value is None and type(None) in options:
+            return None
+        real = [o for o in options if o is not type(None)]
+        if len(real) == 1:  # Optional[X]: X's own, more precise, error
+            return _convert(value, real[0], path)
+        for option in real:
+            try:
+                return _convert(value, option, path)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{path}: expected {_type_name(t)}, got {value!r}.")
+    if origin is Literal:
+        if value not in get_args(t):
+            close = _suggest(str(value), [str(a) for a in get_args(t)])
+            hint = f"; did you mean {close!r}?" if close else "."
+            raise ConfigError(f"{path}: expected {_type_name(t)}, got {value!r}{hint}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected {_type_name(t)}, got {value!r}.")
+        return [_convert(v, get_args(t)[0], f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}.")
+        return dict(value)
+    if dataclasses.is_dataclass(t):
+        return _build(t, value, path)  # type: ignore[arg-type]
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, int | float) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }.get(t, False)
+    if not ok:
+        raise ConfigError(f"{path}: expected {_type_name(t)}, got {value!r} ({type(value).__name__}).")
+    value = float(value) if t is float else value
+    name = path.rsplit(".", 1)[-1]
+    if name in _POSITIVE and value < 1:
+        raise ConfigError(f"{path}: expected a positive int, got {value!r}.")
+    return value
+
+
+def _build(cls: type[Any], raw: Any, path: str) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {raw!r}.")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in fields:
+            close = _suggest(str(key), sorted(fields))
+            hint = f"; did you mean {close!r}?" if close else ""
+            where = f"{path}.{key}" if path else str(key)
+            raise ConfigError(f"{where}: unknown field{hint} (allowed: {', '.join(sorted(fields))})")
+    values = {k: _convert(v, hints[k], f"{path}.{k}" if path else k) for k, v in raw.items()}
+    return cls(**values)
+
+
+def load_config(source: str | os.PathLike[str] | dict[str, Any] | None = None) -> Config:
+    """A :class:`Config` from a YAML file, a mapping, or nothing (the embedded default run).
+
+    Unknown fields, wrong types and values outside a field's choices fail here, with the field's dotted
+    path, what was given, what is allowed and, for a typo, the closest allowed name.
+
+    Example:
+        >>> from ember.cli import load_config
+        >>> load_config({"optimizer": {"name": "sgd", "learning_rate": 0.1}}).optimizer.name
+        'sgd'
+    """
+    if source is None:
+        return Config()
+    if isinstance(source, dict):
+        return _build(Config, source, "")
+    import yaml
+
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"No config file at {path}.")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e}).") from None
+    return _build(Config, raw, "")
+
+
+def dump_config(config: Config) -> str:
+    """``config`` as YAML text that :func:`load_config` reads back to an equal config.
+
+    Example:
+        >>> from ember.cli import Config, dump_config, load_config
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "config.yaml"
+        >>> _ = path.write_text(dump_config(Config()))
+        >>> load_config(path) == Config()
+        True
+    """
+    import yaml
+
+    text: str = yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
+    return text

@@ -1,0 +1,79 @@
+"""`ember inspect`: what a checkpoint holds, without building a model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ember.checkpoint import CheckpointInfo
+from ember.checkpoint._orbax import open_store
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def describe_checkpoint(path: str | os.PathLike[str]) -> str:
+    """A readable report of a checkpoint (a folder of one, or of many: the latest).
+
+    It shows the step, metrics, size, the tree's paths with shapes and dtypes, and the state dicts saved
+    beside it.
+
+    Example:
+        >>> import tempfile, numpy as np
+        >>> from ember.checkpoint import CheckpointStore
+        >>> from ember.cli import describe_checkpoint
+        >>> store = CheckpointStore(tempfile.mkdtemp())
+        >>> info = store.save({"w": np.zeros((2, 3), np.float32)}, step=7, metrics={"loss": 0.5})
+        >>> print(describe_checkpoint(info.path))  # doctest: +ELLIPSIS
+        checkpoint step_00000007
+          step     7
+          metrics  loss=0.5
+          size     ... (1 arrays, 6 values)
+          tree
+            w  float32[2, 3]
+    """
+    target = Path(path)
+    if not target.exists():
+        raise FileNotFoundError(f"No checkpoint at {target}.")
+    if (target / "manifest.json").exists():
+        info: CheckpointInfo | None = open_store(target.parent)._manifest(target)
+    else:
+        info = open_store(target).latest()
+        if info is None:
+            raise FileNotFoundError(f"No valid checkpoint in {target}.")
+    manifest = info.manifest
+    tree: dict[str, Any] = manifest.get("tree", {})
+    arrays = {p: d for p, d in tree.items() if "shape" in d}
+    values = sum(int(_prod(d["shape"])) for d in arrays.values())
+    files = manifest.get("files", {})
+    size = sum(f.get("bytes", 0) for f in files.values())
+    lines = [
+        f"checkpoint {info.path.name}",
+        f"  step     {info.step}",
+        f"  metrics  {', '.join(f'{k}={v:g}' for k, v in info.metrics.items()) or '-'}",
+        f"  size     {_size(size) if size else 'orbax'} ({len(arrays)} arrays, {values} values)",
+        "  tree",
+    ]
+    width = max((len(p) for p in tree), default=0)
+    for p, d in tree.items():
+        lines.append(
+            f"    {p.ljust(width)}  {d['dtype']}{d['shape']}" if "shape" in d else f"    {p.ljust(width)}  {d['value']}"
+        )
+    states = manifest.get("metadata", {}).get("state_dicts", {})
+    if states:
+        lines.append("  state dicts")
+        lines += [f"    {name}: {state}" for name, state in states.items()]
+    return "\n".join(lines)
+
+
+def _prod(shape: list[int]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out

@@ -1,0 +1,59 @@
+"""`ember plot`: a PNG of a run's loss and metric curves, from its ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | None = None) -> Path:
+    """Draw a run's scalars against the step into a PNG; return its path.
+
+    Every scalar in ``run_dir/metrics.jsonl`` gets a line, one panel per name prefix (``train/...``,
+    ``val/...``); the PNG is ``run_dir/curves.png`` unless ``output`` says otherwise.
+
+    Example:
+        >>> import json, tempfile, pathlib
+        >>> from ember.cli import plot_run
+        >>> run = pathlib.Path(tempfile.mkdtemp())
+        >>> rows = [{"step": s, "train/loss": 1 / s} for s in (1, 2, 3)] + [{"step": 3, "val/accuracy": 0.9}]
+        >>> _ = (run / "metrics.jsonl").write_text("".join(json.dumps(r) + chr(10) for r in rows))
+        >>> plot_run(run).name
+        'curves.png'
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ImportError("ember plot needs matplotlib: pip install 'ember[cli]'.") from e
+    log = Path(run_dir) / "metrics.jsonl"
+    if not log.exists():
+        raise FileNotFoundError(f"No metrics.jsonl in {run_dir}; was it written by ember train?")
+    series: dict[str, list[tuple[int, float]]] = {}
+    for line in log.read_text().splitlines():
+        row = json.loads(line)
+        if "step" not in row:
+            continue
+        for name, value in row.items():
+            if name not in ("step", "time") and isinstance(value, int | float):
+                series.setdefault(name, []).append((int(row["step"]), float(value)))
+    if not series:
+        raise ValueError(f"{log} holds no scalars to plot.")
+    groups: dict[str, list[str]] = {}
+    for name in sorted(series):
+        groups.setdefault(name.split("/", 1)[0] if "/" in name else "", []).append(name)
+    fig = Figure(figsize=(5 * len(groups), 3.5), dpi=100)
+    canvas = FigureCanvasAgg(fig)
+    for i, (group, names) in enumerate(groups.items(), 1):
+        ax = fig.add_subplot(1, len(groups), i)
+        for name in names:
+            steps, values = zip(*sorted(series[name]), strict=True)
+            ax.plot(steps, values, label=name, marker="o" if len(steps) < 30 else None)
+        ax.set_xlabel("step")
+        ax.set_title(group or "scalars")
+        ax.legend()
+    fig.tight_layout()
+    path = Path(output) if output is not None else Path(run_dir) / "curves.png"
+    canvas.print_png(str(path))
+    return path

@@ -1,0 +1,125 @@
+"""What a config can name: models, optimizers and data sets."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import optax
+from flax import linen as nn
+
+from ember.cli._config import ConfigError, DataConfig, ModelConfig, OptimizerConfig
+
+
+class DigitsCNN(nn.Module):
+    """A small CNN for 8x8 images: convolutions, average pooling, a hidden layer with dropout.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from ember.cli import DigitsCNN
+        >>> variables = DigitsCNN().init(jax.random.key(0), jnp.ones((1, 8, 8, 1)))
+        >>> DigitsCNN().apply(variables, jnp.ones((2, 8, 8, 1))).shape
+        (2, 10)
+    """
+
+    features: Sequence[int] = (16, 32)
+    hidden: int = 64
+    num_classes: int = 10
+    dropout: float = 0.1
+
+    @nn.compact
+    def __call__(self, x: Any, train: bool = False) -> Any:
+        for f in self.features:
+            x = nn.relu(nn.Conv(f, (3, 3))(x))
+        x = nn.avg_pool(x, (2, 2), strides=(2, 2))
+        x = nn.relu(nn.Dense(self.hidden)(x.reshape((x.shape[0], -1))))
+        x = nn.Dropout(self.dropout, deterministic=not train)(x)
+        return nn.Dense(self.num_classes)(x)
+
+
+class MLP(nn.Module):
+    """Dense layers with ReLU on flattened inputs.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from ember.cli import MLP
+        >>> variables = MLP(hidden=(8,)).init(jax.random.key(0), jnp.ones((1, 8, 8, 1)))
+        >>> MLP(hidden=(8,)).apply(variables, jnp.ones((3, 8, 8, 1))).shape
+        (3, 10)
+    """
+
+    hidden: Sequence[int] = (128,)
+    num_classes: int = 10
+
+    @nn.compact
+    def __call__(self, x: Any, train: bool = False) -> Any:
+        x = x.reshape((x.shape[0], -1))
+        for h in self.hidden:
+            x = nn.relu(nn.Dense(h)(x))
+        return nn.Dense(self.num_classes)(x)
+
+
+MODELS: dict[str, type[nn.Module]] = {"cnn": DigitsCNN, "mlp": MLP}
+
+
+def build_model(config: ModelConfig) -> nn.Module:
+    """The linen module a model config names, built with its ``args``."""
+    if ":" in config.name:
+        module_name, _, attr = config.name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"model.name: cannot import {config.name!r} ({e}).") from None
+    elif config.name in MODELS:
+        cls = MODELS[config.name]
+    else:
+        raise ConfigError(
+            f"model.name: expected one of {sorted(MODELS)} or an import path 'package.module:Class', "
+            f"got {config.name!r}."
+        )
+    try:
+        return cls(**config.args)
+    except TypeError as e:
+        raise ConfigError(f"model.args: {cls.__name__} does not take {config.args!r} ({e}).") from None
+
+
+def build_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
+    """The learning-rate schedule over ``total_steps`` optimizer updates."""
+    if config.schedule == "constant":
+        return optax.constant_schedule(config.learning_rate)
+    if config.schedule == "cosine":
+        return optax.cosine_decay_schedule(config.learning_rate, max(total_steps, 1))
+    return optax.warmup_cosine_decay_schedule(
+        0.0, config.learning_rate, config.warmup_steps, max(total_steps, config.warmup_steps + 1)
+    )
+
+
+def build_optimizer(config: OptimizerConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
+    """The optax optimizer: gradient clipping (if set), then the named update rule."""
+    rules = {
+        "adamw": lambda: optax.adamw(schedule, weight_decay=config.weight_decay),
+        "adam": lambda: optax.adam(schedule),
+        "sgd": lambda: optax.sgd(schedule, momentum=config.momentum),
+        "lamb": lambda: optax.lamb(schedule, weight_decay=config.weight_decay),
+    }
+    rule = rules[config.name]()
+    return optax.chain(optax.clip_by_global_norm(config.clip_norm), rule) if config.clip_norm else rule
+
+
+def load_data(config: DataConfig) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Train and validation arrays: ``{"x": (N, 8, 8, 1) float32 in [0, 1], "y": (N,) int32}``."""
+    if not 0 < config.val_fraction < 1:
+        raise ConfigError(f"data.val_fraction: expected a number in (0, 1), got {config.val_fraction!r}.")
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:
+        raise ImportError("The digits data set ships with scikit-learn: pip install 'ember[cli]'.") from e
+    digits: Any = load_digits()  # a Bunch: images (N, 8, 8) in 0..16, target (N,)
+    images, target = np.asarray(digits.images), np.asarray(digits.target)
+    order = np.random.default_rng(config.seed).permutation(len(target))
+    x = (images[order] / 16.0).astype(np.float32)[..., None]
+    y = target[order].astype(np.int32)
+    n_val = round(len(y) * config.val_fraction)
+    return {"x": x[n_val:], "y": y[n_val:]}, {"x": x[:n_val], "y": y[:n_val]}

@@ -1,0 +1,62 @@
+import re
+
+import pytest
+
+from ember.cli import Config, ConfigError, dump_config, load_config
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            {"trainer": {"max_epoch": 3}},
+            "trainer.max_epoch: unknown field; did you mean 'max_epochs'? "
+            "(allowed: eval_every, max_epochs, max_iters, placement, seed, steps_per_call)",
+        ),
+        ({"optimiser": {}}, "optimiser: unknown field; did you mean 'optimizer'? "),
+        (
+            {"optimizer": {"name": "adamx"}},
+            "optimizer.name: expected one of 'adamw', 'adam', 'sgd', 'lamb', got 'adamx'; did you mean 'adam'?",
+        ),
+        ({"trainer": {"max_epochs": "ten"}}, "trainer.max_epochs: expected an int, got 'ten' (str)."),
+        ({"trainer": {"max_epochs": 0}}, "trainer.max_epochs: expected a positive int, got 0."),
+        ({"trainer": {"max_epochs": True}}, "trainer.max_epochs: expected an int, got True (bool)."),
+        ({"optimizer": {"clip_norm": "high"}}, "optimizer.clip_norm: expected a number, got 'high' (str)."),
+        (
+            {"handlers": {"writers": ["tensorboard", "tb"]}},
+            "handlers.writers[1]: expected one of 'console', 'tensorboard', 'jsonl', 'csv', got 'tb'.",
+        ),
+        (
+            {"handlers": {"early_stopping": {"metric": "acc"}}},
+            "handlers.early_stopping.metric: expected one of 'accuracy', 'loss', got 'acc'; did you mean 'accuracy'?",
+        ),
+        ({"data": 3}, "data: expected a mapping, got 3."),
+    ],
+)
+def test_config_errors_name_the_field_what_was_given_and_what_is_allowed(raw, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(raw)
+    assert str(info.value).startswith(message)
+
+
+def test_yaml_round_trip_nulls_and_numbers(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optimizer:\n  learning_rate: 1\n  clip_norm: null\nhandlers:\n  early_stopping: null\n")
+    config = load_config(path)
+    assert config.optimizer.learning_rate == 1.0
+    assert isinstance(config.optimizer.learning_rate, float)
+    assert config.optimizer.clip_norm is None
+    assert config.handlers.early_stopping is None
+    again = tmp_path / "again.yaml"
+    again.write_text(dump_config(config))
+    assert load_config(again) == config
+    assert load_config(None) == Config()
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [unclosed\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{bad}: not valid YAML")):
+        load_config(bad)
+    with pytest.raises(FileNotFoundError, match=re.escape(f"No config file at {tmp_path / 'nope.yaml'}.")):
+        load_config(tmp_path / "nope.yaml")
