@@ -26,3 +26,32 @@ def test_quickstart_prints_its_progress():
         "converged after 2 epochs",
     ]
     assert "engine state to checkpoint: {'epoch_length': 16, 'iteration': 32, 'max_epochs': 20}" in out
+
+
+def _output(name: str) -> str:
+    script = next(p for p in EXAMPLES if p.name == name)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, timeout=120).stdout
+
+
+def test_custom_early_stopping_stops_the_run_before_its_end():
+    lines = _output("custom_early_stopping.py").splitlines()
+    assert lines[-3].startswith("no improvement for 2 evaluations (best ")  # printed during the evaluation
+    epoch = int(lines[-1].split()[3])
+    assert lines[-2].startswith(f"epoch {epoch:2d}  val loss ")
+    assert lines[-1] == f"stopped at epoch {epoch} of 50"
+    assert epoch < 50
+
+
+def test_custom_events_fire_and_filter():
+    lines = _output("custom_events.py").splitlines()
+    news = [line for line in lines if "new best validation accuracy" in line]
+    thirds = [line.strip() for line in lines if "improvements so far" in line]
+    assert thirds == [f"({3 * (i + 1)} improvements so far)" for i in range(len(news) // 3)]
+    assert lines.index(thirds[0].join(["  ", ""])) == 3  # right after the third improvement
+
+
+def test_iterate_loop_breaks_out_and_reports_every_50_iterations():
+    lines = _output("iterate_loop.py").splitlines()
+    steps = [int(line.split()[1]) for line in lines if line.startswith("step ")]
+    assert steps == list(range(50, 50 * len(steps) + 1, 50))
+    assert lines[-1] == f"stopped at iteration {steps[-1]}"
