@@ -55,3 +55,10 @@ def test_iterate_loop_breaks_out_and_reports_every_50_iterations():
     steps = [int(line.split()[1]) for line in lines if line.startswith("step ")]
     assert steps == list(range(50, 50 * len(steps) + 1, 50))
     assert lines[-1] == f"stopped at iteration {steps[-1]}"
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_result():
+    lines = _output("kill_and_resume.py").splitlines()
+    assert "killed the child with SIGKILL (exit status -9)" in lines
+    assert lines[-2].startswith("child: resumed at iteration 20 ... ")
+    assert lines[-1] == "resumed run equals the uninterrupted run bit for bit: True"
