@@ -62,3 +62,12 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result():
     assert "killed the child with SIGKILL (exit status -9)" in lines
     assert lines[-2].startswith("child: resumed at iteration 20 ... ")
     assert lines[-1] == "resumed run equals the uninterrupted run bit for bit: True"
+
+
+def test_char_transformer_learns_the_standard_library():
+    """Validation perplexity (of 256 possible bytes) falls every epoch or two and ends below 10."""
+    lines = _output("char_transformer.py").splitlines()
+    perplexities = [float(line.split()[-1]) for line in lines if "val perplexity" in line]
+    assert len(perplexities) == 8
+    assert perplexities[-1] < min(perplexities[:4])
+    assert perplexities[-1] < 10
