@@ -19,10 +19,7 @@ def as_async(writer: Writer, engine: Engine) -> AsyncWriter:
         raise TypeError(f"`writer` must be an ember.writers.Writer, got {type(writer).__name__}.")
     if not isinstance(writer, AsyncWriter):
         writer = AsyncWriter(writer)
-    attached: set[int] = writer.__dict__.setdefault("_ember_engines", set())
-    if id(engine) not in attached:  # one error check and flush per engine, however many loggers share it
-        attached.add(id(engine))
-        writer.attach(engine)
+    writer.attach(engine)  # once per engine, however many loggers share the writer
     return writer
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -79,6 +80,7 @@ class AsyncWriter(Writer):
         self._reported = False
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
     def _work(self) -> None:
         while True:
@@ -158,6 +160,8 @@ class AsyncWriter(Writer):
     def attach(self, engine: Engine) -> None:
         """Raise thread errors at each ITERATION_COMPLETED; flush at COMPLETED and when an exception is raised.
 
+        Attaching to an engine it is already attached to does nothing.
+
         Example:
             >>> from ember import Engine
             >>> from ember.writers import AsyncWriter, CsvWriter
@@ -170,6 +174,9 @@ class AsyncWriter(Writer):
             >>> path.read_text().splitlines()[-1]
             '2,x,2.0'
         """
+        if engine in self._engines:
+            return
+        self._engines.add(engine)
         engine.add_event_handler(Events.ITERATION_COMPLETED, self.raise_if_failed)
         engine.add_event_handler(Events.COMPLETED, self.flush)
         engine.add_event_handler(Events.EXCEPTION_RAISED, self._flush_quietly)
