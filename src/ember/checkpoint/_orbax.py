@@ -41,7 +41,7 @@ class OrbaxStore(CheckpointStore):
     Args:
         root: the folder; created if missing.
 
-    Example:
+    Examples:
         >>> import tempfile, jax.numpy as jnp
         >>> from ember.checkpoint import OrbaxStore
         >>> store = OrbaxStore(tempfile.mkdtemp())
@@ -120,7 +120,7 @@ class OrbaxStore(CheckpointStore):
     def close(self) -> None:
         """Wait for writes in flight and stop orbax's threads.
 
-        Example:
+        Examples:
             >>> import tempfile
             >>> from ember.checkpoint import OrbaxStore
             >>> OrbaxStore(tempfile.mkdtemp()).close()

@@ -27,7 +27,7 @@ DATA, MANIFEST = "state.msgpack", "manifest.json"
 class CheckpointInfo:
     """One verified checkpoint on disk: its folder, step, metrics and manifest.
 
-    Example:
+    Examples:
         >>> import tempfile, numpy as np
         >>> from ember.checkpoint import CheckpointStore
         >>> store = CheckpointStore(tempfile.mkdtemp())
@@ -85,7 +85,7 @@ class CheckpointStore:
     Args:
         root: the folder; created if missing.
 
-    Example:
+    Examples:
         >>> import tempfile, numpy as np
         >>> from ember.checkpoint import CheckpointStore
         >>> store = CheckpointStore(tempfile.mkdtemp())
@@ -127,7 +127,7 @@ class CheckpointStore:
             metadata: any JSON-serialisable extras (an engine's ``state_dict()``).
             name: the folder name; ``step_<step>`` by default.
 
-        Example:
+        Examples:
             >>> import tempfile, numpy as np
             >>> from ember.checkpoint import CheckpointStore
             >>> store = CheckpointStore(tempfile.mkdtemp())
@@ -154,7 +154,7 @@ class CheckpointStore:
         host. The write runs on one background thread; the next save (of either kind) first waits for
         it, and re-raises its error if it failed, as do :meth:`wait` and :meth:`raise_if_failed`.
 
-        Example:
+        Examples:
             >>> import tempfile, numpy as np
             >>> from ember.checkpoint import CheckpointStore
             >>> store = CheckpointStore(tempfile.mkdtemp())
@@ -191,7 +191,7 @@ class CheckpointStore:
     def wait(self) -> CheckpointInfo | None:
         """Block until a background save is on disk; re-raise its error; return its info (or ``None``).
 
-        Example:
+        Examples:
             >>> import tempfile
             >>> from ember.checkpoint import CheckpointStore
             >>> CheckpointStore(tempfile.mkdtemp()).wait() is None
@@ -204,7 +204,7 @@ class CheckpointStore:
     def writing(self) -> bool:
         """Whether a background save was started and not yet waited for.
 
-        Example:
+        Examples:
             >>> import tempfile
             >>> from ember.checkpoint import CheckpointStore
             >>> CheckpointStore(tempfile.mkdtemp()).writing
@@ -215,7 +215,7 @@ class CheckpointStore:
     def raise_if_failed(self) -> None:
         """Re-raise the error of a background save that has already failed; never blocks.
 
-        Example:
+        Examples:
             >>> import tempfile
             >>> from ember.checkpoint import CheckpointStore
             >>> CheckpointStore(tempfile.mkdtemp()).raise_if_failed()
@@ -283,7 +283,7 @@ class CheckpointStore:
         latest checkpoints are kept beside the best ones (orbax #526). With no policy at all nothing is
         deleted.
 
-        Example:
+        Examples:
             >>> import tempfile, numpy as np
             >>> from ember.checkpoint import CheckpointStore
             >>> store = CheckpointStore(tempfile.mkdtemp())
@@ -350,7 +350,7 @@ class CheckpointStore:
     def checkpoints(self) -> list[CheckpointInfo]:
         """Every checkpoint whose manifest and data size check out, oldest step first (no warnings).
 
-        Example:
+        Examples:
             >>> import tempfile, numpy as np
             >>> from ember.checkpoint import CheckpointStore
             >>> store = CheckpointStore(tempfile.mkdtemp())
@@ -379,7 +379,7 @@ class CheckpointStore:
     def latest(self) -> CheckpointInfo | None:
         """The valid checkpoint with the highest step, or ``None``; invalid ones are skipped with a warning.
 
-        Example:
+        Examples:
             >>> import tempfile, numpy as np
             >>> from ember.checkpoint import CheckpointStore
             >>> store = CheckpointStore(tempfile.mkdtemp())
@@ -392,7 +392,7 @@ class CheckpointStore:
     def best(self, metric: str, mode: Literal["min", "max"] = "max") -> CheckpointInfo | None:
         """The valid checkpoint with the best value of ``metric`` (ties: the later step), or ``None``.
 
-        Example:
+        Examples:
             >>> import tempfile, numpy as np
             >>> from ember.checkpoint import CheckpointStore
             >>> store = CheckpointStore(tempfile.mkdtemp())
@@ -421,7 +421,7 @@ class CheckpointStore:
             ValueError: ``target`` does not match the saved structure (the mismatches are listed), or the
                 checkpoint asked for is corrupt.
 
-        Example:
+        Examples:
             >>> import tempfile, numpy as np
             >>> from ember.checkpoint import CheckpointStore
             >>> store = CheckpointStore(tempfile.mkdtemp())

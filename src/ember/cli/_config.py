@@ -15,7 +15,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 class ConfigError(ValueError):
     """A configuration that does not fit the schema; the message names the field, the value and the choices.
 
-    Example:
+    Examples:
         >>> from ember.cli import ConfigError, load_config
         >>> try:
         ...     load_config({"trainer": {"max_epoch": 3}})
@@ -103,7 +103,7 @@ class HandlersConfig:
 class Config:
     """Everything ``ember train`` needs; every field has a default (the embedded digits run).
 
-    Example:
+    Examples:
         >>> from ember.cli import Config
         >>> Config().model.name, Config().trainer.max_epochs
         ('cnn', 15)
@@ -215,7 +215,7 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any] | None = None) -
     Unknown fields, wrong types and values outside a field's choices fail here, with the field's dotted
     path, what was given, what is allowed and, for a typo, the closest allowed name.
 
-    Example:
+    Examples:
         >>> from ember.cli import load_config
         >>> load_config({"optimizer": {"name": "sgd", "learning_rate": 0.1}}).optimizer.name
         'sgd'
@@ -239,7 +239,7 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any] | None = None) -
 def dump_config(config: Config) -> str:
     """``config`` as YAML text that :func:`load_config` reads back to an equal config.
 
-    Example:
+    Examples:
         >>> from ember.cli import Config, dump_config, load_config
         >>> import tempfile, pathlib
         >>> path = pathlib.Path(tempfile.mkdtemp()) / "config.yaml"

@@ -24,7 +24,7 @@ def describe_checkpoint(path: str | os.PathLike[str]) -> str:
     It shows the step, metrics, size, the tree's paths with shapes and dtypes, and the state dicts saved
     beside it.
 
-    Example:
+    Examples:
         >>> import tempfile, numpy as np
         >>> from ember.checkpoint import CheckpointStore
         >>> from ember.cli import describe_checkpoint

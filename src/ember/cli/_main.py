@@ -13,7 +13,7 @@ from ember.cli._config import ConfigError
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ember`` command line; return the exit status.
 
-    Example:
+    Examples:
         >>> from ember.cli import main
         >>> main(["--version"])  # doctest: +ELLIPSIS
         ember ...

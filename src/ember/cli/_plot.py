@@ -13,7 +13,7 @@ def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | N
     Every scalar in ``run_dir/metrics.jsonl`` gets a line, one panel per name prefix (``train/...``,
     ``val/...``); the PNG is ``run_dir/curves.png`` unless ``output`` says otherwise.
 
-    Example:
+    Examples:
         >>> import json, tempfile, pathlib
         >>> from ember.cli import plot_run
         >>> run = pathlib.Path(tempfile.mkdtemp())

@@ -16,7 +16,7 @@ from ember.cli._config import ConfigError, DataConfig, ModelConfig, OptimizerCon
 class DigitsCNN(nn.Module):
     """A small CNN for 8x8 images: convolutions, average pooling, a hidden layer with dropout.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from ember.cli import DigitsCNN
         >>> variables = DigitsCNN().init(jax.random.key(0), jnp.ones((1, 8, 8, 1)))
@@ -42,7 +42,7 @@ class DigitsCNN(nn.Module):
 class MLP(nn.Module):
     """Dense layers with ReLU on flattened inputs.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from ember.cli import MLP
         >>> variables = MLP(hidden=(8,)).init(jax.random.key(0), jnp.ones((1, 8, 8, 1)))

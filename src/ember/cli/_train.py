@@ -71,7 +71,7 @@ def train(
         The summary: ``{"run_dir", "resumed_from", "epochs", "iterations", "best_accuracy",
         "final_accuracy", "stopped_early", "seconds"}``.
 
-    Example:
+    Examples:
         >>> import io, tempfile
         >>> from ember.cli import train
         >>> summary = train(

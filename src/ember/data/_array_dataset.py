@@ -24,7 +24,7 @@ class ArrayDataset:
         seed: the shuffling seed.
         drop_remainder: drop the last batch when it is short.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from ember.data import ArrayDataset
         >>> data = ArrayDataset({"x": np.arange(10)}, batch_size=4, drop_remainder=True)
@@ -91,7 +91,7 @@ class ArrayDataset:
     def state_dict(self) -> dict[str, int]:
         """The position: the pass in progress and how many of its batches were handed out.
 
-        Example:
+        Examples:
             >>> import numpy as np
             >>> from ember.data import ArrayDataset
             >>> data = ArrayDataset(np.arange(6), batch_size=2, shuffle=True, seed=1)
@@ -104,7 +104,7 @@ class ArrayDataset:
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         """Make the next ``iter()`` continue from a saved position.
 
-        Example:
+        Examples:
             >>> import numpy as np
             >>> from ember.data import ArrayDataset
             >>> data = ArrayDataset(np.arange(6), batch_size=2)

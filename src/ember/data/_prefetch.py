@@ -19,7 +19,7 @@ class DevicePrefetch:
         put: places one batch on device, e.g. ``placement.put_batch``.
         size: how many batches to keep in flight; 0 transfers each batch when it is asked for.
 
-    Example:
+    Examples:
         >>> import jax
         >>> from ember.data import DevicePrefetch
         >>> batches = DevicePrefetch([1.0, 2.0, 3.0], put=jax.device_put, size=2)
@@ -75,7 +75,7 @@ class DevicePrefetch:
     def state_dict(self) -> Any:
         """The source's position after the batches handed out so far (``None`` if it has none).
 
-        Example:
+        Examples:
             >>> import numpy as np
             >>> from ember.data import ArrayDataset, DevicePrefetch
             >>> data = DevicePrefetch(ArrayDataset(np.arange(8), batch_size=2), put=lambda b: b, size=2)

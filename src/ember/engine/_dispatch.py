@@ -162,7 +162,7 @@ class RemovableEventHandle:
     It holds weak references only, so it keeps neither the engine nor the handler alive. ``remove()``
     is idempotent, and the handle is a context manager that removes the handler on exit.
 
-    Example:
+    Examples:
         >>> from ember import Engine, Events
         >>> engine = Engine(lambda engine, batch: None)
         >>> seen = []

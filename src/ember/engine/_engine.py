@@ -51,7 +51,7 @@ class Engine(RunLoop):
         last_event_name: the event fired last.
         should_terminate: ``True`` once :meth:`terminate` was called, until the next run starts.
 
-    Example:
+    Examples:
         >>> from ember import Engine, Events
         >>> trainer = Engine(lambda engine, batch: sum(batch))
         >>> @trainer.on(Events.EPOCH_COMPLETED)
@@ -95,7 +95,7 @@ class Engine(RunLoop):
         the update's owner resets and reads it, so an engine can refuse what it cannot fold faithfully.
         Metrics call this; users rarely need it.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> Engine(lambda engine, batch: batch).fuse_step_update(object()) is None
             True
@@ -119,7 +119,7 @@ class Engine(RunLoop):
             TypeError: an event is neither an ``EventEnum`` member nor a string.
             ValueError: ``event_to_attr`` names an event not being registered.
 
-        Example:
+        Examples:
             >>> from ember import Engine, EventEnum
             >>> class TBPTT(EventEnum):
             ...     TIME_ITERATION_COMPLETED = "time_iteration_completed"
@@ -180,7 +180,7 @@ class Engine(RunLoop):
             ValueError: the event is not registered, or is filtered but has no counter.
             TypeError: the handler cannot be called with what the engine will pass.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> engine = Engine(lambda engine, batch: None)
             >>> handle = engine.add_event_handler(Events.COMPLETED, print, "done")
@@ -202,7 +202,7 @@ class Engine(RunLoop):
         Priority handlers run among themselves in registration order. Metrics use this, so a logger
         attached before a metric still sees the metric's fresh value.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> engine = Engine(lambda engine, batch: None)
             >>> order = []
@@ -253,7 +253,7 @@ class Engine(RunLoop):
     def on(self, event: EventEnum | FilteredEvent | EventsList | str, *args: Any, **kwargs: Any) -> Callable[..., Any]:
         """Decorator form of :meth:`add_event_handler`; returns the function unchanged.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> engine = Engine(lambda engine, batch: None)
             >>> @engine.on(Events.EPOCH_STARTED(once=2))
@@ -274,7 +274,7 @@ class Engine(RunLoop):
     ) -> bool:
         """Whether ``handler`` is registered on ``event`` (with any filter), or on any event if ``None``.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> engine = Engine(lambda engine, batch: None)
             >>> _ = engine.add_event_handler(Events.ITERATION_COMPLETED(every=10), print)
@@ -296,7 +296,7 @@ class Engine(RunLoop):
         Raises:
             ValueError: the event is not registered, or the handler is not registered on it.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> engine = Engine(lambda engine, batch: None)
             >>> _ = engine.add_event_handler(Events.COMPLETED, print)
@@ -318,7 +318,7 @@ class Engine(RunLoop):
             ValueError: the event is not registered on this engine.
             TypeError: a filtered event was given; fire its base event.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> engine = Engine(lambda engine, batch: None)
             >>> engine.register_events("checkpoint_saved")
@@ -344,7 +344,7 @@ class Engine(RunLoop):
         Args:
             skip_completed: do not fire COMPLETED after TERMINATE.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> engine = Engine(lambda engine, batch: None)
             >>> _ = engine.add_event_handler(Events.ITERATION_COMPLETED(once=13), lambda e: e.terminate())
@@ -366,7 +366,7 @@ class Engine(RunLoop):
         Args:
             skip_epoch_completed: do not fire EPOCH_COMPLETED for the ended epoch.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> engine = Engine(lambda engine, batch: None)
             >>> _ = engine.add_event_handler(Events.ITERATION_COMPLETED(every=2), lambda e: e.terminate_epoch())
@@ -382,7 +382,7 @@ class Engine(RunLoop):
 
         The next :meth:`run` resumes exactly there, with the same data iterator and no second STARTED.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> engine = Engine(lambda engine, batch: None)
             >>> _ = engine.add_event_handler(Events.ITERATION_COMPLETED(every=4), lambda e: e.interrupt())
@@ -407,7 +407,7 @@ class Engine(RunLoop):
 
         The epoch length is not changed.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> engine = Engine(lambda engine, batch: print(batch, end=" "))
             >>> _ = engine.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda e: e.set_data("xyz"))
@@ -452,7 +452,7 @@ class Engine(RunLoop):
             ValueError: conflicting or out-of-range arguments, or empty data.
             RuntimeError: called from inside this engine's own run.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> engine = Engine(lambda engine, batch: batch)
             >>> engine.run([1, 2, 3], max_epochs=2).iteration
@@ -482,7 +482,7 @@ class Engine(RunLoop):
         Yields:
             The engine's :class:`State`.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> trainer = Engine(lambda engine, batch: batch * 10)
             >>> for state in trainer.iterate(range(4), Events.ITERATION_COMPLETED(every=3), max_epochs=2):
@@ -618,7 +618,7 @@ class Engine(RunLoop):
     def state_dict_user_keys(self) -> list[str]:
         """Names of ``state`` attributes that :meth:`state_dict` saves too; append to it.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> engine = Engine(lambda engine, batch: None)
             >>> engine.state_dict_user_keys.append("best_loss")
@@ -633,7 +633,7 @@ class Engine(RunLoop):
 
         When the data has ``state_dict()``, its position is saved under ``"data"``.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> engine = Engine(lambda engine, batch: None)
             >>> _ = engine.run([1, 2, 3], max_epochs=2)
@@ -657,7 +657,7 @@ class Engine(RunLoop):
             ValueError: a required key is missing, both or neither of a pair are given, or the
                 position lies past the end of the run.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> engine = Engine(lambda engine, batch: print(batch, end=" "))
             >>> engine.load_state_dict({"iteration": 5, "epoch_length": 3, "max_epochs": 3})

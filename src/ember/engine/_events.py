@@ -15,7 +15,7 @@ class EventEnum(Enum):
     Members are callable: ``MyEvents.X(every=2)`` builds a :class:`FilteredEvent`, exactly like the
     built-in events. ``A | B`` builds an :class:`EventsList`. A member prints as it is written in code.
 
-    Example:
+    Examples:
         >>> from ember import Engine, EventEnum
         >>> class BackpropEvents(EventEnum):
         ...     BACKWARD_COMPLETED = "backward_completed"
@@ -89,7 +89,7 @@ class Events(EventEnum):
     ``TERMINATE_SINGLE_EPOCH``, ``INTERRUPT`` and ``EXCEPTION_RAISED`` fire on the paths their names
     say. See ``docs/concepts/events.md`` for the full order and the termination table.
 
-    Example:
+    Examples:
         >>> from ember import Engine, Events
         >>> engine = Engine(lambda engine, batch: batch * 2)
         >>> @engine.on(Events.ITERATION_COMPLETED(every=2))
@@ -128,7 +128,7 @@ class FilteredEvent:
         event: the base event.
         filter: the filter, a callable ``(engine, value) -> bool``.
 
-    Example:
+    Examples:
         >>> from ember import Events
         >>> event = Events.EPOCH_STARTED(every=5, before=25, after=8)
         >>> event
@@ -170,7 +170,7 @@ class FilteredEvent:
 class EventsList:
     """Several events, built with ``|``; a handler registered on it is registered once per element.
 
-    Example:
+    Examples:
         >>> from ember import Engine, Events
         >>> events = Events.STARTED | Events.EPOCH_COMPLETED(every=2) | Events.COMPLETED
         >>> events

@@ -26,7 +26,7 @@ class State:
         times: seconds taken by the last epoch (``"EPOCH_COMPLETED"``) and by the run
             (``"COMPLETED"``), including handlers.
 
-    Example:
+    Examples:
         >>> from ember import Engine
         >>> state = Engine(lambda engine, batch: batch).run([1, 2, 3], max_epochs=2)
         >>> state.iteration, state.epoch, state.epoch_length, state.output

@@ -26,7 +26,7 @@ def _kind(name: str, obj: Any) -> str:
 def global_step_from_engine(engine: Engine) -> Callable[[Engine], int]:
     """A ``step_fn`` that names checkpoints by ``engine``'s iteration, for a handler on another engine.
 
-    Example:
+    Examples:
         >>> from ember import Engine
         >>> from ember.handlers import global_step_from_engine
         >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
@@ -62,7 +62,7 @@ class Checkpoint:
         prefix: starts every file name; retention only touches names with it.
         background: write on a background thread (default) or before returning.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from ember import Engine, Events
         >>> from ember.handlers import Checkpoint
@@ -131,7 +131,7 @@ class Checkpoint:
     def save_now(self, engine: Engine) -> CheckpointInfo:
         """Save and wait until the checkpoint is on disk (retention applied); return it.
 
-        Example:
+        Examples:
             >>> import tempfile
             >>> from ember import Engine
             >>> from ember.handlers import Checkpoint
@@ -154,7 +154,7 @@ class Checkpoint:
         every stateful handler in ``to_save``. ``reader`` picks another checkpoint
         (:class:`HighestCheckpointReader`, ...); it reads this handler's store by default.
 
-        Example:
+        Examples:
             >>> import tempfile
             >>> from ember import Engine
             >>> from ember.handlers import Checkpoint
@@ -201,7 +201,7 @@ class Checkpoint:
         at COMPLETED, so a checkpoint is only deleted after its successor is safely on disk. Attached to an
         evaluator's COMPLETED, each save is therefore finished before the evaluator's run returns.
 
-        Example:
+        Examples:
             >>> import tempfile
             >>> from ember import Engine, Events
             >>> from ember.handlers import Checkpoint
@@ -232,7 +232,7 @@ def load_objects(
     of orbax-written checkpoints is read through :class:`~ember.checkpoint.OrbaxStore`; ``store`` names the
     store a :class:`~ember.checkpoint.CheckpointInfo` came from.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from ember import Engine
         >>> from ember.handlers import Checkpoint, load_objects

@@ -47,7 +47,7 @@ def setup_common_training_handlers(
         The attached handlers by name (``"terminate_on_nan"``, ``"running_average"``, ``"progress"``,
         ``"logger"``, ``"lr_monitor"``, ``"checkpoint"``), for those turned on.
 
-    Example:
+    Examples:
         >>> import io, tempfile
         >>> from ember import Engine
         >>> from ember.handlers import setup_common_training_handlers

@@ -29,7 +29,7 @@ class EarlyStopping:
         cumulative_delta: compare with the last improving score instead of the latest best.
         mode: ``"max"`` or ``"min"``.
 
-    Example:
+    Examples:
         >>> from ember import Engine, Events
         >>> from ember.handlers import EarlyStopping
         >>> trainer = Engine(lambda e, b: b)
@@ -88,7 +88,7 @@ class EarlyStopping:
     ) -> RemovableEventHandle:
         """Score on ``engine``'s ``event`` (an evaluator's COMPLETED by default).
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.handlers import EarlyStopping
             >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
@@ -100,7 +100,7 @@ class EarlyStopping:
     def state_dict(self) -> dict[str, Any]:
         """The counter and best score.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.handlers import EarlyStopping
             >>> EarlyStopping(3, lambda e: 0.0, Engine(lambda e, b: b)).state_dict()
@@ -111,7 +111,7 @@ class EarlyStopping:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore the counter and best score.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.handlers import EarlyStopping
             >>> stop = EarlyStopping(3, lambda e: 0.0, Engine(lambda e, b: b))

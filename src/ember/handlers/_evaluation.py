@@ -23,7 +23,7 @@ class Evaluate:
         writer: where the metrics go (wrapped in an ``AsyncWriter``); ``None`` to write nothing.
         tag: the label in front of every metric name.
 
-    Example:
+    Examples:
         >>> from ember import Engine, Events
         >>> from ember.handlers import Evaluate
         >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
@@ -54,7 +54,7 @@ class Evaluate:
     ) -> RemovableEventHandle:
         """Evaluate on the trainer's ``event`` (every epoch by default; ``ITERATION_COMPLETED(every=N)``...).
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> from ember.handlers import Evaluate
             >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)

@@ -39,7 +39,7 @@ class ScalarLogger:
         output_keys: scalar keys of a mapping output to log (``"all"``: every scalar), e.g. ``["loss"]``.
         step_fn: ``step_fn(engine) -> int``.
 
-    Example:
+    Examples:
         >>> import io
         >>> from ember import Engine, Events
         >>> from ember.handlers import ScalarLogger
@@ -83,7 +83,7 @@ class ScalarLogger:
     ) -> RemovableEventHandle:
         """Write on ``engine``'s ``event``; the writer's errors surface and it flushes with the engine.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> from ember.handlers import ScalarLogger
             >>> from ember.writers import ConsoleWriter

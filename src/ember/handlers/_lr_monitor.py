@@ -28,7 +28,7 @@ class LRMonitor:
         tag: the scalar's name.
         steps_per_update: iterations per optimizer update (``accumulate_steps`` of the trainer).
 
-    Example:
+    Examples:
         >>> import io, optax
         >>> from ember import Engine, Events
         >>> from ember.handlers import LRMonitor
@@ -79,7 +79,7 @@ class LRMonitor:
     def attach(self, engine: Engine, event: Events | FilteredEvent | EventsList | None = None) -> RemovableEventHandle:
         """Write on ``event`` (every 100 iterations by default).
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.handlers import LRMonitor
             >>> from ember.writers import ConsoleWriter

@@ -32,7 +32,7 @@ class Preemption:
         checkpoint: the :class:`Checkpoint` handler whose ``to_save`` and store are used.
         signals: the signals to catch (``SIGTERM`` by default; add ``SIGINT`` for Ctrl-C).
 
-    Example:
+    Examples:
         >>> import os, signal, tempfile
         >>> from ember import Engine, Events
         >>> from ember.handlers import Checkpoint, Preemption
@@ -90,7 +90,7 @@ class Preemption:
     def attach(self, trainer: Engine, evaluators: Sequence[Engine] = ()) -> None:
         """Catch the signals during ``trainer``'s runs; stop ``evaluators`` early when one arrives.
 
-        Example:
+        Examples:
             >>> import tempfile
             >>> from ember import Engine
             >>> from ember.handlers import Checkpoint, Preemption

@@ -25,7 +25,7 @@ class Profiler:
         start_step: first traced iteration (1-based).
         num_steps: how many iterations to trace.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from pathlib import Path
         >>> import jax.numpy as jnp
@@ -70,7 +70,7 @@ class Profiler:
     def attach(self, engine: Engine) -> None:
         """Start at ``start_step``'s ITERATION_STARTED; stop after the window, at COMPLETED or on an error.
 
-        Example:
+        Examples:
             >>> import tempfile
             >>> from ember import Engine
             >>> from ember.handlers import Profiler

@@ -34,7 +34,7 @@ class ProgressBar:
         desc: the label in front of the bar (``"Epoch"`` by default).
         tqdm_kwargs: passed to ``tqdm.tqdm`` (``ncols``, ``ascii``, ...).
 
-    Example:
+    Examples:
         >>> import io
         >>> from ember import Engine
         >>> from ember.handlers import ProgressBar
@@ -153,7 +153,7 @@ class ProgressBar:
     ) -> None:
         """Draw bars for ``engine``, showing ``metric_names`` (or ``"all"``) and scalar ``output_keys``.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.handlers import ProgressBar
             >>> ProgressBar().attach(Engine(lambda e, b: b), metric_names="all")

@@ -19,7 +19,7 @@ class CheckpointReader:
     Args:
         directory: a checkpoint folder (a :class:`~ember.checkpoint.CheckpointStore`'s root) or a store.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from ember import Engine
         >>> from ember.handlers import CheckpointReader
@@ -64,7 +64,7 @@ class LowestCheckpointReader(_BestReader):
         directory: a checkpoint folder or store.
         metric: a metric saved with the checkpoints (a :class:`Checkpoint`'s ``score_name``).
 
-    Example:
+    Examples:
         >>> import tempfile, numpy as np
         >>> from ember.checkpoint import CheckpointStore
         >>> from ember.handlers import LowestCheckpointReader
@@ -85,7 +85,7 @@ class HighestCheckpointReader(_BestReader):
         directory: a checkpoint folder or store.
         metric: a metric saved with the checkpoints.
 
-    Example:
+    Examples:
         >>> import tempfile, numpy as np
         >>> from ember.checkpoint import CheckpointStore
         >>> from ember.handlers import HighestCheckpointReader

@@ -21,7 +21,7 @@ log = logging.getLogger("ember")
 def count_parameters(params: Any) -> tuple[int, int]:
     """``(count, bytes)`` of the arrays in ``params``, from shapes and dtypes only (nothing is read).
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from ember.handlers import count_parameters
         >>> count_parameters({"w": np.zeros((3, 4), np.float32), "b": np.zeros(4, np.float16)})
@@ -40,7 +40,7 @@ class ParamStats:
     Args:
         writer: where the numbers go; ``None`` to only keep them in :attr:`count` and :attr:`bytes`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, optax
         >>> from ember.handlers import ParamStats
         >>> from ember.training import TrainState, create_trainer
@@ -71,7 +71,7 @@ class ParamStats:
     def attach(self, engine: Engine) -> RemovableEventHandle:
         """Count at STARTED (or at the first iteration when the state is built from the first batch).
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.handlers import ParamStats
             >>> handle = ParamStats().attach(Engine(lambda e, b: b))
@@ -110,7 +110,7 @@ class GradientSpikeMonitor:
         key: the output holding the norm.
         on_spike: called for each spike.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember import Engine
         >>> from ember.handlers import GradientSpikeMonitor
@@ -178,7 +178,7 @@ class GradientSpikeMonitor:
     def attach(self, engine: Engine) -> RemovableEventHandle:
         """Check every iteration; read the last flag at EPOCH_COMPLETED and COMPLETED.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.handlers import GradientSpikeMonitor
             >>> handle = GradientSpikeMonitor().attach(Engine(lambda e, b: b))
@@ -189,7 +189,7 @@ class GradientSpikeMonitor:
     def state_dict(self) -> dict[str, Any]:
         """The moving average, the steps seen and the spikes so far (reads two device scalars).
 
-        Example:
+        Examples:
             >>> from ember.handlers import GradientSpikeMonitor
             >>> GradientSpikeMonitor().state_dict()
             {'ema': 0.0, 'seen': 0, 'spikes': []}
@@ -199,7 +199,7 @@ class GradientSpikeMonitor:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned.
 
-        Example:
+        Examples:
             >>> from ember.handlers import GradientSpikeMonitor
             >>> m = GradientSpikeMonitor()
             >>> m.load_state_dict({"ema": 2.0, "seen": 5, "spikes": [[3, 9.0]]}); m.spikes

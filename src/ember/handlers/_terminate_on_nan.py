@@ -26,7 +26,7 @@ def _all_finite(tree: Any) -> jax.Array:
 class NonFiniteError(FloatingPointError):
     """Raised by :class:`TerminateOnNan` with ``action="raise"``: an output was NaN or infinite.
 
-    Example:
+    Examples:
         >>> from ember.handlers import NonFiniteError
         >>> issubclass(NonFiniteError, FloatingPointError)
         True
@@ -47,7 +47,7 @@ class TerminateOnNan:
         output_transform: picks what to check from the output (everything by default; float leaves only).
         action: ``"terminate"`` (Ignite's behaviour) or ``"raise"``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember import Engine
         >>> from ember.handlers import TerminateOnNan
@@ -98,7 +98,7 @@ class TerminateOnNan:
     def attach(self, engine: Engine) -> RemovableEventHandle:
         """Check every iteration; read the last flag at EPOCH_COMPLETED and COMPLETED.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.handlers import TerminateOnNan
             >>> handle = TerminateOnNan(lambda out: out["loss"]).attach(Engine(lambda e, b: b))

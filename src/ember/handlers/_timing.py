@@ -28,7 +28,7 @@ class Timer:
         sync: wait for ``engine.state.output`` to be computed before reading the clock at a pause.
         clock: seconds since some origin; injectable for tests.
 
-    Example:
+    Examples:
         >>> from ember import Engine, Events
         >>> from ember.handlers import Timer
         >>> ticks = iter(range(100))
@@ -86,7 +86,7 @@ class Timer:
     ) -> None:
         """Reset at ``start``, pause at ``pause``, resume at ``resume``, count a step at ``step``.
 
-        Example:
+        Examples:
             >>> from ember import Engine, Events
             >>> from ember.handlers import Timer
             >>> engine = Engine(lambda e, b: b)
@@ -113,7 +113,7 @@ class TimeLimit:
         seconds: the budget, positive.
         clock: seconds since some origin; injectable for tests.
 
-    Example:
+    Examples:
         >>> from ember import Engine
         >>> from ember.handlers import TimeLimit
         >>> now = iter(range(100))
@@ -144,7 +144,7 @@ class TimeLimit:
     def attach(self, engine: Engine) -> Any:
         """Start the clock at STARTED; check at every ITERATION_COMPLETED.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.handlers import TimeLimit
             >>> handle = TimeLimit(60).attach(Engine(lambda e, b: b))

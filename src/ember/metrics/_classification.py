@@ -46,7 +46,7 @@ class Accuracy(MeanMetric):
         output_transform: maps the output to ``(y_pred, y)`` or a mapping with those keys.
         mask_key: the output entry holding a per-example mask.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Accuracy
         >>> acc = Accuracy()
@@ -90,7 +90,7 @@ class Accuracy(MeanMetric):
 class TopKAccuracy(MeanMetric):
     """The fraction of examples whose label is among the ``k`` highest scores.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import TopKAccuracy
         >>> top2 = TopKAccuracy(k=2)
@@ -186,7 +186,7 @@ class Precision(_ClassCounts):
     ``average`` is ``"macro"`` (default), ``"micro"``, ``"weighted"`` (by support), or ``None`` for the
     per-class array. A class never predicted counts 0.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Precision
         >>> p = Precision()
@@ -203,7 +203,7 @@ class Precision(_ClassCounts):
 class Recall(_ClassCounts):
     """True positives over actual positives, per class, averaged like :class:`Precision`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Recall
         >>> r = Recall(average=None)
@@ -226,7 +226,7 @@ class Fbeta(_ClassCounts):
     Args:
         beta: the weight of recall against precision; 1 gives F1.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Fbeta
         >>> f1 = Fbeta(beta=1.0)

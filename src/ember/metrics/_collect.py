@@ -14,7 +14,7 @@ from ember.metrics._metric import Metric
 class Last(Metric):
     """The value of the last update (any pytree), kept on device.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Last
         >>> last = Last(output_transform=lambda out: out["loss"])
@@ -45,7 +45,7 @@ class Collect(Metric):
     concatenates them along the example axis, dropping masked examples. Subclasses (such as
     :class:`RocAuc`) compute from the concatenated arrays in :meth:`finalize_collected`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Collect
         >>> collect = Collect()
@@ -124,7 +124,7 @@ class RocAuc(Collect):
     Computed exactly from the rank statistic (ties share their average rank), which equals scikit-learn's
     ``roc_auc_score``. Both classes must appear.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import RocAuc
         >>> auc = RocAuc()

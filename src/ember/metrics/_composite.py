@@ -104,7 +104,7 @@ class MetricsLambda(MetricArithmetic):
         *args: metrics or constants, passed positionally to ``fn``.
         **kwargs: metrics or constants, passed by keyword.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember import Engine
         >>> from ember.metrics import Precision, Recall
@@ -135,7 +135,7 @@ class MetricsLambda(MetricArithmetic):
     def compute(self) -> Any:
         """Compute the dependencies and combine them.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp
             >>> from ember.metrics import Sum
             >>> total = Sum()
@@ -152,7 +152,7 @@ class MetricsLambda(MetricArithmetic):
     def reset(self) -> None:
         """Reset every dependency.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp
             >>> from ember.metrics import Sum
             >>> total = Sum()
@@ -167,7 +167,7 @@ class MetricsLambda(MetricArithmetic):
     def update(self, output: Any) -> None:
         """Update every dependency once with ``output``.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp
             >>> from ember.metrics import Sum
             >>> total = Sum()
@@ -181,7 +181,7 @@ class MetricsLambda(MetricArithmetic):
     def attach(self, engine: Engine, name: str, usage: Any = "epoch_wise") -> None:
         """Attach the dependencies (unnamed) and write only ``engine.state.metrics[name]``.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp
             >>> from ember import Engine
             >>> from ember.metrics import Sum

@@ -23,7 +23,7 @@ class ConfusionMatrix(Metric):
     Args:
         num_classes: C.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import ConfusionMatrix
         >>> cm = ConfusionMatrix(num_classes=2)
@@ -62,7 +62,7 @@ class ConfusionMatrix(Metric):
 def IoU(cm: ConfusionMatrix, ignore_index: int | None = None) -> MetricsLambda:
     """Intersection over union per class, from a confusion matrix (a composite metric).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import ConfusionMatrix, IoU
         >>> cm = ConfusionMatrix(num_classes=2)
@@ -86,7 +86,7 @@ def IoU(cm: ConfusionMatrix, ignore_index: int | None = None) -> MetricsLambda:
 def mIoU(cm: ConfusionMatrix, ignore_index: int | None = None) -> MetricsLambda:
     """The mean of :func:`IoU` over classes.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import ConfusionMatrix, mIoU
         >>> cm = ConfusionMatrix(num_classes=2)

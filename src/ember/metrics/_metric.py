@@ -49,7 +49,7 @@ class Metric(MetricArithmetic):
         output_transform: maps the engine's output to what the metric takes.
         mask_key: the key of a mapping output that holds the mask (``None``: no mask).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Accuracy
         >>> acc = Accuracy()
@@ -114,7 +114,7 @@ class Metric(MetricArithmetic):
     def reset(self) -> None:
         """Zero the accumulators.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp
             >>> from ember.metrics import Average
             >>> avg = Average()
@@ -129,7 +129,7 @@ class Metric(MetricArithmetic):
     def update(self, output: Any) -> None:
         """Merge one batch into the accumulators, on device (no host read).
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp
             >>> from ember.metrics import Sum
             >>> total = Sum()
@@ -147,7 +147,7 @@ class Metric(MetricArithmetic):
         Raises:
             RuntimeError: no update since the last reset.
 
-        Example:
+        Examples:
             >>> from ember.metrics import Average
             >>> Average().compute()
             Traceback (most recent call last):
@@ -170,7 +170,7 @@ class Metric(MetricArithmetic):
         a step jitted over a mesh spanning the processes) are returned as they are, so nothing is counted
         twice. In a single process this is just :attr:`state`.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp
             >>> from ember.metrics import Sum
             >>> total = Sum()
@@ -196,7 +196,7 @@ class Metric(MetricArithmetic):
     def state(self) -> Any:
         """The accumulators, on device.
 
-        Example:
+        Examples:
             >>> from ember.metrics import Sum
             >>> float(Sum().state)
             0.0
@@ -212,7 +212,7 @@ class Metric(MetricArithmetic):
         or :meth:`MetricUsage.filtered`. The metric's handlers run before the engine's other handlers
         on the same event. Attached under two names, it still updates once per iteration.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp
             >>> from ember import Engine
             >>> from ember.metrics import Average
@@ -257,7 +257,7 @@ class Metric(MetricArithmetic):
         True when the accumulators exist before the first batch (:meth:`empty` is not ``None``) and
         :meth:`update` is the standard jitted merge.
 
-        Example:
+        Examples:
             >>> from ember.metrics import Accuracy, Precision
             >>> Accuracy().fusable, Precision().fusable, Precision(num_classes=3).fusable
             (True, False, True)
@@ -270,7 +270,7 @@ class Metric(MetricArithmetic):
         ``published`` is :meth:`published_value` of ``state``, computed in the same step as a separate
         output (the accumulators themselves are donated to the next step).
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp
             >>> from ember.metrics import Sum
             >>> total = Sum()
@@ -285,7 +285,7 @@ class Metric(MetricArithmetic):
     def published_value(self, state: Any) -> Any:
         """A device value this metric publishes every step, traced into the step; ``None`` for most metrics.
 
-        Example:
+        Examples:
             >>> from ember.metrics import Sum
             >>> Sum().published_value(Sum().state) is None
             True
@@ -315,7 +315,7 @@ class Metric(MetricArithmetic):
     def detach(self, engine: Engine, name: str | None = None) -> None:
         """Stop updating on ``engine`` (for ``name`` only, if given); the metric's handlers are removed.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.metrics import Average
             >>> engine, avg = Engine(lambda engine, batch: batch), Average()
@@ -341,7 +341,7 @@ class Metric(MetricArithmetic):
     def is_attached(self, engine: Engine, name: str | None = None) -> bool:
         """Whether the metric is attached to ``engine`` (under ``name``, if given).
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.metrics import Average
             >>> engine, avg = Engine(lambda engine, batch: batch), Average()

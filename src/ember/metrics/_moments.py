@@ -31,7 +31,7 @@ def merge_moments(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any]) -> tuple[Any
 class Std(_Reduction):
     """The population standard deviation (``ddof=0``, as ``numpy.std``) of all values seen.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Std
         >>> std = Std()
@@ -58,7 +58,7 @@ class Std(_Reduction):
 class R2Score(Metric):
     """The coefficient of determination, ``1 - SS_res / SS_tot``, over all elements seen.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import R2Score
         >>> r2 = R2Score()

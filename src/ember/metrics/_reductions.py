@@ -49,7 +49,7 @@ class Average(_Reduction, MeanMetric):
         output_transform: maps the output to the value instead.
         mask_key: the output entry holding a mask.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Average
         >>> avg = Average()
@@ -66,7 +66,7 @@ class Average(_Reduction, MeanMetric):
 class Sum(_Reduction):
     """The sum of all values seen (masked elements excluded).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Sum
         >>> s = Sum(key="value")
@@ -89,7 +89,7 @@ class Sum(_Reduction):
 class Min(_Reduction):
     """The smallest value seen (masked elements excluded).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Min
         >>> m = Min()
@@ -115,7 +115,7 @@ class Min(_Reduction):
 class Max(_Reduction):
     """The largest value seen (masked elements excluded).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Max
         >>> m = Max()
@@ -144,7 +144,7 @@ class Loss(MeanMetric):
     ``loss_fn`` returns one loss per example (or a per-batch mean, which then counts once per example of
     the batch); masked examples do not count.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Loss
         >>> loss = Loss(lambda y_pred, y: (y_pred - y) ** 2)
@@ -178,7 +178,7 @@ class Perplexity(Average):
     The value (``output[key]``) holds per-token negative log-likelihoods, and the mask, if any, marks the
     real tokens with the same shape.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Perplexity
         >>> ppl = Perplexity(key="token_loss")

@@ -23,7 +23,7 @@ class _MeanError(MeanMetric):
 class MeanSquaredError(_MeanError):
     """The mean of squared errors over all elements (masked examples excluded).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import MeanSquaredError
         >>> mse = MeanSquaredError()
@@ -39,7 +39,7 @@ class MeanSquaredError(_MeanError):
 class MeanAbsoluteError(_MeanError):
     """The mean of absolute errors over all elements (masked examples excluded).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import MeanAbsoluteError
         >>> mae = MeanAbsoluteError()
@@ -55,7 +55,7 @@ class MeanAbsoluteError(_MeanError):
 class RootMeanSquaredError(MeanSquaredError):
     """The square root of :class:`MeanSquaredError`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import RootMeanSquaredError
         >>> rmse = RootMeanSquaredError()

@@ -31,7 +31,7 @@ class RunningAverage(Metric):
         alpha: the weight of the past, in ``(0, 1)``.
         output_transform: with ``src=None``, picks the value from the output (e.g. ``lambda o: o["loss"]``).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import RunningAverage
         >>> avg = RunningAverage(output_transform=lambda out: out, alpha=0.98)
@@ -95,7 +95,7 @@ class RunningAverage(Metric):
     def attach(self, engine: Engine, name: str, usage: Any = RUNNING_BATCH_WISE) -> None:
         """Attach; by default reset at STARTED and publish the device value every iteration.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp
             >>> from ember import Engine
             >>> from ember.metrics import RunningAverage

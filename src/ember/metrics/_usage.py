@@ -19,7 +19,7 @@ class MetricUsage:
         update: the event whose output updates them.
         compute: the event that computes the value (the only host read).
 
-    Example:
+    Examples:
         >>> from ember.metrics import MetricUsage
         >>> from ember import Events
         >>> MetricUsage.filtered(Events.ITERATION_COMPLETED(every=2)).update
@@ -35,7 +35,7 @@ class MetricUsage:
     def filtered(update: Event) -> MetricUsage:
         """Epoch-wise, but updated only at the iterations ``update`` selects.
 
-        Example:
+        Examples:
             >>> from ember.metrics import MetricUsage
             >>> from ember import Events
             >>> MetricUsage.filtered(Events.ITERATION_COMPLETED(once=[1, 3])).name

@@ -25,7 +25,7 @@ def _is_key(x: Any) -> bool:
 def flatten_tree(tree: Any) -> dict[str, Any]:
     """``{"params.Dense_0.kernel": array, ...}`` with PRNG keys as their ``key_data``.
 
-    Example:
+    Examples:
         >>> import jax, jax.numpy as jnp
         >>> from ember.training._flat_tree import flatten_tree
         >>> flat = flatten_tree({"w": jnp.zeros(2), "rng": [jax.random.key(0)]})
@@ -39,7 +39,7 @@ def flatten_tree(tree: Any) -> dict[str, Any]:
 def unflatten_like(template: Any, flat: dict[str, Any]) -> Any:
     """``template``'s structure with leaves from ``flat`` (keys rewrapped with the template's key type).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.training._flat_tree import flatten_tree, unflatten_like
         >>> tree = {"w": jnp.zeros(2)}

@@ -37,7 +37,7 @@ class Placement:
     A placement puts the train state and batches on devices and compiles the step for them. Trainers call
     it; users pick one and pass it as ``create_trainer(..., placement=...)``.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from ember.training import Placement, SingleDevice
         >>> placement: Placement = SingleDevice()
@@ -93,7 +93,7 @@ class Placement:
 class SingleDevice(Placement):
     """Everything on one device; the step is ``jax.jit`` with the state donated.
 
-    Example:
+    Examples:
         >>> from ember.training import SingleDevice
         >>> SingleDevice().n_devices
         1
@@ -127,7 +127,7 @@ class DataParallel(Placement):
         mesh: a one-axis mesh; by default all visible devices.
         axis: the mesh axis the batch is split on.
 
-    Example:
+    Examples:
         >>> from ember.training import DataParallel
         >>> placement = DataParallel()
         >>> placement.n_devices == len(__import__("jax").devices())
@@ -183,7 +183,7 @@ class Pmap(Placement):
         devices: the devices, by default all visible ones.
         axis_name: the name collectives reduce over.
 
-    Example:
+    Examples:
         >>> from ember.training import Pmap
         >>> Pmap().axis_name
         'batch'
@@ -241,7 +241,7 @@ class Pmap(Placement):
 def default_placement() -> Placement:
     """:class:`DataParallel` over all devices when more than one is visible, else :class:`SingleDevice`.
 
-    Example:
+    Examples:
         >>> from ember.training import default_placement
         >>> type(default_placement()).__name__ in ("SingleDevice", "DataParallel")
         True

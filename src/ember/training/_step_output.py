@@ -14,7 +14,7 @@ class StepOutput(Mapping[str, Any]):
     Handlers use it like the dict a single step returns (``output["loss"]``); a key nobody reads is never
     sliced, so K steps per call cost one output per leaf, not K. ``dict(output)`` gives every value, sliced.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp
         >>> from ember.training import StepOutput
         >>> out = StepOutput({"loss": jnp.array([0.5, 0.25])}, 1)

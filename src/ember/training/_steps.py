@@ -29,7 +29,7 @@ class BoundModel:
         model_state: the model state after the last call.
         train: whether the model runs in training mode.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, optax
         >>> from ember.training import TrainState, make_train_step
         >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))
@@ -123,7 +123,7 @@ def make_train_step(
     Returns:
         The pure step function, ready for ``jax.jit``.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, optax
         >>> from ember.training import TrainState, make_train_step
         >>> state = TrainState.create(lambda p, x: x * p, jnp.array(1.0), optax.sgd(0.5))
@@ -191,7 +191,7 @@ def make_train_step(
 def make_eval_step(eval_fn: Callable[[BoundModel, Any], Any]) -> EvalStep:
     """Build ``step(state, batch) -> output`` from ``eval_fn(model, batch)``, the model in eval mode.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, optax
         >>> from ember.training import TrainState, make_eval_step
         >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))

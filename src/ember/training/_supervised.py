@@ -48,7 +48,7 @@ def create_supervised_trainer(
         rngs: RNG streams a linen model needs, such as ``("dropout",)``.
         **trainer_kwargs: passed to :func:`create_trainer` (``placement``, ``steps_per_call``, ...).
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, optax
         >>> from flax import linen as nn
         >>> from ember.training import create_supervised_trainer
@@ -94,7 +94,7 @@ def create_supervised_evaluator(
         metrics: metrics to attach by name; each needs an ``attach(engine, name)`` method.
         **evaluator_kwargs: passed to :func:`create_evaluator`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, optax
         >>> from ember.training import TrainState, create_supervised_evaluator
         >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))

@@ -48,7 +48,7 @@ class TrainState(struct.PyTreeNode):
         tx: the optax optimizer.
         graphdef: for a state built :meth:`from_nnx`, the module's graph definition.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, optax
         >>> from ember.training import TrainState
         >>> state = TrainState.create(lambda p, x: x @ p["w"], {"w": jnp.ones((2, 1))}, optax.sgd(0.5), seed=0)
@@ -69,7 +69,7 @@ class TrainState(struct.PyTreeNode):
     def apply_gradients(self, grads: Any, model_state: Any = None) -> TrainState:
         """One optimizer update: new params, optimizer state and step (and model state, if given).
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, optax
             >>> from ember.training import TrainState
             >>> state = TrainState.create(lambda p, x: p * x, jnp.array(2.0), optax.sgd(0.1), seed=0)
@@ -87,7 +87,7 @@ class TrainState(struct.PyTreeNode):
     def to_nnx(self) -> nnx.Module:
         """The NNX module with this state's params and model state merged back in.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, optax
             >>> from flax import nnx
             >>> from ember.training import TrainState
@@ -126,7 +126,7 @@ class TrainState(struct.PyTreeNode):
     ) -> TrainState:
         """A state for a plain function ``apply_fn(params, *args, **kwargs)`` and a params pytree.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, optax
             >>> from ember.training import TrainState
             >>> state = TrainState.create(lambda p, x: x * p, jnp.array(3.0), optax.adam(1e-3))
@@ -160,7 +160,7 @@ class TrainState(struct.PyTreeNode):
             rngs: names of the RNG streams the model draws from when training, e.g. ``("dropout",)``.
             train_arg: the name of the module's boolean training flag; passed when ``__call__`` takes it.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, optax
             >>> from flax import linen as nn
             >>> from ember.training import TrainState
@@ -189,7 +189,7 @@ class TrainState(struct.PyTreeNode):
         The module's RNG streams are reseeded every step from ``fold_in(rng, step)``, so dropout differs
         per step and a resumed run draws the same numbers. :meth:`to_nnx` merges a state back.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, optax
             >>> from flax import nnx
             >>> from ember.training import TrainState

@@ -26,7 +26,7 @@ class TrainingState(State):
     Attributes:
         train_state: the current :class:`TrainState` (on device); ``None`` until built for a lazy state.
 
-    Example:
+    Examples:
         >>> from ember.training import TrainingState
         >>> TrainingState().train_state is None
         True
@@ -45,7 +45,7 @@ class TrainingEngine(Engine):
     engine still fires the iteration events once per step; :meth:`terminate` then takes effect at the
     end of the K-step group, so the engine's counters and the train state never disagree.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, optax
         >>> from ember.training import TrainState, create_trainer
         >>> state = TrainState.create(lambda p, x: x * p, jnp.array(0.0), optax.sgd(0.1))
@@ -84,7 +84,7 @@ class TrainingEngine(Engine):
         Accepted unless the placement is ``Pmap`` or ``debug=True``; with K steps per call only for metrics
         that reset and compute at run or epoch boundaries, since one call updates K batches at once.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, optax
             >>> from ember.metrics import Average
             >>> from ember.training import TrainState, create_trainer
@@ -114,7 +114,7 @@ class TrainingEngine(Engine):
         dicts, NNX ``State`` objects, optax states) saves the same way; PRNG keys are saved as their raw
         ``key_data``.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, optax
             >>> from ember.training import TrainState, create_trainer
             >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))
@@ -128,7 +128,7 @@ class TrainingEngine(Engine):
     def load_tree_state_dict(self, tree: dict[str, Any]) -> None:
         """Take a restored ``{path: array}`` train state and place it, in the live structure, on device.
 
-        Example:
+        Examples:
             >>> import jax, jax.numpy as jnp, optax
             >>> from ember.training import TrainState, create_trainer
             >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))
@@ -152,7 +152,7 @@ class TrainingEngine(Engine):
     def terminate(self, skip_completed: bool = False) -> None:
         """As :meth:`Engine.terminate`; with K steps per call, at the end of the current group.
 
-        Example:
+        Examples:
             >>> import jax.numpy as jnp, optax
             >>> from ember import Events
             >>> from ember.training import TrainState, create_trainer
@@ -281,7 +281,7 @@ def create_trainer(
     Returns:
         A :class:`TrainingEngine`.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, optax
         >>> from ember.training import TrainState, create_trainer
         >>> state = TrainState.create(lambda p, x: x @ p, jnp.zeros(2), optax.sgd(0.1))
@@ -405,7 +405,7 @@ def create_evaluator(
     Returns:
         A :class:`TrainingEngine` (``steps_per_call`` is 1); a short last batch is accepted.
 
-    Example:
+    Examples:
         >>> import jax.numpy as jnp, optax
         >>> from ember.training import TrainState, create_evaluator
         >>> state = TrainState.create(lambda p, x: x * p, jnp.array(3.0), optax.sgd(0.1))

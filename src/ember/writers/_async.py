@@ -32,7 +32,7 @@ def _host_scalars(values: Mapping[str, Any]) -> dict[str, float]:
 def is_primary_process() -> bool:
     """Whether this is process 0 of a (possibly multi-process) JAX run: the one that writes files.
 
-    Example:
+    Examples:
         >>> from ember.writers import is_primary_process
         >>> is_primary_process()
         True
@@ -57,7 +57,7 @@ class AsyncWriter(Writer):
         primary_only: drop every record on processes other than process 0.
         max_pending: records queued before a call waits for the thread (bounds memory).
 
-    Example:
+    Examples:
         >>> import io
         >>> import jax.numpy as jnp
         >>> from ember.writers import AsyncWriter, ConsoleWriter
@@ -162,7 +162,7 @@ class AsyncWriter(Writer):
 
         Attaching to an engine it is already attached to does nothing.
 
-        Example:
+        Examples:
             >>> from ember import Engine
             >>> from ember.writers import AsyncWriter, CsvWriter
             >>> import tempfile, pathlib

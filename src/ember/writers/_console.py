@@ -26,7 +26,7 @@ class ConsoleWriter(Writer):
         stream: where lines go (standard output by default).
         clock: seconds since some origin; injectable for tests.
 
-    Example:
+    Examples:
         >>> import io
         >>> from ember.writers import ConsoleWriter
         >>> out, now = io.StringIO(), iter([0.0, 2.0])

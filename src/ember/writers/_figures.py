@@ -24,7 +24,7 @@ def confusion_matrix_image(
         normalize: divide each row by its sum.
         title: drawn above the matrix.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from ember.writers import confusion_matrix_image
         >>> image = confusion_matrix_image(np.array([[5, 1], [2, 8]]), ["cat", "dog"])

@@ -44,7 +44,7 @@ class JsonlWriter(_FileWriter):
     Args:
         path: the ``.jsonl`` file (its folder is created).
 
-    Example:
+    Examples:
         >>> import json, tempfile, pathlib
         >>> from ember.writers import JsonlWriter
         >>> path = pathlib.Path(tempfile.mkdtemp()) / "metrics.jsonl"
@@ -76,7 +76,7 @@ class CsvWriter(_FileWriter):
     Args:
         path: the ``.csv`` file (its folder is created; a header is written when it is new).
 
-    Example:
+    Examples:
         >>> import tempfile, pathlib
         >>> from ember.writers import CsvWriter
         >>> path = pathlib.Path(tempfile.mkdtemp()) / "metrics.csv"

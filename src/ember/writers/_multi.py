@@ -14,7 +14,7 @@ class MultiWriter(Writer):
     Args:
         writers: the writers to fan out to.
 
-    Example:
+    Examples:
         >>> import io
         >>> from ember.writers import ConsoleWriter, MultiWriter
         >>> a, b = io.StringIO(), io.StringIO()

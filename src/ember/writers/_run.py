@@ -33,7 +33,7 @@ def create_run_writer(
         csv: append to ``run_dir/metrics.csv``.
         primary_only: only process 0 writes (and creates files).
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> from ember.writers import create_run_writer
         >>> run = tempfile.mkdtemp()

@@ -21,7 +21,7 @@ class TensorBoardWriter(Writer):
         logdir: the folder TensorBoard reads (created if missing).
         flush_secs: how often tensorboardX flushes on its own.
 
-    Example:
+    Examples:
         >>> import tempfile, os
         >>> from ember.writers import TensorBoardWriter
         >>> logdir = tempfile.mkdtemp()

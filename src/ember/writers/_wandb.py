@@ -28,7 +28,7 @@ class WandbWriter(Writer):
         config: hyperparameters to record at the start.
         init_kwargs: anything else ``wandb.init`` takes (``name``, ``tags``, ``entity``...).
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from ember.writers import WandbWriter
         >>> w = WandbWriter("ember-doc", dir=tempfile.mkdtemp(), config={"lr": 0.1}, settings={"silent": True})

@@ -14,7 +14,7 @@ class Writer:
     :class:`AsyncWriter` in front of every run's writers converts device arrays on its own thread, so the
     training loop never waits for a transfer.
 
-    Example:
+    Examples:
         >>> from ember.writers import Writer
         >>> class Remember(Writer):
         ...     def __init__(self):
