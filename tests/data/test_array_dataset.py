@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -66,3 +68,31 @@ def test_invalid_arguments():
     with pytest.raises(ValueError, match=r"must hold int 'epoch' and 'position'"):
         data.load_state_dict({"epoch": 0})
     assert repr(data) == "ArrayDataset(6 examples, batch_size=2, shuffle=False, seed=0, drop_remainder=False)"
+
+
+def test_shards_split_every_global_batch_between_processes():
+    """Two shards of a shuffled dataset together give exactly the unsharded dataset's batches, in order."""
+    arrays = {"x": np.arange(20)}
+    whole = ArrayDataset(arrays, batch_size=8, shuffle=True, seed=4, drop_remainder=True, shard=(0, 1))
+    parts = [
+        ArrayDataset(arrays, batch_size=8, shuffle=True, seed=4, drop_remainder=True, shard=(i, 2)) for i in (0, 1)
+    ]
+    for _ in range(2):  # two epochs: each pass reshuffles identically on every process
+        expected = [b["x"].tolist() for b in whole]
+        got = [a["x"].tolist() + b["x"].tolist() for a, b in zip(*parts, strict=True)]
+        assert got == expected
+    assert ArrayDataset(arrays, batch_size=8).shard == (0, 1)  # "auto" in a single process
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"shard": (2, 2)}, '`shard` must be "auto" or (index, count) with 0 <= index < count, got (2, 2).'),
+        ({"shard": (0, 3)}, "With `shard`=(0, 3), `batch_size` (the global batch, 8) must divide by 3"),
+        ({"shard": (0, 2), "drop_remainder": False}, "and `drop_remainder` must be True"),
+    ],
+)
+def test_bad_shards(kwargs, message):
+    args = {"batch_size": 8, "drop_remainder": True, **kwargs}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ArrayDataset({"x": np.arange(20)}, **args)

@@ -135,6 +135,8 @@ class CheckpointStore:
             'step_3-loss=0.1'
         """
         self.wait()
+        if not self.collective_saves:
+            check_gatherable(tree)  # on every process, so all of them fail alike
         if not self._saves_here():
             return self._not_saved_here(step, metrics, name)
         return self._write(*self._prepare(tree, step, metrics, metadata, name))
@@ -163,6 +165,8 @@ class CheckpointStore:
             (1, 'step_00000001')
         """
         self.wait()
+        if not self.collective_saves:
+            check_gatherable(tree)  # on every process, so all of them fail alike
         if not self._saves_here():
             self._pending = Future()
             self._pending.set_result(self._not_saved_here(step, metrics, name))
@@ -451,6 +455,17 @@ class CheckpointStore:
             raise _Corrupt("its data file does not match the checksum in its manifest")
         nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
         return nested if target is None else serialization.from_state_dict(target, nested)
+
+
+def check_gatherable(tree: Any) -> None:
+    """Raise unless every array can be read whole on this process (addressable here, or replicated)."""
+    for path, x in jax.tree_util.tree_leaves_with_path(tree):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+            raise ValueError(
+                f"Checkpoint leaf {jax.tree_util.keystr(path)} is sharded across processes; this process cannot "
+                "read it whole. Save sharded state with ember.checkpoint.OrbaxStore, where each process writes "
+                "its own shards."
+            )
 
 
 def host_copy(tree: Any, pool: list[np.ndarray]) -> Any:

@@ -23,6 +23,11 @@ class ArrayDataset:
         shuffle: permute the examples each pass.
         seed: the shuffling seed.
         drop_remainder: drop the last batch when it is short.
+        shard: ``(index, count)``: yield only part ``index`` of ``count`` equal parts of every batch, so
+            ``count`` processes together see the same global batches as one process would.
+            ``batch_size`` stays the global batch size (divisible by ``count``; ``drop_remainder`` is
+            required). The default, ``"auto"``, is ``(jax.process_index(), jax.process_count())``: the
+            whole batch in a single-process run, this process's part in a multi-process one.
 
     Examples:
         >>> import numpy as np
@@ -33,7 +38,14 @@ class ArrayDataset:
     """
 
     def __init__(
-        self, arrays: Any, batch_size: int, *, shuffle: bool = False, seed: int = 0, drop_remainder: bool = False
+        self,
+        arrays: Any,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_remainder: bool = False,
+        shard: tuple[int, int] | str = "auto",
     ) -> None:
         leaves = jax.tree.leaves(arrays)
         if not leaves:
@@ -55,6 +67,21 @@ class ArrayDataset:
                 f"`batch_size`={batch_size} exceeds the {self.num_examples} examples and drop_remainder=True "
                 "would leave no batch."
             )
+        if shard == "auto":
+            shard = (jax.process_index(), jax.process_count())
+        if (
+            not isinstance(shard, tuple)
+            or len(shard) != 2
+            or not all(isinstance(v, int) for v in shard)
+            or not 0 <= shard[0] < shard[1]
+        ):
+            raise ValueError(f'`shard` must be "auto" or (index, count) with 0 <= index < count, got {shard!r}.')
+        if shard[1] > 1 and (batch_size % shard[1] or not drop_remainder):
+            raise ValueError(
+                f"With `shard`={shard}, `batch_size` (the global batch, {batch_size}) must divide by {shard[1]} "
+                "and `drop_remainder` must be True, so every process gets an equal part of every batch."
+            )
+        self.shard = shard
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
@@ -83,8 +110,10 @@ class ArrayDataset:
 
     def _batches(self, epoch: int, start: int) -> Iterator[Any]:
         order = self._order(epoch)
+        index, count = self.shard
+        part = self.batch_size // count
         for b in range(start, len(self)):
-            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
+            idx = order[b * self.batch_size : (b + 1) * self.batch_size][index * part : (index + 1) * part]
             self._pos = b + 1
             yield jax.tree.map(lambda a, idx=idx: a[idx], self.arrays)
 

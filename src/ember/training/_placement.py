@@ -145,11 +145,24 @@ class DataParallel(Placement):
         self._stacked = NamedSharding(self.mesh, P(None, axis))
 
     def put_state(self, state: Any) -> Any:
+        if jax.process_count() > 1:  # every process holds the same values: they become one global array
+            state = jax.device_get(state)
         return jax.device_put(state, self.replicated)
 
     def prepare_batch(self, batch: Any, *, stacked: bool = False) -> Any:
-        check_divisible(batch, self.n_devices, stacked=stacked)
-        return batch
+        if jax.process_count() == 1:
+            check_divisible(batch, self.n_devices, stacked=stacked)
+            return batch
+        # Many processes: each holds its part of the global batch (ArrayDataset's default shard); the parts
+        # become one global array sharded over every process's devices.
+        local = len([d for d in self.mesh.devices.flat if d.process_index == jax.process_index()])
+        check_divisible(batch, local, stacked=stacked)
+        sharding = self.batch_sharding(stacked)
+        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
+
+    def put_batch(self, batch: Any, *, stacked: bool = False) -> Any:
+        prepared = self.prepare_batch(batch, stacked=stacked)
+        return prepared if jax.process_count() > 1 else jax.device_put(prepared, self.batch_sharding(stacked))
 
     def batch_sharding(self, stacked: bool) -> Any:
         return self._stacked if stacked else self._batch
