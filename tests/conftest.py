@@ -6,4 +6,5 @@ collect_ignore = [
     "metrics/multiprocess_script.py",
     "distributed/training_script.py",
     "handlers/resume_script.py",
+    "faults/kill_script.py",
 ]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore
@@ -61,6 +63,10 @@ class Checkpoint:
             (:func:`global_step_from_engine` for a handler on an evaluator).
         prefix: starts every file name; retention only touches names with it.
         background: write on a background thread (default) or before returning.
+        on_error: what a failed write (disk full, permission denied: an ``OSError``) does: ``"raise"``
+            (default) fails the run with it; ``"warn"`` issues a ``RuntimeWarning`` naming the error and
+            training goes on. Either way the failed checkpoint leaves nothing behind and earlier ones
+            stay intact.
 
     Examples:
         >>> import tempfile
@@ -88,6 +94,7 @@ class Checkpoint:
         step_fn: Callable[[Engine], int] | None = None,
         prefix: str = "",
         background: bool = True,
+        on_error: Literal["raise", "warn"] = "raise",
     ) -> None:
         if not isinstance(to_save, Mapping) or not to_save:
             raise TypeError(f"`to_save` must be a non-empty mapping of names to objects, got {to_save!r}.")
@@ -97,6 +104,9 @@ class Checkpoint:
             raise ValueError("`keep_best` needs `score_fn`, the score to rank checkpoints by.")
         if score_fn is not None and not callable(score_fn):
             raise TypeError(f"`score_fn` must be callable as score_fn(engine), got {score_fn!r}.")
+        if on_error not in ("raise", "warn"):
+            raise ValueError(f'`on_error` must be "raise" or "warn", got {on_error!r}.')
+        self.on_error = on_error
         self.to_save = dict(to_save)
         self.store = store if isinstance(store, CheckpointStore) else CheckpointStore(store)
         self.keep_latest, self.keep_best, self.keep_every = keep_latest, keep_best, keep_every
@@ -124,9 +134,25 @@ class Checkpoint:
         trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
         states = {k: obj.state_dict() for k, obj in self.to_save.items() if callable(getattr(obj, "state_dict", None))}
         save = self.store.save_in_background if self.background else self.store.save
-        save(trees, step=step, metrics=metrics, metadata={"state_dicts": states}, name=name)
+        with self._failures():
+            save(trees, step=step, metrics=metrics, metadata={"state_dicts": states}, name=name)
         if not self.background:
             self._retain()
+
+    @contextlib.contextmanager
+    def _failures(self) -> Iterator[None]:
+        """Let a failed write raise, or with ``on_error="warn"`` turn it into a warning."""
+        try:
+            yield
+        except OSError as e:
+            if self.on_error == "raise":
+                raise
+            warnings.warn(
+                f"A checkpoint could not be written ({type(e).__name__}: {e}); training goes on, and the "
+                "earlier checkpoints are intact.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def save_now(self, engine: Engine) -> CheckpointInfo:
         """Save and wait until the checkpoint is on disk (retention applied); return it.
@@ -144,7 +170,8 @@ class Checkpoint:
             self._retain()
         self(engine)
         self._retain()
-        assert self.last_checkpoint is not None
+        if self.last_checkpoint is None:
+            raise RuntimeError(f"No checkpoint could be written to {self.store.root}.")
         return self.last_checkpoint
 
     def resume(self, reader: Any = None) -> CheckpointInfo | None:
@@ -175,7 +202,8 @@ class Checkpoint:
         return reader.load(self.to_save)
 
     def _retain(self) -> None:
-        self.last_checkpoint = self.store.wait() or self.last_checkpoint
+        with self._failures():
+            self.last_checkpoint = self.store.wait() or self.last_checkpoint
         self.store.prune(
             keep_latest=self.keep_latest,
             keep_best=self.keep_best,
@@ -186,7 +214,8 @@ class Checkpoint:
         )
 
     def _check(self) -> None:
-        self.store.raise_if_failed()
+        with self._failures():
+            self.store.raise_if_failed()
 
     def _finish(self) -> None:
         if self.background:

@@ -1,0 +1,56 @@
+"""SIGKILL at random moments while checkpoints are being written: a valid checkpoint is always found."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ember.checkpoint import CheckpointStore
+
+SCRIPT = Path(__file__).with_name("kill_script.py")
+ROOT = SCRIPT.parents[2]
+
+
+def kill_and_check(folder: Path, rng: random.Random) -> int:
+    """Start the saver, kill it after a random delay, and check what it left; return the step restored."""
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(folder)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    first = proc.stdout.readline()  # type: ignore[union-attr]
+    assert first.startswith("started "), proc.stderr.read()  # type: ignore[union-attr]
+    time.sleep(rng.uniform(0.0, 0.4))
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    store = CheckpointStore(folder)  # opening it removes the interrupted write's temporary folder
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]
+    tree, info = store.restore()  # verified against the checksum; a corrupt latest would warn and fall back
+    assert info.step >= 1
+    assert tree["step"] == info.step
+    np.testing.assert_array_equal(tree["w"], np.full((3, 1 << 20), info.step, np.float64))
+    np.testing.assert_array_equal(tree["b"], np.full(7, info.step, np.int32))
+    return info.step
+
+
+def trials(tmp_path: Path, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(n):  # the same folder each time: every run resumes after what the last one left
+        steps.append(kill_and_check(tmp_path, rng))
+    return steps
+
+
+def test_a_few_kills_always_leave_a_valid_checkpoint(tmp_path):
+    steps = trials(tmp_path, 3, seed=0)
+    assert steps == sorted(steps)  # each run continued from the previous run's latest checkpoint
+
+
+@pytest.mark.slow
+def test_twenty_kills_always_leave_a_valid_checkpoint(tmp_path):
+    steps = trials(tmp_path, 20, seed=1)
+    assert steps == sorted(steps)
