@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore
@@ -140,7 +140,7 @@ class Checkpoint:
             self._retain()
 
     @contextlib.contextmanager
-    def _failures(self) -> Iterator[None]:
+    def _failures(self) -> Generator[None]:
         """Let a failed write raise, or with ``on_error="warn"`` turn it into a warning."""
         try:
             yield
