@@ -1,5 +1,7 @@
-"""Property-based tests: random runs with filters, terminate, terminate_epoch, interrupt and state-dict
-resume, against a small reference model of the event order (Hypothesis).
+"""Property-based tests (Hypothesis): random runs against a small reference model of the event order.
+
+Each run has filtered handlers and up to three actions (terminate, terminate_epoch, interrupt, or a
+state-dict resume in a new engine) at random iterations.
 """
 
 from __future__ import annotations
