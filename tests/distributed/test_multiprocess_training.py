@@ -84,3 +84,10 @@ def test_state_sharded_across_processes_is_refused_by_the_msgpack_store(runs):
 def test_a_nan_on_one_process_stops_both_at_the_same_iteration(tmp_path):
     p0, p1 = _run(2, tmp_path, "nan")
     assert p0["iteration"] == p1["iteration"] == 2  # the NaN at iteration 1, read one step late
+
+
+def test_time_limit_and_preemption_on_one_process_stop_both_at_the_same_iteration(tmp_path):
+    """Process 1's clock runs out (or it alone gets SIGTERM); the processes agree, so both stop together."""
+    p0, p1 = _run(2, tmp_path, "agree")
+    assert p0["agreed"] == p1["agreed"] == {"time_limit": 3, "preemption": 6}
+    assert sorted(p.name for p in (tmp_path / "preempted").iterdir()) == ["step_00000006"]

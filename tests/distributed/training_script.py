@@ -12,6 +12,7 @@ import sys
 
 pid, nproc, port, workdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 inject_nan = sys.argv[5:] == ["nan"]
+agree = sys.argv[5:] == ["agree"]
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={4 // nproc}"
 
 import jax  # noqa: E402
@@ -55,6 +56,34 @@ saver.attach(trainer, Events.EPOCH_COMPLETED)
 state = trainer.run(data, max_epochs=3)
 
 
+if agree:  # decisions from one process's clock or signal: every process must stop at the same iteration
+    import signal
+
+    from ember.handlers import Preemption, TimeLimit
+
+    def run_until(handler_setup):
+        t = create_trainer(
+            TrainState.from_linen(LinenNet(), ARRAYS["x"][:2], optax.sgd(0.1), seed=0, rngs=("dropout",)),
+            loss_with_labels,
+            placement=DataParallel(),
+        )
+        handler_setup(t)
+        return t.run(ArrayDataset(ARRAYS, batch_size=16, drop_remainder=True), max_epochs=3).iteration
+
+    def late_clock(t):  # process 1's clock passes the limit at its third iteration, process 0's never does
+        TimeLimit(100.0, clock=lambda: 1000.0 if pid == 1 and t.state.iteration >= 3 else 0.0).attach(t)
+
+    def signal_one(t):  # SIGTERM reaches process 1 only, during iteration 5
+        saver = Checkpoint({"trainer": t}, os.path.join(workdir, "preempted"), keep_latest=None)
+        Preemption(saver).attach(t)
+        if pid == 1:
+            t.add_event_handler(Events.ITERATION_COMPLETED(once=5), lambda: os.kill(os.getpid(), signal.SIGTERM))
+
+    agreed = {"time_limit": run_until(late_clock), "preemption": run_until(signal_one)}
+else:
+    agreed = {}
+
+
 def host(x):
     return np.asarray(x.addressable_data(0)).tolist()
 
@@ -76,6 +105,7 @@ print(
             "iteration": state.iteration,
             "local_batch": int(data.batch_size // data.shard[1]),
             "sharded_error": sharded_error,
+            "agreed": agreed,
         }
     ),
     flush=True,

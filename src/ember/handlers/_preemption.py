@@ -11,6 +11,7 @@ from typing import Any
 
 from ember.checkpoint import CheckpointInfo
 from ember.engine import Engine, Events
+from ember.handlers._agreement import any_process
 from ember.handlers._checkpoint import Checkpoint
 
 log = logging.getLogger("ember")
@@ -26,7 +27,9 @@ class Preemption:
     the evaluator stops at its next iteration without firing COMPLETED (so no handler acts on a partial
     evaluation), and the trainer saves and stops right after it. That interrupted evaluation is not
     rerun on resume; everything else continues exactly. :attr:`saved` holds the checkpoint taken.
-    The previous signal handlers come back when the run ends.
+    The previous signal handlers come back when the run ends. In a multi-process run the processes agree
+    at every boundary (a small collective): a signal delivered to any one process makes all of them
+    save and stop at the same iteration.
 
     Args:
         checkpoint: the :class:`Checkpoint` handler whose ``to_save`` and store are used.
@@ -73,18 +76,18 @@ class Preemption:
         self._previous.clear()
 
     def _trainer_boundary(self, trainer: Engine) -> None:
-        if self.requested is not None and self.saved is None:
+        if self.saved is None and any_process(self.requested is not None):  # all processes save and stop together
             self.saved = self.checkpoint.save_now(trainer)
             log.warning(
-                "Signal %d: saved %s at iteration %d; stopping.",
-                self.requested,
+                "Signal %s: saved %s at iteration %d; stopping.",
+                self.requested if self.requested is not None else "on another process",
                 self.saved.path.name,
                 trainer.state.iteration,
             )
             trainer.terminate()
 
     def _evaluator_boundary(self, evaluator: Engine) -> None:
-        if self.requested is not None:
+        if any_process(self.requested is not None):  # every process's evaluator stops at the same batch
             evaluator.terminate(skip_completed=True)
 
     def attach(self, trainer: Engine, evaluators: Sequence[Engine] = ()) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent
+from ember.handlers._agreement import any_process
 
 log = logging.getLogger("ember")
 Event = Events | FilteredEvent | EventsList
@@ -107,7 +108,9 @@ class TimeLimit:
     """Stops the engine at the first iteration that ends after ``seconds`` of the run.
 
     The clock starts at the engine's STARTED. The engine finishes cleanly (COMPLETED fires, so
-    checkpoints at COMPLETED are written).
+    checkpoints at COMPLETED are written). In a multi-process run the processes agree (a small
+    collective each check): when one process's clock runs out, all stop at the same iteration.
+    ``check_every`` spaces the checks out.
 
     Args:
         seconds: the budget, positive.
@@ -124,9 +127,12 @@ class TimeLimit:
         (3, True)
     """
 
-    def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, seconds: float, *, check_every: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
             raise ValueError(f"`seconds` must be a positive number, got {seconds!r}.")
+        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
+            raise ValueError(f"`check_every` must be a positive int, got {check_every!r}.")
+        self.check_every = check_every
         self.seconds, self._clock = float(seconds), clock
         self._start = 0.0
         self.reached = False
@@ -136,7 +142,7 @@ class TimeLimit:
 
     def __call__(self, engine: Engine) -> None:
         """Stop ``engine`` when the budget is spent."""
-        if not self.reached and self._clock() - self._start >= self.seconds:
+        if not self.reached and any_process(self._clock() - self._start >= self.seconds):
             self.reached = True
             log.info("TimeLimit: %.1f s reached at iteration %d; stopping.", self.seconds, engine.state.iteration)
             engine.terminate()
@@ -150,4 +156,4 @@ class TimeLimit:
             >>> handle = TimeLimit(60).attach(Engine(lambda e, b: b))
         """
         engine.add_event_handler(Events.STARTED, self._started)
-        return engine.add_event_handler(Events.ITERATION_COMPLETED, self)
+        return engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.check_every), self)
