@@ -62,6 +62,8 @@ class ArrayDataset:
             raise ValueError(f"`batch_size` must be a positive int, got {batch_size!r}.")
         self.arrays = jax.tree.map(np.asarray, arrays)
         self.num_examples = lengths.pop()
+        if self.num_examples == 0:
+            raise ValueError("`arrays` hold 0 examples; an empty dataset has no batches to train on.")
         if drop_remainder and batch_size > self.num_examples:
             raise ValueError(
                 f"`batch_size`={batch_size} exceeds the {self.num_examples} examples and drop_remainder=True "
