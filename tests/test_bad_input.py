@@ -22,7 +22,7 @@ def linear(width: int = 3):
 
 
 def test_a_batch_that_differs_from_the_first():
-    with pytest.raises(ValueError, match="^This batch differs from the first one") as info:
+    with pytest.raises(ValueError, match=r"^This batch differs from the first one") as info:
         linear().run([np.ones((2, 3), np.float32), np.ones((2, 3), np.int32)])
     assert str(info.value) == (
         "This batch differs from the first one, so the compiled step cannot take it.\n"
