@@ -82,3 +82,17 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"ember {__version__}\n"
+
+
+def test_distributed_launch_reads_all_three_variables_or_none(monkeypatch):
+    from unittest import mock
+
+    from ember.cli._main import start_distributed
+
+    with mock.patch("jax.distributed.initialize") as init:
+        assert start_distributed({}) == {}
+        init.assert_called_once_with()
+    with pytest.raises(ValueError, match=re.escape("--distributed got ['EMBER_COORDINATOR'] from the environment")):
+        start_distributed({"EMBER_COORDINATOR": "h:1"})
+    with pytest.raises(ValueError, match=re.escape("EMBER_NUM_PROCESSES and EMBER_PROCESS_ID must be ints")):
+        start_distributed({"EMBER_COORDINATOR": "h:1", "EMBER_NUM_PROCESSES": "two", "EMBER_PROCESS_ID": "0"})

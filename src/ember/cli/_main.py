@@ -4,10 +4,52 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ember.cli._config import ConfigError
+
+
+def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Call ``jax.distributed.initialize`` for ``ember train --distributed``; return the arguments passed.
+
+    With ``EMBER_COORDINATOR`` (host:port), ``EMBER_NUM_PROCESSES`` and ``EMBER_PROCESS_ID`` set in the
+    environment they are passed explicitly; without them, JAX detects the cluster (Slurm, Open MPI, TPU).
+
+    Examples:
+        >>> from unittest import mock
+        >>> from ember.cli._main import start_distributed
+        >>> env = {"EMBER_COORDINATOR": "node0:1234", "EMBER_NUM_PROCESSES": "2", "EMBER_PROCESS_ID": "1"}
+        >>> with mock.patch("jax.distributed.initialize") as init:
+        ...     start_distributed(env)
+        {'coordinator_address': 'node0:1234', 'num_processes': 2, 'process_id': 1}
+    """
+    import os
+
+    import jax
+
+    env = os.environ if environ is None else environ
+    names = ("EMBER_COORDINATOR", "EMBER_NUM_PROCESSES", "EMBER_PROCESS_ID")
+    given = [n for n in names if n in env]
+    if given and len(given) != len(names):
+        missing = [n for n in names if n not in env]
+        raise ValueError(f"--distributed got {given} from the environment but not {missing}; set all three or none.")
+    kwargs: dict[str, Any] = {}
+    if given:
+        try:
+            kwargs = {
+                "coordinator_address": env["EMBER_COORDINATOR"],
+                "num_processes": int(env["EMBER_NUM_PROCESSES"]),
+                "process_id": int(env["EMBER_PROCESS_ID"]),
+            }
+        except ValueError:
+            raise ValueError(
+                "EMBER_NUM_PROCESSES and EMBER_PROCESS_ID must be ints, got "
+                f"{env['EMBER_NUM_PROCESSES']!r} and {env['EMBER_PROCESS_ID']!r}."
+            ) from None
+    jax.distributed.initialize(**kwargs)
+    return kwargs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,6 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_train = sub.add_parser("train", help="train from a YAML config (none: the embedded digits run)")
     p_train.add_argument("config", nargs="?", help="a YAML config file")
     p_train.add_argument("--output", help="the run folder (overrides the config's output)")
+    p_train.add_argument(
+        "--distributed",
+        action="store_true",
+        help="start jax.distributed first: from EMBER_COORDINATOR, EMBER_NUM_PROCESSES and EMBER_PROCESS_ID "
+        "when set, else JAX's own detection (Slurm, Open MPI, TPU)",
+    )
     p_resume = sub.add_parser("resume", help="continue the run in RUN_DIR with the config saved there")
     p_resume.add_argument("run_dir")
     p_inspect = sub.add_parser("inspect", help="print what a checkpoint holds")
@@ -44,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ember.cli._train import train
 
             config = load_config(args.config)
+            if args.distributed:
+                start_distributed()
             if args.output:
                 config.output = args.output
             train(config)
