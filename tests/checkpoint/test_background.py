@@ -145,3 +145,25 @@ def test_only_process_0_writes_and_deletes(tmp_path, monkeypatch):
     assert store.wait().step == 3
     assert store.prune(keep_latest=1) == []
     assert [c.step for c in store.checkpoints()] == [1]
+
+
+def test_background_writes_run_at_a_lower_priority_than_training(tmp_path, monkeypatch):
+    """The writer thread (and its checksum helper) yield the CPU to the training thread (Linux nice)."""
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("thread priorities are set on Linux only")
+    seen = []
+    real = store_module.write_leaves
+
+    def write_leaves(f, leaves):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return real(f, leaves)
+
+    monkeypatch.setattr(store_module, "write_leaves", write_leaves)
+    store = CheckpointStore(tmp_path)
+    store.save_in_background({"w": np.zeros(4)}, step=1)
+    store.wait()
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen == [min(main + 10, 19)]

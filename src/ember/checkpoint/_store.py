@@ -18,7 +18,7 @@ import numpy as np
 from flax import serialization, traverse_util
 
 from ember.checkpoint._atomic import TMP_PREFIX, commit, temporary_dir
-from ember.checkpoint._format import read_leaves, write_leaves
+from ember.checkpoint._format import lower_thread_priority, read_leaves, write_leaves
 
 DATA, MANIFEST = "state.msgpack", "manifest.json"
 
@@ -173,7 +173,9 @@ class CheckpointStore:
             return self._pending
         prepared = self._prepare(host_copy(tree, self._host_buffers), step, metrics, metadata, name)
         if self._writer is None:
-            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-checkpoint")
+            self._writer = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="ember-checkpoint", initializer=lower_thread_priority
+            )
         self._pending = self._writer.submit(self._write, *prepared)
         return self._pending
 
