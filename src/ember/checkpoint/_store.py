@@ -134,11 +134,9 @@ class CheckpointStore:
             >>> store.save({"w": np.zeros(2)}, step=3, name="step_3-loss=0.1").path.name
             'step_3-loss=0.1'
         """
-        self.wait()
-        if not self.collective_saves:
-            check_gatherable(tree)  # on every process, so all of them fail alike
-        if not self._saves_here():
-            return self._not_saved_here(step, metrics, name)
+        elsewhere = self._start_save(tree, step, metrics, name)
+        if elsewhere is not None:
+            return elsewhere
         return self._write(*self._prepare(tree, step, metrics, metadata, name))
 
     def save_in_background(
@@ -164,12 +162,10 @@ class CheckpointStore:
             >>> store.wait().step, future.result().path.name
             (1, 'step_00000001')
         """
-        self.wait()
-        if not self.collective_saves:
-            check_gatherable(tree)  # on every process, so all of them fail alike
-        if not self._saves_here():
+        elsewhere = self._start_save(tree, step, metrics, name)
+        if elsewhere is not None:
             self._pending = Future()
-            self._pending.set_result(self._not_saved_here(step, metrics, name))
+            self._pending.set_result(elsewhere)
             return self._pending
         prepared = self._prepare(host_copy(tree, self._host_buffers), step, metrics, metadata, name)
         if self._writer is None:
@@ -182,11 +178,19 @@ class CheckpointStore:
     #: Whether every process takes part in a save (orbax) or only process 0 writes (this store).
     collective_saves = False
 
-    def _saves_here(self) -> bool:
-        return self.collective_saves or jax.process_index() == 0
+    def _start_save(
+        self, tree: Any, step: int, metrics: Mapping[str, float] | None, name: str | None
+    ) -> CheckpointInfo | None:
+        """Wait for the previous save and check ``tree``; return ``None`` where this process writes.
 
-    def _not_saved_here(self, step: int, metrics: Mapping[str, float] | None, name: str | None) -> CheckpointInfo:
-        """What a process other than process 0 gets back from a save: the info, nothing written."""
+        On a process other than 0 (which writes nothing) it returns the info the save would have.
+        """
+        self.wait()
+        if self.collective_saves:
+            return None
+        check_gatherable(tree)  # on every process, so all of them fail alike
+        if jax.process_index() == 0:
+            return None
         return CheckpointInfo(
             self.root / (name or f"step_{step:08d}"),
             step,

@@ -213,9 +213,10 @@ class Checkpoint:
             prefix=self.prefix,
         )
 
-    def _check(self) -> None:
-        with self._failures():
-            self.store.raise_if_failed()
+    def _check(self) -> None:  # every iteration: no context manager unless a write is in flight
+        if self.store.writing:
+            with self._failures():
+                self.store.raise_if_failed()
 
     def _finish(self) -> None:
         if self.background:
