@@ -6,15 +6,22 @@ Measured, each the median of ``--repeats`` runs:
   host buffers allocated beforehand (on the CPU backend ``device_get`` returns views, so this is a
   memcpy there);
 - ``blocked``: how long ``CheckpointStore.save_in_background`` keeps the training thread, after a first
-  save has allocated the store's reusable host buffers (target: at most 1.2 x d2h);
-- ``write``: from the call to the checkpoint being on disk (``wait()``), against writing the same bytes
-  raw with NumPy (``ndarray.tofile`` + fsync) into the same folder (target: at least 0.7 x raw bandwidth);
+  save has allocated the store's reusable host buffers (target: at most 1.2 x d2h); each save gets a
+  fresh copy of the state, since a device array keeps its host value once fetched; also with
+  ``device_snapshot=True``;
+- ``write``: from the call to the checkpoint being on disk (``wait()``), against fetching the same state
+  and writing its bytes raw with NumPy (``ndarray.tofile`` + fsync) into the same folder (target: at
+  least 0.7 x raw bandwidth);
 - ``restore``: ``CheckpointStore.restore(target=...)``, verified (CRC-32) and rebuilt into the structure;
 - ``training slowdown``: a trainer taking Adam steps on the same state, with the ``Checkpoint`` handler
-  saving in the background every ``--every`` steps, against the same run without it (target: at most 5%).
+  saving in the background every ``--every`` steps, against the same run without it (target: at most 5%),
+  with the default host copy and with ``device_snapshot=True``. With ``--batch 0`` (the default) the
+  step's gradient touches one row per matrix, so a step is mostly the Adam update (enough work for a
+  CPU); ``--batch B`` makes it a forward and backward pass of ``B`` rows through every matrix (about
+  6 x B x parameters FLOPs), a step the size of a real model's on an accelerator.
 
-Run: ``python benchmarks/checkpoint.py [--params N] [--repeats R] [--steps S] [--every E] [--dir PATH]``;
-``--quick`` uses a small state (a smoke run, not a measurement).
+Run: ``python benchmarks/checkpoint.py [--params N] [--repeats R] [--steps S] [--every E] [--batch B]
+[--dir PATH]``; ``--quick`` uses a small state (a smoke run, not a measurement).
 """
 
 from __future__ import annotations
@@ -46,7 +53,14 @@ def make_state(n_params: int) -> TrainState:
     rows = max(1, n_params // WIDTH)
     blocks = max(1, rows // WIDTH)
     params = {f"layer_{i}": jnp.full((rows // blocks, WIDTH), 0.01 * (i + 1), jnp.float32) for i in range(blocks)}
-    return TrainState.create(lambda p, x: sum(jnp.sum(w[:1] * x) for w in p.values()), params, optax.adam(1e-3))
+    return TrainState.create(apply, params, optax.adam(1e-3))
+
+
+def apply(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    """A vector ``x`` touches one row of each matrix; a batch ``(B, WIDTH)`` goes through all of them."""
+    if x.ndim == 1:
+        return sum(jnp.sum(w[:1] * x) for w in params.values())  # type: ignore[return-value]
+    return sum(jnp.mean(jnp.tanh(x @ w.T)) for w in params.values())  # type: ignore[return-value]
 
 
 def loss_fn(model: Any, batch: Any) -> Any:
@@ -76,62 +90,79 @@ def d2h_copy(tree: Any, buffers: list[np.ndarray]) -> None:
         np.copyto(buffer, np.asarray(leaf))
 
 
+def fresh(tree: Any) -> Any:
+    """A copy of ``tree`` in new device buffers: a device array caches its host value once fetched."""
+    return jax.block_until_ready(jax.tree.map(jnp.copy, tree))
+
+
 def measure_store(state: TrainState, root: Path, repeats: int) -> dict[str, list[float]]:
     tree = {"trainer": state}
-    out: dict[str, list[float]] = {"d2h": [], "blocked": [], "write": [], "raw": [], "restore": []}
+    out: dict[str, list[float]] = {k: [] for k in ("d2h", "blocked", "write", "raw", "restore", "snap", "snap_write")}
     buffers = [np.empty(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
-    store = CheckpointStore(root / "store")
-    store.save_in_background(tree, step=0)  # allocates the store's host buffers, as a run's first save does
-    store.delete(store.wait())  # type: ignore[arg-type]
+    stores = {"host": CheckpointStore(root / "store"), "snap": CheckpointStore(root / "snap", device_snapshot=True)}
+    for store in stores.values():  # allocates the host buffers and compiles the device copy, as a first save does
+        store.save_in_background(fresh(tree), step=0)
+        store.delete(store.wait())  # type: ignore[arg-type]
     for r in range(1, repeats + 1):
-        jax.block_until_ready(state)
-        out["d2h"].append(timed(lambda: d2h_copy(tree, buffers)))
-        start = time.perf_counter()
-        store.save_in_background(tree, step=r)
-        out["blocked"].append(time.perf_counter() - start)
-        store.wait()
-        out["write"].append(time.perf_counter() - start)
+        source = fresh(tree)
+        out["d2h"].append(timed(lambda s=source: d2h_copy(s, buffers)))
+        for key, store in stores.items():
+            source = fresh(tree)
+            start = time.perf_counter()
+            store.save_in_background(source, step=r)
+            out["blocked" if key == "host" else "snap"].append(time.perf_counter() - start)
+            store.wait()
+            out["write" if key == "host" else "snap_write"].append(time.perf_counter() - start)
         raw_dir = root / f"raw_{r}"
         raw_dir.mkdir()
-        out["raw"].append(timed(lambda d=raw_dir: raw_write(tree, d)))
-        out["restore"].append(timed(lambda r=r: store.restore(target=tree, checkpoint=store.latest())))
+        source = fresh(tree)  # the raw write fetches the state from the device too, as a save does
+        out["raw"].append(timed(lambda d=raw_dir, s=source: raw_write(s, d)))
+        out["restore"].append(timed(lambda h=stores["host"]: h.restore(target=tree, checkpoint=h.latest())))
         shutil.rmtree(raw_dir)
-        store.delete(store.latest())  # type: ignore[arg-type]
+        for store in stores.values():
+            store.delete(store.latest())  # type: ignore[arg-type]
     return out
 
 
 def measure_training(
-    state: TrainState, root: Path, steps: int, every: int, repeats: int
-) -> tuple[list[float], list[float]]:
+    state: TrainState, root: Path, steps: int, every: int, repeats: int, batch_rows: int
+) -> tuple[dict[str, list[float]], list[float]]:
     """Per repeat: run time with background saves every ``every`` steps over run time without; step times.
 
-    The run ends when the last save is on disk (COMPLETED waits for it), so the last save should come a
-    few steps before the end, as it does in a real run: ``steps`` not a multiple of ``every``.
+    Saves go through a host copy (the default) or a device snapshot (``device_snapshot=True``). The run
+    ends when the last save is on disk (COMPLETED waits for it), so the last save should come a few steps
+    before the end, as it does in a real run: ``steps`` not a multiple of ``every``.
     """
-    batch = jnp.ones((WIDTH,), jnp.float32)
+    shape = (batch_rows, WIDTH) if batch_rows else (WIDTH,)
+    batch = jax.random.normal(jax.random.key(0), shape, jnp.float32) / WIDTH**0.5
     data = [batch] * steps
-    ratios, step_times = [], []
     initial = jax.device_get(state)  # each trainer donates its state: every run starts from this host copy
-    plain, saving = create_trainer(initial, loss_fn), create_trainer(initial, loss_fn)
-    folder = root / "train"
-    saver = Checkpoint({"trainer": saving}, folder, keep_latest=1)
-    saver.attach(saving, Events.ITERATION_COMPLETED(every=every))
-    for trainer in (plain, saving):  # compile outside the timing
+    trainers = {key: create_trainer(initial, loss_fn) for key in ("plain", "host", "snap")}
+    savers = []
+    for key in ("host", "snap"):
+        store = CheckpointStore(root / f"train_{key}", device_snapshot=key == "snap")
+        savers.append(Checkpoint({"trainer": trainers[key]}, store, keep_latest=1))
+        savers[-1].attach(trainers[key], Events.ITERATION_COMPLETED(every=every))
+    for trainer in trainers.values():  # compile outside the timing
         trainer.run(data[:1])
+    ratios: dict[str, list[float]] = {"host": [], "snap": []}
+    step_times = []
     for _ in range(repeats):
-        times = []
-        for trainer in (plain, saving):
+        times = {}
+        for key, trainer in trainers.items():
             trainer.state.max_epochs = None
             trainer.state.train_state = trainer.placement.put_state(initial)
             jax.block_until_ready(trainer.state.train_state)
             start = time.perf_counter()
             trainer.run(data)  # COMPLETED waits for the last save to be on disk
             jax.block_until_ready(trainer.state.train_state)
-            times.append(time.perf_counter() - start)
-        ratios.append(times[1] / times[0])
-        step_times.append(times[0] / steps)
-        for info in saver.store.checkpoints():  # the next repeat saves the same steps again
-            saver.store.delete(info)
+            times[key] = time.perf_counter() - start
+        for key in ratios:
+            ratios[key].append(times[key] / times["plain"])
+        step_times.append(times["plain"] / steps)
+        for saver in savers:  # the next repeat saves the same steps again
+            for info in saver.store.checkpoints():
+                saver.store.delete(info)
     return ratios, step_times
 
 
@@ -141,6 +172,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=25)
+    parser.add_argument("--batch", type=int, default=0, help="rows per step through every matrix (0: one row)")
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary folder)")
     parser.add_argument("--quick", action="store_true", help="a small state: a smoke run, not a measurement")
     args = parser.parse_args()
@@ -164,13 +196,15 @@ def main() -> None:
             f"{gbps['write'] / gbps['raw']:.2f} x raw ({gbps['raw']:.2f} GB/s; target >= 0.7)"
         )
         print(f"  restore (verified)  {med['restore']:8.3f} s  {gbps['restore']:.2f} GB/s")
-        ratios, step_times = measure_training(state, root, args.steps, args.every, args.repeats)
+        print(f"  device_snapshot=True: blocked {med['snap']:.3f} s, call to on disk {med['snap_write']:.3f} s")
+        ratios, step_times = measure_training(state, root, args.steps, args.every, args.repeats, args.batch)
         print(
-            f"  training ({statistics.median(step_times):.3f} s/step), a background save every {args.every} of "
-            f"{args.steps} steps: "
-            f"{statistics.median(ratios):.3f} x the time without (median; range {min(ratios):.3f}-{max(ratios):.3f}; "
-            "target <= 1.05)"
+            f"  training (batch {args.batch}, {statistics.median(step_times):.3f} s/step), a background save "
+            f"every {args.every} of {args.steps} steps, time over the time without (target <= 1.05):"
         )
+        for key, label in (("host", "host copy (default)"), ("snap", "device_snapshot=True")):
+            r = ratios[key]
+            print(f"    {label:<22} {statistics.median(r):.3f} x (median; range {min(r):.3f}-{max(r):.3f})")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

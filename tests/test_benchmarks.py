@@ -28,5 +28,28 @@ def test_checkpoint_benchmark_runs_and_reports_every_measure():
         check=True,
         timeout=300,
     ).stdout
-    for line in ("d2h copy", "blocked per save", "write to disk", "x raw", "restore (verified)", "x the time without"):
+    for line in (
+        "d2h copy",
+        "blocked per save",
+        "write to disk",
+        "x raw",
+        "restore (verified)",
+        "device_snapshot=True: blocked",
+        "time over the time without",
+        "host copy (default)",
+    ):
         assert line in out
+
+
+def test_prefetch_benchmark_runs_and_reports_each_case():
+    """Two tiny cases (--quick): each reports all three settings and both ratios; no timing is asserted."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "prefetch.py"), "--quick", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    lines = [line for line in out.splitlines() if "MB per call" in line]
+    assert len(lines) == 2
+    assert all("prefetch=0" in line and "=None" in line and "auto/best" in line for line in lines)

@@ -121,17 +121,46 @@ def test_prune_without_a_policy_keeps_everything(tmp_path):
 
 def test_background_saves_copy_cpu_device_arrays_into_reused_host_buffers():
     """Background saves copy CPU device arrays (device_get gives views) into host buffers kept for reuse."""
-    from ember.checkpoint._store import host_copy
+    from ember.checkpoint._store import detach
 
     pool: list[np.ndarray] = []
     state = {"w": jnp.arange(4.0), "n": np.arange(3), "k": 7}
-    first = host_copy(state, pool)
+    first = detach(state, pool)
     assert not np.shares_memory(first["w"], np.asarray(state["w"]))
     assert not np.shares_memory(first["n"], state["n"])
     assert first["k"] == 7
-    second = host_copy({"w": state["w"] * 2, "n": state["n"], "k": 8}, pool)
+    second = detach({"w": state["w"] * 2, "n": state["n"], "k": 8}, pool)
     assert second["w"] is first["w"]  # the same host buffer, refilled
     assert second["w"].tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_device_snapshot_copies_accelerator_arrays_on_the_device(tmp_path, monkeypatch):
+    """With device_snapshot=True an accelerator array is copied on the device and fetched by the writer.
+
+    The CPU backend is the only one here, so the test makes the store treat CPU arrays as accelerator
+    arrays: the save must then hand the writer a new device array, not the donated original.
+    """
+    from ember.checkpoint import _store
+
+    monkeypatch.setattr(_store, "_on_cpu", lambda x: False)
+    state = {"w": jnp.arange(4.0), "n": np.arange(3), "k": 7}
+    pool: list[np.ndarray] = []
+    snap = _store.detach(state, pool, on_device=True)
+    assert isinstance(snap["w"], jax.Array)
+    assert snap["w"].unsafe_buffer_pointer() != state["w"].unsafe_buffer_pointer()
+    assert not np.shares_memory(snap["n"], state["n"])  # NumPy leaves still go to the host pool
+    assert len(pool) == 1
+    fetched = _store.detach(state, [], on_device=False)
+    assert isinstance(fetched["w"], np.ndarray)  # without the option: fetched to the host at once
+
+    store = CheckpointStore(tmp_path, device_snapshot=True)
+    store.save_in_background(state, step=3)
+    jax.jit(lambda w: w + 100.0, donate_argnums=0)(state["w"])  # the next step donates the state
+    assert state["w"].is_deleted()
+    tree, info = store.restore(checkpoint=store.wait())
+    assert (info.step, tree["w"].tolist(), tree["n"].tolist(), tree["k"]) == (3, [0.0, 1.0, 2.0, 3.0], [0, 1, 2], 7)
+    with pytest.raises(TypeError, match=r"`device_snapshot` must be True or False, got 'yes'"):
+        CheckpointStore(tmp_path, device_snapshot="yes")  # type: ignore[arg-type]
 
 
 def test_only_process_0_writes_and_deletes(tmp_path, monkeypatch):

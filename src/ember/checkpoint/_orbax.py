@@ -19,7 +19,7 @@ from ember.checkpoint._store import (
     CheckpointStore,
     _check_structure,
     _Corrupt,
-    flat_spec,
+    flat_leaves,
     new_manifest,
 )
 
@@ -72,7 +72,7 @@ class OrbaxStore(CheckpointStore):
         name: str | None,
     ) -> tuple[str, dict[str, Any], dict[str, Any]]:
         name = self._new_name(step, name)
-        manifest = new_manifest(step, metrics, metadata, flat_spec(tree))
+        manifest = new_manifest(step, metrics, metadata, flat_leaves(tree))
         tmp = self.root / f"{TMP_PREFIX}{name}-orbax"  # the same on every process: orbax's save is collective
         if jax.process_index() == 0:
             tmp.mkdir()
@@ -105,7 +105,7 @@ class OrbaxStore(CheckpointStore):
     def _read(self, info: CheckpointInfo, target: Any) -> Any:
         args = None
         if target is not None:
-            _check_structure(info.manifest["tree"], flat_spec(target))
+            _check_structure(info.manifest["tree"], flat_leaves(target))
             abstract = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
                 serialization.to_state_dict(target),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import serialization, traverse_util
 
@@ -42,21 +43,29 @@ class CheckpointInfo:
     manifest: dict[str, Any]
 
 
-def _flat_state(tree: Any) -> dict[str, Any]:
-    """``tree`` as ``{"a/b/c": leaf}`` with leaves on the host: arrays as NumPy, scalars as they are."""
-    state = serialization.to_state_dict(jax.device_get(tree))
+def flat_leaves(tree: Any) -> dict[str, Any]:
+    """``tree`` as ``{"a/b/c": leaf}``, leaves as they are (device arrays stay on device); checks leaf types."""
+    state = serialization.to_state_dict(tree)
     flat = traverse_util.flatten_dict(state, sep="/", keep_empty_nodes=True) if isinstance(state, dict) else {"": state}
     out: dict[str, Any] = {}
     for path, leaf in flat.items():
-        if isinstance(leaf, np.ndarray | np.generic):
-            out[path] = np.asarray(leaf)
-        elif leaf is traverse_util.empty_node:  # an empty subtree, such as optax's EmptyState()
+        if leaf is traverse_util.empty_node:  # an empty subtree, such as optax's EmptyState()
             out[path] = {}
-        elif leaf is None or isinstance(leaf, bool | int | float | str):
+        elif (
+            isinstance(leaf, np.ndarray | np.generic | jax.Array)
+            or leaf is None
+            or isinstance(leaf, bool | int | float | str)
+        ):
             out[path] = leaf
         else:
             raise TypeError(f"Checkpoint leaf {path!r} is a {type(leaf).__name__}; leaves must be arrays or scalars.")
     return out
+
+
+def on_host(leaves: dict[str, Any]) -> dict[str, Any]:
+    """``leaves`` with device arrays fetched (all transfers started at once) and arrays as NumPy."""
+    fetched = jax.device_get(leaves)
+    return {k: np.asarray(v) if isinstance(v, np.ndarray | np.generic) else v for k, v in fetched.items()}
 
 
 def _describe(leaf: Any) -> dict[str, Any]:
@@ -82,8 +91,15 @@ class CheckpointStore:
     returned: :meth:`latest`, :meth:`best` and :meth:`restore` skip it with a warning that names it and
     says why, and fall back to the newest valid one.
 
+    Background saves (:meth:`save_in_background`) copy the state to the host before they return, so the
+    training thread waits for that copy (on a GPU the queued steps finish first, then the copy runs).
+    ``device_snapshot=True`` copies it on the device instead, which returns at once, and the writer thread
+    fetches the copy while training goes on: training loses no time to the transfer, at the price of one
+    more copy of the state in device memory while it lasts. On the CPU backend both are the same copy.
+
     Args:
         root: the folder; created if missing.
+        device_snapshot: snapshot accelerator arrays on the device rather than on the host (see above).
 
     Examples:
         >>> import tempfile, numpy as np
@@ -96,14 +112,17 @@ class CheckpointStore:
         (2, [0.0, 2.0, 4.0])
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, device_snapshot: bool = False) -> None:
+        if not isinstance(device_snapshot, bool):
+            raise TypeError(f"`device_snapshot` must be True or False, got {device_snapshot!r}.")
+        self.device_snapshot = device_snapshot
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         for leftover in self.root.glob(f"{TMP_PREFIX}*"):  # an interrupted write
             shutil.rmtree(leftover, ignore_errors=True)
         self._writer: ThreadPoolExecutor | None = None
         self._pending: Future[CheckpointInfo] | None = None
-        self._host_buffers: list[np.ndarray] = []  # reused by background saves (see host_copy)
+        self._host_buffers: list[np.ndarray] = []  # reused by background saves (see detach)
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -148,11 +167,12 @@ class CheckpointStore:
         metadata: Mapping[str, Any] | None = None,
         name: str | None = None,
     ) -> Future[CheckpointInfo]:
-        """Copy ``tree`` to the host now, then serialise and write it on a background thread.
+        """Copy ``tree`` now, then serialise and write it on a background thread.
 
-        When this returns, training may change the device state freely: what is saved is already on the
-        host. The write runs on one background thread; the next save (of either kind) first waits for
-        it, and re-raises its error if it failed, as do :meth:`wait` and :meth:`raise_if_failed`.
+        When this returns, training may change the device state freely: what is saved is already a copy of
+        its own, on the host (or, with ``device_snapshot=True``, on the device, fetched by the writer). The
+        write runs on one background thread; the next save (of either kind) first waits for it, and
+        re-raises its error if it failed, as do :meth:`wait` and :meth:`raise_if_failed`.
 
         Examples:
             >>> import tempfile, numpy as np
@@ -167,7 +187,9 @@ class CheckpointStore:
             self._pending = Future()
             self._pending.set_result(elsewhere)
             return self._pending
-        prepared = self._prepare(host_copy(tree, self._host_buffers), step, metrics, metadata, name)
+        if not self.collective_saves:  # a collective store (orbax) takes its own copy, shard by shard
+            tree = detach(tree, self._host_buffers, on_device=self.device_snapshot)
+        prepared = self._prepare(tree, step, metrics, metadata, name)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="ember-checkpoint", initializer=lower_thread_priority
@@ -244,7 +266,7 @@ class CheckpointStore:
         name: str | None,
     ) -> tuple[str, dict[str, Any], dict[str, Any]]:
         name = self._new_name(step, name)
-        leaves = _flat_state(tree)
+        leaves = flat_leaves(tree)
         return name, leaves, new_manifest(step, metrics, metadata, leaves)
 
     def _new_name(self, step: int, name: str | None) -> str:
@@ -259,6 +281,7 @@ class CheckpointStore:
         return name
 
     def _write(self, name: str, leaves: dict[str, Any], manifest: dict[str, Any]) -> CheckpointInfo:
+        leaves = on_host(leaves)  # device snapshots (or, saving in the foreground, the state) come over here
         tmp = temporary_dir(self.root, name)
         try:
             with open(tmp / DATA, "wb") as f:
@@ -451,7 +474,7 @@ class CheckpointStore:
 
     def _read(self, info: CheckpointInfo, target: Any) -> Any:
         if target is not None:
-            _check_structure(info.manifest["tree"], _flat_state(target))
+            _check_structure(info.manifest["tree"], flat_leaves(target))
         try:
             with open(info.path / DATA, "rb") as f:
                 leaves, crc = read_leaves(f)
@@ -474,33 +497,46 @@ def check_gatherable(tree: Any) -> None:
             )
 
 
-def host_copy(tree: Any, pool: list[np.ndarray]) -> Any:
-    """``tree`` with every array copied into host memory of its own, all transfers started at once.
+def detach(tree: Any, pool: list[np.ndarray], *, on_device: bool = False) -> Any:
+    """``tree`` in memory of its own, that training cannot change: what a background save writes.
 
-    ``jax.device_get`` copies from an accelerator, but for arrays on the CPU backend it returns views of
-    the device buffers, and NumPy arrays come back as they are. Both are copied here: a view would let the
-    next training step, which donates the state, either overwrite what is being saved or (as XLA:CPU
-    does) wait until the background write lets go of the buffer. The copies go into ``pool``'s buffers,
-    reused from one save to the next (the previous write is finished by then): allocating a gigabyte of
-    fresh pages each save costs more than copying into it.
+    Arrays on an accelerator are copied to the host (``on_device=False``; every transfer is started at
+    once), or copied on the device by one compiled call that returns at once (``on_device=True``); the
+    writer thread then fetches the copies while training goes on. Arrays on the CPU backend and NumPy
+    arrays are copied into ``pool``'s buffers: ``jax.device_get`` returns views of CPU device buffers, and a
+    view would let the next training step, which donates the state, either overwrite what is being saved
+    or (as XLA:CPU does) wait until the write lets go of the buffer. The buffers are reused from one save
+    to the next (the previous write is finished by then): allocating a gigabyte of fresh pages each save
+    costs more than copying into it.
     """
-    host = jax.device_get(tree)
-    slot = iter(range(len(jax.tree.leaves(tree))))
+    leaves, treedef = jax.tree.flatten(tree)
+    remote = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not _on_cpu(x)]
+    if remote:
+        picked = [leaves[i] for i in remote]
+        for i, copy in zip(remote, _copy_on_device(picked) if on_device else jax.device_get(picked), strict=True):
+            leaves[i] = copy
+    slot = 0
+    for i, x in enumerate(leaves):
+        if not (isinstance(x, np.ndarray) or (isinstance(x, jax.Array) and _on_cpu(x))):
+            continue
+        x = np.asarray(x)
+        if slot >= len(pool):
+            pool.append(np.empty(x.shape, x.dtype))
+        elif pool[slot].shape != x.shape or pool[slot].dtype != x.dtype:
+            pool[slot] = np.empty(x.shape, x.dtype)
+        np.copyto(pool[slot], x)
+        leaves[i], slot = pool[slot], slot + 1
+    return jax.tree.unflatten(treedef, leaves)
 
-    def own(original: Any, fetched: Any) -> Any:
-        on_cpu = isinstance(original, jax.Array) and all(d.platform == "cpu" for d in original.devices())
-        if not (on_cpu or isinstance(original, np.ndarray)):
-            return fetched
-        fetched = np.asarray(fetched)
-        i = next(slot)
-        if i >= len(pool):
-            pool.append(np.empty(fetched.shape, fetched.dtype))
-        elif pool[i].shape != fetched.shape or pool[i].dtype != fetched.dtype:
-            pool[i] = np.empty(fetched.shape, fetched.dtype)
-        np.copyto(pool[i], fetched)
-        return pool[i]
 
-    return jax.tree.map(own, tree, host)
+def _on_cpu(x: jax.Array) -> bool:
+    return all(d.platform == "cpu" for d in x.devices())
+
+
+@jax.jit
+def _copy_on_device(arrays: list[jax.Array]) -> list[jax.Array]:
+    """New device buffers holding the same values (inputs are not donated, so XLA cannot alias them)."""
+    return [jnp.copy(x) for x in arrays]
 
 
 def new_manifest(
@@ -518,12 +554,6 @@ def new_manifest(
     }
     json.dumps(manifest)
     return manifest
-
-
-def flat_spec(tree: Any) -> dict[str, Any]:
-    """``tree`` as ``{"a/b/c": leaf}``, leaves untouched (device arrays stay on device)."""
-    state = serialization.to_state_dict(tree)
-    return traverse_util.flatten_dict(state, sep="/") if isinstance(state, dict) else {"": state}
 
 
 def check_retention(keep_latest: object, keep_best: object, keep_every: object, mode: object) -> None:
