@@ -1,5 +1,6 @@
 import io
 import re
+import threading
 
 import numpy as np
 import optax
@@ -105,6 +106,43 @@ def test_scalar_logger_writes_metrics_and_outputs_to_tensorboard(tmp_path):
     assert scalars["train/loss"] == [(i, losses[i - 1]) for i in (2, 4, 6, 8)]
     assert [s for s, _ in scalars["epoch/avg_loss"]] == [4, 8]
     assert scalars["epoch/avg_loss"][0][1] == pytest.approx(np.mean(losses[:4]), abs=1e-6)
+
+
+def test_loggers_sharing_a_writer_share_one_thread_in_call_order():
+    """Two loggers on one plain writer get one AsyncWriter: every record on one thread, in call order.
+
+    Two threads calling one writer (tensorboardX's is not thread-safe) lost the last epoch's record on a
+    GPU machine.
+    """
+
+    class Recording(Writer):
+        def __init__(self) -> None:
+            self.records: list[tuple[str, int, list[str]]] = []
+
+        def write_scalars(self, step, values):
+            self.records.append((threading.current_thread().name, step, sorted(values)))
+
+    writer = Recording()
+    t = Engine(lambda e, b: {"loss": float(b)})
+    first = ScalarLogger(writer, tag="it", metric_names=None, output_keys=["loss"])
+    first.attach(t, Events.ITERATION_COMPLETED(every=2))
+    second = ScalarLogger(writer, tag="epoch", metric_names=None, output_keys=["loss"])
+    second.attach(t, Events.EPOCH_COMPLETED)
+    t.run([1.0, 2.0, 3.0, 4.0], max_epochs=2)
+    assert first.writer is second.writer
+    assert [(step, names) for _, step, names in writer.records] == [
+        (2, ["it/loss"]),
+        (4, ["it/loss"]),
+        (4, ["epoch/loss"]),
+        (6, ["it/loss"]),
+        (8, ["it/loss"]),
+        (8, ["epoch/loss"]),
+    ]
+    assert len({thread for thread, _, _ in writer.records}) == 1
+    first.writer.close()
+    third = ScalarLogger(writer, metric_names=None, output_keys=["loss"])
+    third.attach(t, Events.EPOCH_COMPLETED)
+    assert third.writer is not first.writer  # a closed one is not reused
 
 
 def test_scalar_logger_names_missing_keys():

@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
 from ember.handlers._values import check_names, pick
 from ember.writers import AsyncWriter, Writer
 
+_async_for: weakref.WeakKeyDictionary[Writer, AsyncWriter] = weakref.WeakKeyDictionary()
+
 
 def as_async(writer: Writer, engine: Engine) -> AsyncWriter:
     """``writer`` behind a background thread (itself if it already is one), attached to ``engine``.
 
-    Call it after registering the handler that writes, so the writer's flush at COMPLETED comes after
-    that handler's last write.
+    Handlers that share one writer share one :class:`AsyncWriter`, so its records keep their order on one
+    thread (a writer such as tensorboardX's is not safe to call from two). Call it after registering the
+    handler that writes, so the writer's flush at COMPLETED comes after that handler's last write.
     """
     if not isinstance(writer, Writer):
         raise TypeError(f"`writer` must be an ember.writers.Writer, got {type(writer).__name__}.")
     if not isinstance(writer, AsyncWriter):
-        writer = AsyncWriter(writer)
+        shared = _async_for.get(writer)
+        if shared is None or shared.closed:
+            shared = _async_for[writer] = AsyncWriter(writer)
+        writer = shared
     writer.attach(engine)  # once per engine, however many loggers share the writer
     return writer
 

@@ -157,6 +157,17 @@ class AsyncWriter(Writer):
         self._closed = True
         self.raise_if_failed()
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called.
+
+        Examples:
+            >>> from ember.writers import AsyncWriter, ConsoleWriter
+            >>> w = AsyncWriter(ConsoleWriter()); w.close(); w.closed
+            True
+        """
+        return self._closed
+
     def attach(self, engine: Engine) -> None:
         """Raise thread errors at each ITERATION_COMPLETED; flush at COMPLETED and when an exception is raised.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,12 +15,27 @@ from ember.writers._writer import Writer
 _opened = itertools.count()
 
 
+def _tensorflow_bins() -> list[float]:
+    """TensorBoard's usual histogram bucket edges: +-1e-12 growing by 10% to +-1e20, and 0."""
+    edges, v = [], 1e-12
+    while v < 1e20:
+        edges.append(v)
+        v *= 1.1
+    return [-e for e in reversed(edges)] + [0.0] + edges
+
+
 class TensorBoardWriter(Writer):
     """Writes TensorBoard event files in ``logdir`` (scalars, histograms, images, text, hparams).
 
+    Events are written in the caller's thread (an :class:`~ember.writers.AsyncWriter` around it keeps that
+    off the training loop), so :meth:`flush` puts every event written so far on disk. tensorboardX's own
+    ``SummaryWriter`` queues events for a thread of its own, and its ``flush()`` does not wait for that
+    queue: the last events of a run could be missing until ``close()``. Summaries are built with
+    ``tensorboardX.summary``.
+
     Args:
         logdir: the folder TensorBoard reads (created if missing).
-        flush_secs: how often tensorboardX flushes on its own.
+        flush_secs: at most this long between flushes while events arrive, for a live TensorBoard.
 
     Examples:
         >>> import tempfile, os
@@ -31,23 +47,43 @@ class TensorBoardWriter(Writer):
         [True]
     """
 
-    def __init__(self, logdir: str | os.PathLike[str], *, flush_secs: int = 30) -> None:
-        from tensorboardX import SummaryWriter  # imported here: the rest of ember works without loading it
+    def __init__(self, logdir: str | os.PathLike[str], *, flush_secs: float = 30) -> None:
+        # imported here: the rest of ember works without loading tensorboardX
+        from tensorboardX.event_file_writer import EventsWriter
 
+        if not isinstance(flush_secs, int | float) or isinstance(flush_secs, bool) or flush_secs <= 0:
+            raise ValueError(f"`flush_secs` must be a positive number of seconds, got {flush_secs!r}.")
         self.logdir = os.fspath(logdir)
+        os.makedirs(self.logdir, exist_ok=True)
         # tensorboardX names files by the second and the host: a second writer opened in the same second
         # (a quick resume) would clobber the first file, so the name also carries the process and a counter.
         suffix = f".{os.getpid()}.{next(_opened)}"
-        self._writer = SummaryWriter(self.logdir, flush_secs=flush_secs, filename_suffix=suffix)
+        self._events = EventsWriter(os.path.join(self.logdir, "events"), suffix)
+        self.flush_secs = flush_secs
+        self._flushed = time.monotonic()
+        self._bins: list[float] | None = None
+
+    def _write(self, step: int, summary: Any) -> None:
+        from tensorboardX.proto.event_pb2 import Event  # pyright: ignore[reportAttributeAccessIssue]  # generated
+
+        self._events.write_event(Event(summary=summary, step=int(step), wall_time=time.time()))
+        if time.monotonic() - self._flushed > self.flush_secs:
+            self.flush()
 
     def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
         """One scalar summary per value, tagged with its name."""
+        from tensorboardX.summary import scalar
+
         for name, value in values.items():
-            self._writer.add_scalar(name, float(value), global_step=step)
+            self._write(step, scalar(name, float(value)))
 
     def write_histogram(self, step: int, name: str, values: Any) -> None:
-        """A histogram of ``values``."""
-        self._writer.add_histogram(name, np.asarray(values), global_step=step)
+        """A histogram of ``values`` (TensorBoard's usual buckets)."""
+        from tensorboardX.summary import histogram
+
+        if self._bins is None:
+            self._bins = _tensorflow_bins()
+        self._write(step, histogram(name, np.asarray(values), self._bins))
 
     def write_image(self, step: int, name: str, image: Any) -> None:
         """An ``(H, W, C)`` image (needs Pillow: ``pip install 'ember[plots]'``)."""
@@ -55,26 +91,30 @@ class TensorBoardWriter(Writer):
             import PIL  # noqa: F401  # pyright: ignore[reportUnusedImport]  # tensorboardX encodes images with it
         except ImportError as e:
             raise ImportError("Writing images to TensorBoard needs Pillow: pip install 'ember[plots]'.") from e
-        self._writer.add_image(name, np.asarray(image), global_step=step, dataformats="HWC")
+        from tensorboardX.summary import image as image_summary
+
+        self._write(step, image_summary(name, np.asarray(image), dataformats="HWC"))
 
     def write_text(self, step: int, name: str, text: str) -> None:
         """A text summary."""
-        self._writer.add_text(name, text, global_step=step)
+        from tensorboardX.summary import text as text_summary
+
+        self._write(step, text_summary(name, text))
 
     def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
-        """The HParams plugin's record of this run."""
+        """The HParams plugin's record of this run, in this run's file."""
         from tensorboardX.summary import hparams as hparams_summaries
 
         scores = {k: float(v) for k, v in (metrics or {}).items()}
-        file_writer = self._writer._get_file_writer()  # into this run's file, not a new one in a subfolder
         for summary in hparams_summaries(dict(hparams), scores):
-            file_writer.add_summary(summary)
+            self._write(0, summary)
         self.write_scalars(0, scores)
 
     def flush(self) -> None:
-        """Flush pending events to disk."""
-        self._writer.flush()
+        """Put every event written so far on disk."""
+        self._events.flush()
+        self._flushed = time.monotonic()
 
     def close(self) -> None:
         """Flush and close the event file."""
-        self._writer.close()
+        self._events.close()
