@@ -76,3 +76,30 @@ def test_default_placement_on_one_device_is_single_device():
     assert repr(Pmap()) == "Pmap(1 devices, axis_name='batch')"
     with pytest.raises(ValueError, match=r"`axis`='model' is not an axis of the mesh"):
         DataParallel(mesh=DataParallel().mesh, axis="model")
+
+
+def test_multi_device_steps_on_cpu_are_awaited_and_accelerators_keep_async_dispatch():
+    """Several CPU devices: the compiled call waits for its result; one device or a GPU: left as it is."""
+    from ember.training._placement import one_call_at_a_time
+
+    cpu = jax.devices()[0]
+
+    class Gpu:
+        platform = "gpu"
+
+    waited = []
+
+    class Result:
+        def block_until_ready(self):
+            waited.append(True)
+            return self
+
+    def step(x):
+        return Result()
+
+    assert one_call_at_a_time(step, [cpu]) is step
+    assert one_call_at_a_time(step, [Gpu(), Gpu()]) is step
+    awaited = one_call_at_a_time(step, [cpu, cpu])
+    assert awaited is not step
+    assert isinstance(awaited(1), Result)
+    assert waited == [True]
