@@ -24,6 +24,21 @@ def test_size_zero_transfers_on_demand():
     assert put == [1, 2, 3]
 
 
+def test_decide_sets_the_size_from_the_first_batch_of_each_pass():
+    """`decide` sees the first batch before it is put; its answer is how far ahead the pass reads."""
+    seen, put = [], []
+    data = DevicePrefetch([5, 6, 7, 8], put=lambda b: put.append(b) or b, size=0, decide=lambda b: seen.append(b) or 2)
+    it = iter(data)
+    assert next(it) == 5
+    assert (seen, put, data.size) == ([5], [5, 6, 7], 2)
+    assert list(it) == [6, 7, 8]
+    data.decide = lambda b: 0
+    it = iter(data)
+    next(it)
+    assert data.size == 0  # a new pass decides again: now on demand
+    assert put[-1] == 5
+
+
 def test_position_reports_what_was_handed_out_not_read_ahead():
     """The saved position is the one after the batches handed out; resuming from it is exact."""
     source = ArrayDataset(np.arange(10), batch_size=1)

@@ -55,13 +55,40 @@ def test_k_steps_per_call_gives_the_same_parameters_and_per_step_outputs():
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_device_prefetch_trains_like_direct_feeding(k):
-    """prefetch=2 (device_put ahead, the accelerator default) and prefetch=0 (the CPU default) agree."""
+    """prefetch=2 (device_put ahead) and prefetch=0 (straight into the call) train alike."""
     params = []
     for prefetch in (0, 2):
         trainer = create_trainer(linear_state(), classification_loss, steps_per_call=k, prefetch=prefetch)
         params.append(trainer.run(batches(7), max_epochs=2).train_state.params["w"])
         assert trainer.state.iteration == 14
     np.testing.assert_array_equal(params[0], params[1])
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_default_prefetch_puts_only_large_batches_ahead_on_an_accelerator(k, monkeypatch):
+    """prefetch=None: small batches go straight into the call; from 1.5 MiB per call they are put ahead.
+
+    The placement is told it runs on an accelerator; the CPU backend computes as usual.
+    """
+    from ember.training import _trainer
+
+    monkeypatch.setattr(SingleDevice, "prefers_prefetch", property(lambda self: True))
+    rows = -(-_trainer.PREFETCH_MIN_BYTES // (20 * k))  # 20 bytes a row (4 float32 features, an int32 label)
+    for n, ahead in ((rows - 1, False), (rows, True)):  # just under the threshold a call, and just over
+        calls: list[str] = []
+        placement = SingleDevice()
+        for name in ("prepare_batch", "put_batch"):
+            original = getattr(placement, name)
+            monkeypatch.setattr(placement, name, lambda b, o=original, n=name, c=calls, **kw: c.append(n) or o(b, **kw))
+        data = [{"x": np.ones((n, 4), np.float32), "y": np.zeros(n, np.int32)}] * 4
+        trainer = create_trainer(linear_state(), classification_loss, placement=placement, steps_per_call=k)
+        trainer.run(data)
+        assert trainer.state.iteration == 4
+        assert ("put_batch" in calls) is ahead, (n, calls)
+    small = {"x": np.ones((2, 4), np.float32)}
+    assert _trainer.auto_prefetch(small, SingleDevice()) == 0
+    big_on_device = {"x": jnp.ones((rows * k, 4))}  # already on device: nothing to transfer
+    assert _trainer.auto_prefetch(big_on_device, SingleDevice()) == 0
 
 
 def test_any_reiterable_of_numpy_pytrees_feeds_the_trainer():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -18,6 +19,8 @@ class DevicePrefetch:
         source: any re-iterable of batches (a list, an :class:`ArrayDataset`, a loader).
         put: places one batch on device, e.g. ``placement.put_batch``.
         size: how many batches to keep in flight; 0 transfers each batch when it is asked for.
+        decide: if given, called with the first batch of each pass (before ``put``); its answer replaces
+            ``size``. The trainers use it to prefetch only batches large enough for it to pay.
 
     Examples:
         >>> import jax
@@ -27,7 +30,14 @@ class DevicePrefetch:
         ([1.0, 2.0, 3.0], 3)
     """
 
-    def __init__(self, source: Iterable[Any], put: Callable[[Any], Any], size: int = 2) -> None:
+    def __init__(
+        self,
+        source: Iterable[Any],
+        put: Callable[[Any], Any],
+        size: int = 2,
+        *,
+        decide: Callable[[Any], int] | None = None,
+    ) -> None:
         if not isinstance(source, Iterable):
             raise TypeError(f"`source` must be an iterable of batches, got {type(source).__name__}.")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -35,6 +45,7 @@ class DevicePrefetch:
         self.source = source
         self.put = put
         self.size = size
+        self.decide = decide
         self._position: Any = None
 
     def __len__(self) -> int:
@@ -53,6 +64,13 @@ class DevicePrefetch:
 
     def _prefetched(self, it: Iterator[Any], tracks: bool) -> Iterator[Any]:
         queue: collections.deque[tuple[Any, Any]] = collections.deque()
+        if self.decide is not None:
+            try:
+                first = next(it)
+            except StopIteration:
+                return
+            self.size = self.decide(first)
+            it = itertools.chain([first], it)  # the source's position after it is still the right one for it
 
         def fill(n: int) -> None:
             while len(queue) < n:

@@ -68,7 +68,10 @@ class Metric(MetricArithmetic):
         self.mask_key = mask_key
         self._update_fn = jax.jit(self._merge_batch)
         self._attachments: weakref.WeakKeyDictionary[Engine, _Attachment] = weakref.WeakKeyDictionary()
-        self._state: Any = None
+        self._state_value: Any = None
+        self._unpack: Callable[[], Any] | None = None  # reads this metric's part of an engine's packed carry
+        self._fused_in: Any = None  # that packed carry, while the state lives there
+        self._published: Any = None
         self._updates = 0
         self.reset()
 
@@ -123,7 +126,6 @@ class Metric(MetricArithmetic):
             5.0
         """
         self._state = _distinct_buffers(self.empty())
-        self._published: tuple[Any, Any] | None = None
         self._updates = 0
 
     def update(self, output: Any) -> None:
@@ -191,6 +193,16 @@ class Metric(MetricArithmetic):
         for part in parts[1:]:
             merged = self.merge(merged, part)
         return merged
+
+    @property
+    def _state(self) -> Any:
+        if self._unpack is not None:  # the state lives in a training engine's packed carry: read our part
+            self._state_value, self._unpack = self._unpack(), None
+        return self._state_value
+
+    @_state.setter
+    def _state(self, value: Any) -> None:
+        self._state_value, self._unpack, self._fused_in, self._published = value, None, None, None
 
     @property
     def state(self) -> Any:
@@ -280,7 +292,12 @@ class Metric(MetricArithmetic):
         """
         self._state = state
         self._updates += 1
-        self._published = (state, published) if published is not None else None
+        self._published = published
+
+    def _take_fused(self, carry: Any, unpack: Callable[[], Any], published: Any) -> None:
+        """One update done inside a training engine's step: the state is in ``carry``, read by ``unpack``."""
+        self._state_value, self._unpack, self._fused_in, self._published = None, unpack, carry, published
+        self._updates += 1
 
     def published_value(self, state: Any) -> Any:
         """A device value this metric publishes every step, traced into the step; ``None`` for most metrics.

@@ -110,9 +110,8 @@ class RunningAverage(Metric):
         att = self._attachments.get(engine)
         if att is None or not att.names:
             return
-        if self._published is not None and self._published[0] is self._state:
-            value = self._published[1]  # computed in the step as an output of its own: not donated to the next
-        else:
-            value = self.finalize(self._state)  # a device scalar: no host read here
+        # A value published by the step is an output of its own, not donated to the next step; it is
+        # cleared whenever the state changes otherwise. Either way a device scalar: no host read here.
+        value = self._published if self._published is not None else self.finalize(self._state)
         for name in att.names:
             engine.state.metrics[name] = value

@@ -51,13 +51,25 @@ class StepGroups:
     travel ahead through the same :class:`~ember.data.DevicePrefetch` that single batches use.
     """
 
-    def __init__(self, source: Iterable[Any], k: int, put: Callable[[Any], Any], prefetch: int) -> None:
+    def __init__(
+        self,
+        source: Iterable[Any],
+        k: int,
+        put: Callable[[Any], Any],
+        prefetch: int,
+        decide: Callable[[Any], int] | None = None,
+    ) -> None:
         self.source = source
         self.group: Any = None
         self.host_group: Any = None
         self.size = 0
         self.slot = -1
-        self._groups = DevicePrefetch(_Groups(source, k), lambda g: (put(g[0]), g[0], g[1]), size=prefetch)
+        self._groups = DevicePrefetch(
+            _Groups(source, k),
+            lambda g: (put(g[0]), g[0], g[1]),
+            size=prefetch,
+            decide=None if decide is None else lambda g: decide(g[0]),
+        )
 
     def __len__(self) -> int:
         return len(self.source)  # type: ignore[arg-type]

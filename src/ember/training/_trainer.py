@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ember.data import DevicePrefetch
@@ -14,6 +16,7 @@ from ember.engine import Engine, Events, State
 from ember.training._batch_spec import BatchSpec
 from ember.training._feed import StepGroups
 from ember.training._flat_tree import flatten_tree, unflatten_like
+from ember.training._packing import StatePacking
 from ember.training._placement import Placement, Pmap, default_placement
 from ember.training._step_output import StepOutput
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
@@ -57,7 +60,11 @@ class TrainingEngine(Engine):
     state: TrainingState
 
     def __init__(
-        self, process_fn: Callable[[Any, Any], Any], placement: Placement, prefetch: int, steps_per_call: int
+        self,
+        process_fn: Callable[[Any, Any], Any],
+        placement: Placement,
+        prefetch: int | None,
+        steps_per_call: int,
     ) -> None:
         super().__init__(process_fn)
         self.state = TrainingState()
@@ -69,14 +76,28 @@ class TrainingEngine(Engine):
         self.can_fuse = True  # the factories turn it off where updates cannot be folded (pmap, debug)
         self._fused: list[Any] = []
         self._fused_version = 0
+        self._packing: StatePacking | None = None  # the layout of the fused metrics' carried accumulators
+        self._packed: tuple[jax.Array, ...] | None = None  # those accumulators, as the last step left them
+        self._packing_version = -1
         if steps_per_call > 1:
             self.add_event_handler(Events.ITERATION_COMPLETED, self._terminate_at_group_end)
 
     def _wrap_data(self, data: Iterable[Any]) -> Iterable[Any]:
-        place = self.placement.put_batch if self._prefetch else self.placement.prepare_batch
+        """The data as the step takes it: with ``prefetch=None`` the first batch of a pass sets how far ahead."""
+        chosen = [self._prefetch or 0]  # batches in flight; with prefetch=None, decided from the first batch
+
+        def decide(first: Any) -> int:
+            chosen[0] = auto_prefetch(first, self.placement)
+            return chosen[0]
+
+        def place(batch: Any, stacked: bool = False) -> Any:
+            put = self.placement.put_batch if chosen[0] else self.placement.prepare_batch
+            return put(batch, stacked=stacked)
+
+        auto = decide if self._prefetch is None else None
         if self._k > 1:
-            return StepGroups(data, self._k, lambda b: place(b, stacked=True), self._prefetch)
-        return DevicePrefetch(data, place, size=self._prefetch)
+            return StepGroups(data, self._k, lambda b: place(b, stacked=True), chosen[0], auto)
+        return DevicePrefetch(data, place, size=chosen[0], decide=auto)
 
     def fuse_step_update(self, update: Any, reset: Any = None, compute: Any = None) -> Callable[[], None] | None:
         """Fold a metric's update into the compiled step (see :meth:`Engine.fuse_step_update`).
@@ -142,11 +163,40 @@ class TrainingEngine(Engine):
             raise RuntimeError("This engine has no train state to restore into yet; give create_trainer a TrainState.")
         self.state.train_state = self.placement.put_state(unflatten_like(self.state.train_state, tree))
 
+    def _with_fused_updates(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        """``step(state, batch) -> (state, out)`` whose carry also holds the fused metrics' accumulators.
+
+        They travel packed (one vector per dtype), are unpacked inside the step, updated from its output
+        and packed again; a metric that publishes a value every step returns it beside the output.
+        """
+        if self._packing_version != self._fused_version:  # one layout per set of fused metrics
+            self._packing, self._packed = StatePacking([m.state for m in self._fused]), None
+            self._packing_version = self._fused_version
+        packing, updates = self._packing, list(self._fused)
+        assert packing is not None
+
+        def fused(carry: Any, batch: Any) -> Any:
+            train_state, packed = carry
+            train_state, out = step(train_state, batch)
+            new, published = _update_all(updates, packing.unpack(packed), out)
+            return (train_state, packing._pack(new)), (out, published)
+
+        return fused
+
     def _run_fused(self, fn: Callable[..., Any], train_state: Any, batch: Any) -> tuple[Any, Any]:
-        """Call a compiled step that also updates the fused metrics; store their new accumulators."""
-        (train_state, states), (out, published) = fn((train_state, tuple(m.state for m in self._fused)), batch)
-        for metric, state, value in zip(self._fused, states, published, strict=True):
-            metric.set_state(state, published=value)
+        """Call a compiled step that also updates the fused metrics; hand each its part of the new carry.
+
+        The accumulators travel packed (:class:`StatePacking`); they are packed again from the metrics
+        only when one of them changed outside the step (a reset at EPOCH_STARTED, say).
+        """
+        packing, packed = self._packing, self._packed
+        assert packing is not None  # set by the trainer's compile step with the fused step it compiled
+        if packed is None or any(m._fused_in is not packed for m in self._fused):
+            packed = packing.pack(tuple(m.state for m in self._fused))
+        (train_state, packed), (out, published) = fn((train_state, packed), batch)
+        self._packed = packed
+        for i, (metric, value) in enumerate(zip(self._fused, published, strict=True)):
+            metric._take_fused(packed, functools.partial(packing.unpack_one, packed, i), value)
         return train_state, out
 
     def terminate(self, skip_completed: bool = False) -> None:
@@ -173,9 +223,33 @@ class TrainingEngine(Engine):
             self._pending_terminate = None
 
 
+#: A call's batch must hold at least this many host bytes for ``prefetch=None`` to put batches on device
+#: ahead (on an accelerator). Below it ``jax.device_put`` from Python costs more than it hides: on an H100
+#: prefetching 2 batches ran batches of 0.1, 0.8 and 1.0 MB at 0.53, 0.75 and 0.71 x the speed of handing
+#: NumPy batches to the compiled call, and batches of 2.0, 3.2 and 12.6 MB at 1.49, 2.08 and 2.65 x
+#: (docs/benchmarks.md).
+PREFETCH_MIN_BYTES = 3 << 19  # 1.5 MiB
+
+
+def auto_prefetch(batch: Any, placement: Placement) -> int:
+    """How many batches ``prefetch=None`` keeps in flight, judged by the first (host) batch of a pass.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ember.training import SingleDevice
+        >>> from ember.training._trainer import auto_prefetch
+        >>> auto_prefetch(np.zeros((8, 4)), SingleDevice())  # small, and a CPU backend here: no prefetch
+        0
+    """
+    if not placement.prefers_prefetch:
+        return 0
+    host_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(batch) if not isinstance(x, jax.Array))
+    return 2 if host_bytes >= PREFETCH_MIN_BYTES else 0
+
+
 def _check_options(
     steps_per_call: int, prefetch: int | None, placement: Placement | None, debug: bool
-) -> tuple[Placement, int]:
+) -> tuple[Placement, int | None]:
     for name, value, low in (("steps_per_call", steps_per_call, 1), ("prefetch", prefetch, 0)):
         if name == "prefetch" and value is None:
             continue
@@ -186,8 +260,6 @@ def _check_options(
     placement = placement or default_placement()
     if debug and isinstance(placement, Pmap):
         raise ValueError("debug=True runs the step uncompiled on one device; use SingleDevice() to debug.")
-    if prefetch is None:
-        prefetch = 2 if placement.prefers_prefetch else 0
     return placement, prefetch
 
 
@@ -224,18 +296,6 @@ def _update_all(updates: list[Any], states: tuple[Any, ...], out: Any) -> tuple[
     return _tied((new, published), out)  # see _tied
 
 
-def _with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable[..., Any]:
-    """``step`` whose carry also holds the fused metrics' accumulators, updated from each step's output."""
-
-    def fused(carry: Any, batch: Any) -> Any:
-        train_state, states = carry
-        train_state, out = step(train_state, batch)
-        new, published = _update_all(updates, states, out)
-        return (train_state, new), (out, published)
-
-    return fused
-
-
 def _scan_k(step: Callable[..., Any]) -> Callable[..., Any]:
     """K steps in one call; outputs come back stacked, and each step's view slices only what is read."""
 
@@ -260,9 +320,9 @@ def create_trainer(
     """An engine that trains: each iteration runs the compiled step on ``engine.state.train_state``.
 
     The step's output (``{"loss": ..., **aux, **extras}``, device arrays) lands in ``state.output``
-    untouched; nothing is read back to the host unless a handler asks. On accelerators batches are put on
-    device ``prefetch`` steps ahead with the placement's sharding; on a CPU backend they go straight into
-    the compiled call, which transfers them more cheaply than an explicit ``device_put``. The first batch's
+    untouched; nothing is read back to the host unless a handler asks. Batches go straight into the compiled
+    call, which transfers them more cheaply than an explicit ``device_put``, unless they are large enough
+    (on an accelerator) to gain from being put on device ``prefetch`` steps ahead. The first batch's
     structure, shapes and dtypes are recorded, and a later batch that differs raises an error showing both.
 
     Args:
@@ -275,7 +335,10 @@ def create_trainer(
         extras: in-step values for handlers (``"grad_norm"``, ``"update_norm"``, ``"param_norm"``, ``"lr"``).
         lr_schedule: the optimizer's schedule, for the ``"lr"`` extra.
         prefetch: batches (or K-step groups) kept in flight to the device; 0 hands each batch to the
-            compiled call as it comes; ``None`` (default) means 2 on accelerators and 0 on a CPU backend.
+            compiled call as it comes. ``None`` (default) decides from the first batch of each pass: 2 on
+            an accelerator when one call's batch holds at least ``PREFETCH_MIN_BYTES`` (1.5 MiB) of host
+            data, else 0 (always 0 on a CPU backend); below that size ``jax.device_put`` costs more than
+            it hides.
         debug: run the step uncompiled, to step through it with a debugger.
 
     Returns:
@@ -309,7 +372,7 @@ def create_trainer(
         if key in compiled:
             return compiled[key]
         grouped = steps_per_call > 1
-        one = _with_updates(step, list(engine._fused)) if engine._fused else step
+        one = engine._with_fused_updates(step) if engine._fused else step
         fn = _scan_k(one) if grouped else one
         if not debug:
             example = _example_output(step, placement, train_state, batch, stacked=grouped)
@@ -353,18 +416,6 @@ def create_trainer(
     if isinstance(state, TrainState):
         engine.state.train_state = placement.put_state(state)
     return engine
-
-
-def _eval_with_updates(step: Callable[..., Any], updates: list[Any]) -> Callable[..., Any]:
-    """An eval step that also updates the fused metrics' accumulators (the train state passes through)."""
-
-    def fused(carry: Any, batch: Any) -> Any:
-        train_state, states = carry
-        out = step(train_state, batch)
-        new, published = _update_all(updates, states, out)
-        return (train_state, new), (out, published)
-
-    return fused
 
 
 def _build_state(factory: Any, batch: Any) -> TrainState:
@@ -423,7 +474,7 @@ def create_evaluator(
     def compile_for(engine: TrainingEngine) -> Callable[..., Any]:
         fn = compiled.get(engine._fused_version)
         if fn is None:
-            fn = _eval_with_updates(step, list(engine._fused)) if engine._fused else step
+            fn = engine._with_fused_updates(lambda state, batch: (state, step(state, batch))) if engine._fused else step
             fn = compiled[engine._fused_version] = fn if debug else placement.compile_eval(fn)
         return fn
 
