@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _runs import timed_runs
 
 from ember import Events
 from ember.checkpoint import CheckpointStore
@@ -145,18 +146,13 @@ def measure_training(
         savers[-1].attach(trainers[key], Events.ITERATION_COMPLETED(every=every))
     for trainer in trainers.values():  # compile outside the timing
         trainer.run(data[:1])
+    runs = {key: timed_runs(trainer, initial) for key, trainer in trainers.items()}
     ratios: dict[str, list[float]] = {"host": [], "snap": []}
     step_times = []
     for _ in range(repeats):
         times = {}
-        for key, trainer in trainers.items():
-            trainer.state.max_epochs = None
-            trainer.state.train_state = trainer.placement.put_state(initial)
-            jax.block_until_ready(trainer.state.train_state)
-            start = time.perf_counter()
-            trainer.run(data)  # COMPLETED waits for the last save to be on disk
-            jax.block_until_ready(trainer.state.train_state)
-            times[key] = time.perf_counter() - start
+        for key, run in runs.items():
+            times[key] = run(data)  # COMPLETED waits for the last save to be on disk
         for key in ratios:
             ratios[key].append(times[key] / times["plain"])
         step_times.append(times["plain"] / steps)

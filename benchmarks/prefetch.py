@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _runs import timed_runs
 from flax import linen as nn
 
 from ember.training import SingleDevice, TrainState, create_trainer
@@ -54,17 +54,8 @@ def loss_fn(model: Any, batch: tuple[jax.Array, jax.Array]) -> jax.Array:
 
 def runner(initial: TrainState, data: list[Any], prefetch: int | None, k: int) -> Callable[[], float]:
     trainer = create_trainer(initial, loss_fn, placement=SingleDevice(), prefetch=prefetch, steps_per_call=k)
-
-    def run() -> float:
-        trainer.state.train_state = trainer.placement.put_state(initial)
-        trainer.state.max_epochs = None
-        jax.block_until_ready(trainer.state.train_state)
-        start = time.perf_counter()
-        trainer.run(data)
-        jax.block_until_ready(trainer.state.train_state)
-        return time.perf_counter() - start
-
-    return run
+    run = timed_runs(trainer, initial)
+    return lambda: run(data)
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _runs import timed_runs
 from flax import linen as nn
 
 from ember.handlers import ProgressBar
@@ -168,16 +169,8 @@ def ember_run(
         Accuracy().attach(trainer, "accuracy")
         RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running_loss")
 
-    def run() -> float:
-        trainer.state.train_state = placement.put_state(initial)
-        trainer.state.max_epochs = None  # a fresh run each time
-        jax.block_until_ready(trainer.state.train_state)
-        start = time.perf_counter()
-        trainer.run(data)
-        jax.block_until_ready(trainer.state.train_state)
-        return time.perf_counter() - start
-
-    return run
+    run = timed_runs(trainer, initial)
+    return lambda: run(data)
 
 
 def keras_fit(hidden: tuple[int, ...], data: list[Any], steps_per_execution: int = 1) -> Callable[[], float] | None:
