@@ -166,8 +166,9 @@ class TrainingEngine(Engine):
     def _with_fused_updates(self, step: Callable[..., Any]) -> Callable[..., Any]:
         """``step(state, batch) -> (state, out)`` whose carry also holds the fused metrics' accumulators.
 
-        They travel packed (one vector per dtype), are unpacked inside the step, updated from its output
-        and packed again; a metric that publishes a value every step returns it beside the output.
+        They travel packed (one vector of words per byte width), are unpacked inside the step, updated
+        from its output and packed again; a metric that publishes a value every step returns it beside
+        the output.
         """
         if self._packing_version != self._fused_version:  # one layout per set of fused metrics
             self._packing, self._packed = StatePacking([m.state for m in self._fused]), None
