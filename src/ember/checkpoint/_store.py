@@ -510,22 +510,21 @@ def detach(tree: Any, pool: list[np.ndarray], *, on_device: bool = False) -> Any
     costs more than copying into it.
     """
     leaves, treedef = jax.tree.flatten(tree)
-    remote = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not _on_cpu(x)]
+    in_host_memory = [isinstance(x, np.ndarray) or (isinstance(x, jax.Array) and _on_cpu(x)) for x in leaves]
+    remote = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not in_host_memory[i]]
     if remote:
         picked = [leaves[i] for i in remote]
         for i, copy in zip(remote, _copy_on_device(picked) if on_device else jax.device_get(picked), strict=True):
             leaves[i] = copy
-    slot = 0
-    for i, x in enumerate(leaves):
-        if not (isinstance(x, np.ndarray) or (isinstance(x, jax.Array) and _on_cpu(x))):
-            continue
-        x = np.asarray(x)
+    local = [i for i, here in enumerate(in_host_memory) if here]
+    for slot, i in enumerate(local):
+        x = np.asarray(leaves[i])
         if slot >= len(pool):
             pool.append(np.empty(x.shape, x.dtype))
         elif pool[slot].shape != x.shape or pool[slot].dtype != x.dtype:
             pool[slot] = np.empty(x.shape, x.dtype)
         np.copyto(pool[slot], x)
-        leaves[i], slot = pool[slot], slot + 1
+        leaves[i] = pool[slot]
     return jax.tree.unflatten(treedef, leaves)
 
 
