@@ -4,7 +4,7 @@ import optax
 import pytest
 
 from ember import Events
-from ember.metrics import Accuracy, Average, Precision, RunningAverage
+from ember.metrics import Accuracy, Average, Precision, RunningAverage, Sum
 from ember.training import Pmap, TrainState, create_evaluator, create_trainer
 from tests.training.models import batches
 
@@ -51,9 +51,9 @@ def test_fused_metrics_equal_handler_metrics(k):
     for got, want in zip(fused, plain, strict=True):
         assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
         assert got["accuracy"] == want["accuracy"]
-    assert len(plain_trainer._fused) == 0
+    assert len(plain_trainer._fusion.metrics) == 0
     # with K steps per call only epoch-granular metrics fold in; RunningAverage publishes every step
-    assert len(fused_trainer._fused) == (4 if k == 1 else 3)
+    assert len(fused_trainer._fusion.metrics) == (4 if k == 1 else 3)
 
 
 def test_evaluator_folds_metrics_in_and_detach_takes_them_out():
@@ -66,7 +66,7 @@ def test_evaluator_folds_metrics_in_and_detach_takes_them_out():
         acc.attach(evaluator, "accuracy")
         values.append(evaluator.run(batches(3)).metrics["accuracy"])
         acc.detach(evaluator)
-        assert evaluator._fused == []
+        assert evaluator._fusion.metrics == []
         assert evaluator.run(batches(3)).metrics == {}
     assert values[0] == values[1]
     assert 0.0 < values[0] < 1.0
@@ -77,6 +77,33 @@ def test_pmap_and_debug_keep_the_handler_path():
     for kwargs in ({"placement": Pmap()}, {"debug": True}):
         trainer = create_trainer(state(), loss_fn, **kwargs)
         Accuracy().attach(trainer, "accuracy")
-        assert trainer._fused == []
+        assert trainer._fusion.metrics == []
         assert 0.0 <= trainer.run(batches(2)).metrics["accuracy"] <= 1.0
     np.testing.assert_equal(Precision().fusable, False)
+
+
+def test_fused_state_is_read_from_the_carry_and_moves_between_engines():
+    """A fused metric's state, update count and reset follow the compiled step, per engine, exactly."""
+    total = Sum(output_transform=lambda out: out["y"])  # the labels: exact integer sums
+    first, second = create_trainer(state(), loss_fn), create_trainer(state(), loss_fn)
+    seen = []
+    total.attach(first, "total", usage="running")
+    first.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(int(total.state)))
+    data = batches(4)
+    first.run(data)
+    want = np.cumsum([int(np.sum(b["y"])) for b in data]).tolist()
+    assert seen == want
+    assert total._updates == 4
+    assert total._carry is not None
+    total.reset()  # leaves the carry: the next call of `first` packs again
+    assert total._carry is None
+    assert float(total.state) == 0.0
+    with pytest.raises(RuntimeError, match="computed before any update"):
+        total.compute()
+    total.attach(second, "total", usage="running")
+    second.run(data[:2])  # the running usage resets at STARTED
+    assert total.compute() == want[1]
+    assert total._updates == 2
+    first.run(data[:1])  # `first` takes the metric back into its own carry
+    assert total.compute() == want[0]
+    assert total._updates == 1

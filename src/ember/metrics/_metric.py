@@ -69,10 +69,13 @@ class Metric(MetricArithmetic):
         self._update_fn = jax.jit(self._merge_batch)
         self._attachments: weakref.WeakKeyDictionary[Engine, _Attachment] = weakref.WeakKeyDictionary()
         self._state_value: Any = None
-        self._unpack: Callable[[], Any] | None = None  # reads this metric's part of an engine's packed carry
-        self._fused_in: Any = None  # that packed carry, while the state lives there
-        self._published: Any = None
-        self._updates = 0
+        # While a training engine runs this metric inside its compiled step, the state lives in the
+        # engine's Carry (training/_fused.py), at ``_carry_index``; ``_carry_read`` is the carry's call
+        # count when ``_state_value`` was last read from it, ``_carry_base`` its count when the state moved in.
+        self._carry: Any = None
+        self._carry_index = self._carry_base = self._carry_read = 0
+        self._own_published: Any = None
+        self._own_updates = 0
         self.reset()
 
     # -- what subclasses define ------------------------------------------------------------------
@@ -196,13 +199,46 @@ class Metric(MetricArithmetic):
 
     @property
     def _state(self) -> Any:
-        if self._unpack is not None:  # the state lives in a training engine's packed carry: read our part
-            self._state_value, self._unpack = self._unpack(), None
+        carry = self._carry
+        if carry is not None and self._carry_read != carry.calls:  # steps ran since we last read our part
+            self._state_value, self._carry_read = carry.read(self._carry_index), carry.calls
         return self._state_value
 
     @_state.setter
     def _state(self, value: Any) -> None:
-        self._state_value, self._unpack, self._fused_in, self._published = value, None, None, None
+        self._leave_carry()
+        self._state_value, self._own_published = value, None
+
+    @property
+    def _updates(self) -> int:
+        """Updates since the last reset (a compiled call of a training engine counts as one)."""
+        carry = self._carry
+        return self._own_updates + (carry.calls - self._carry_base if carry is not None else 0)
+
+    @_updates.setter
+    def _updates(self, value: int) -> None:
+        carry = self._carry
+        self._own_updates = value - (carry.calls - self._carry_base if carry is not None else 0)
+
+    @property
+    def _published(self) -> Any:
+        """The device value published by the last step (:meth:`published_value`), or ``None``."""
+        carry = self._carry
+        return carry.published[self._carry_index] if carry is not None else self._own_published
+
+    def _enter_carry(self, carry: Any, index: int) -> None:
+        """Our state (already packed into ``carry``) now lives there, at ``index``."""
+        value = self._state
+        self._leave_carry()
+        self._state_value, self._own_published = value, None
+        self._carry, self._carry_index, self._carry_base, self._carry_read = carry, index, carry.calls, carry.calls
+
+    def _leave_carry(self) -> None:
+        """Stop reading the state from a carry (the caller sets it), keeping the update count."""
+        carry = self._carry
+        if carry is not None:
+            self._own_updates += carry.calls - self._carry_base
+            self._carry, carry.stale = None, True
 
     @property
     def state(self) -> Any:
@@ -292,12 +328,7 @@ class Metric(MetricArithmetic):
         """
         self._state = state
         self._updates += 1
-        self._published = published
-
-    def _take_fused(self, carry: Any, unpack: Callable[[], Any], published: Any) -> None:
-        """One update done inside a training engine's step: the state is in ``carry``, read by ``unpack``."""
-        self._state_value, self._unpack, self._fused_in, self._published = None, unpack, carry, published
-        self._updates += 1
+        self._own_published = published
 
     def published_value(self, state: Any) -> Any:
         """A device value this metric publishes every step, traced into the step; ``None`` for most metrics.

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -16,7 +14,7 @@ from ember.engine import Engine, Events, State
 from ember.training._batch_spec import BatchSpec
 from ember.training._feed import StepGroups
 from ember.training._flat_tree import flatten_tree, unflatten_like
-from ember.training._packing import StatePacking
+from ember.training._fused import FusedMetrics
 from ember.training._placement import Placement, Pmap, default_placement
 from ember.training._step_output import StepOutput
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
@@ -74,11 +72,7 @@ class TrainingEngine(Engine):
         self._group_end = True
         self._pending_terminate: bool | None = None
         self.can_fuse = True  # the factories turn it off where updates cannot be folded (pmap, debug)
-        self._fused: list[Any] = []
-        self._fused_version = 0
-        self._packing: StatePacking | None = None  # the layout of the fused metrics' carried accumulators
-        self._packed: tuple[jax.Array, ...] | None = None  # those accumulators, as the last step left them
-        self._packing_version = -1
+        self._fusion = FusedMetrics()  # the metric updates folded into the compiled step
         if steps_per_call > 1:
             self.add_event_handler(Events.ITERATION_COMPLETED, self._terminate_at_group_end)
 
@@ -112,21 +106,15 @@ class TrainingEngine(Engine):
             >>> state = TrainState.create(lambda p, x: x * p, jnp.array(0.0), optax.sgd(0.1))
             >>> trainer = create_trainer(state, lambda m, b: jnp.mean((m(b) - 1.0) ** 2))
             >>> Average(key="loss").attach(trainer, "loss")
-            >>> len(trainer._fused), round(trainer.run([jnp.ones(2)] * 3).metrics["loss"], 4)  # (1 + 0.64 + 0.4096) / 3
-            (1, 0.6832)
+            >>> len(trainer._fusion.metrics)
+            1
+            >>> round(trainer.run([jnp.ones(2)] * 3).metrics["loss"], 4)  # (1 + 0.64 + 0.4096) / 3
+            0.6832
         """
         coarse = {Events.STARTED, Events.EPOCH_STARTED, Events.EPOCH_COMPLETED, Events.COMPLETED}
         if not self.can_fuse or (self._k > 1 and not {reset, compute} <= coarse):
             return None
-        self._fused.append(update)
-        self._fused_version += 1
-
-        def undo() -> None:
-            if any(u is update for u in self._fused):
-                self._fused = [u for u in self._fused if u is not update]
-                self._fused_version += 1
-
-        return undo
+        return self._fusion.add(update)
 
     def tree_state_dict(self) -> dict[str, Any]:
         """The arrays a checkpoint saves for this engine: its train state as ``{path: array}`` (on device).
@@ -162,43 +150,6 @@ class TrainingEngine(Engine):
         if self.state.train_state is None:
             raise RuntimeError("This engine has no train state to restore into yet; give create_trainer a TrainState.")
         self.state.train_state = self.placement.put_state(unflatten_like(self.state.train_state, tree))
-
-    def _with_fused_updates(self, step: Callable[..., Any]) -> Callable[..., Any]:
-        """``step(state, batch) -> (state, out)`` whose carry also holds the fused metrics' accumulators.
-
-        They travel packed (one vector of words per byte width), are unpacked inside the step, updated
-        from its output and packed again; a metric that publishes a value every step returns it beside
-        the output.
-        """
-        if self._packing_version != self._fused_version:  # one layout per set of fused metrics
-            self._packing, self._packed = StatePacking([m.state for m in self._fused]), None
-            self._packing_version = self._fused_version
-        packing, updates = self._packing, list(self._fused)
-        assert packing is not None
-
-        def fused(carry: Any, batch: Any) -> Any:
-            train_state, packed = carry
-            train_state, out = step(train_state, batch)
-            new, published = _update_all(updates, packing.unpack(packed), out)
-            return (train_state, packing._pack(new)), (out, published)
-
-        return fused
-
-    def _run_fused(self, fn: Callable[..., Any], train_state: Any, batch: Any) -> tuple[Any, Any]:
-        """Call a compiled step that also updates the fused metrics; hand each its part of the new carry.
-
-        The accumulators travel packed (:class:`StatePacking`); they are packed again from the metrics
-        only when one of them changed outside the step (a reset at EPOCH_STARTED, say).
-        """
-        packing, packed = self._packing, self._packed
-        assert packing is not None  # set by the trainer's compile step with the fused step it compiled
-        if packed is None or any(m._fused_in is not packed for m in self._fused):
-            packed = packing.pack(tuple(m.state for m in self._fused))
-        (train_state, packed), (out, published) = fn((train_state, packed), batch)
-        self._packed = packed
-        for i, (metric, value) in enumerate(zip(self._fused, published, strict=True)):
-            metric._take_fused(packed, functools.partial(packing.unpack_one, packed, i), value)
-        return train_state, out
 
     def terminate(self, skip_completed: bool = False) -> None:
         """As :meth:`Engine.terminate`; with K steps per call, at the end of the current group.
@@ -264,39 +215,6 @@ def _check_options(
     return placement, prefetch
 
 
-def _tied(states: Any, out: Any) -> Any:
-    """``states`` unchanged in value, but made to depend on ``out`` (any pytree with a float leaf).
-
-    XLA:CPU's runtime runs independent branches of a computation concurrently, and on a 2-core machine
-    such a branch costs about 30-60 us of thread hand-off: an accumulator whose update depends only on
-    shapes (an example count, a sum of ones) is one. Multiplying by
-    ``(v == v) | (v != v)``, which is 1 for every float ``v`` (NaN and inf included) and which XLA cannot
-    fold for floats, orders the work without changing a value (measurements in docs/benchmarks.md).
-    """
-    anchors = [x for x in jax.tree.leaves(out) if jnp.issubdtype(jnp.result_type(x), jnp.floating)]
-    if not anchors:
-        return states
-    v = jnp.ravel(anchors[0])[0]
-    one = (v == v) | (v != v)
-
-    def tie(leaf: Any) -> Any:
-        return leaf & one if leaf.dtype == jnp.bool_ else leaf * one.astype(leaf.dtype)
-
-    return jax.tree.map(tie, states)
-
-
-def _update_all(updates: list[Any], states: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
-    """Every fused metric's update from ``out``, and what each publishes per step, tied to ``out``.
-
-    The new accumulators are donated to the next call with the train state (donation measured 15-20%
-    faster on XLA:CPU), so a value a metric publishes every step (a running average) leaves the call as
-    an output of its own, which is not donated and stays readable for handlers that read late.
-    """
-    new = tuple(u.fused_update(s, out) for u, s in zip(updates, states, strict=True))
-    published = tuple(u.published_value(s) for u, s in zip(updates, new, strict=True))
-    return _tied((new, published), out)  # see _tied
-
-
 def _scan_k(step: Callable[..., Any]) -> Callable[..., Any]:
     """K steps in one call; outputs come back stacked, and each step's view slices only what is read."""
 
@@ -327,7 +245,9 @@ def create_trainer(
     structure, shapes and dtypes are recorded, and a later batch that differs raises an error showing both.
 
     Args:
-        state: the initial :class:`TrainState`, or a function building it from the first batch.
+        state: the initial :class:`TrainState`, or a function building it from the first batch. Its
+            arrays are donated to the compiled step (deleted after the first step); the current state
+            is ``engine.state.train_state``. Pass ``jax.tree.map(jnp.copy, state)`` to keep yours.
         loss_fn: ``loss_fn(model, batch) -> loss | (loss, aux)``; see :func:`make_train_step`.
         placement: :class:`SingleDevice`, :class:`DataParallel` or :class:`Pmap`; by default data
             parallel when several devices are visible.
@@ -369,11 +289,11 @@ def create_trainer(
     spec: list[BatchSpec] = []
 
     def compile_for(engine: TrainingEngine, size: int, train_state: Any, batch: Any) -> Callable[..., Any]:
-        key = (size, engine._fused_version)
+        key = (size, engine._fusion.version)
         if key in compiled:
             return compiled[key]
         grouped = steps_per_call > 1
-        one = engine._with_fused_updates(step) if engine._fused else step
+        one = engine._fusion.wrap(step) if engine._fusion.metrics else step
         fn = _scan_k(one) if grouped else one
         if not debug:
             example = _example_output(step, placement, train_state, batch, stacked=grouped)
@@ -383,8 +303,8 @@ def create_trainer(
 
     def call(engine: TrainingEngine, fn: Callable[..., Any], batch: Any) -> Any:
         st = engine.state
-        if engine._fused:
-            st.train_state, out = engine._run_fused(fn, st.train_state, batch)
+        if engine._fusion.metrics:
+            st.train_state, out = engine._fusion.call(fn, st.train_state, batch)
         else:
             st.train_state, out = fn(st.train_state, batch)
         return out
@@ -473,10 +393,11 @@ def create_evaluator(
     spec: list[BatchSpec] = []
 
     def compile_for(engine: TrainingEngine) -> Callable[..., Any]:
-        fn = compiled.get(engine._fused_version)
+        fusion = engine._fusion
+        fn = compiled.get(fusion.version)
         if fn is None:
-            fn = engine._with_fused_updates(lambda state, batch: (state, step(state, batch))) if engine._fused else step
-            fn = compiled[engine._fused_version] = fn if debug else placement.compile_eval(fn)
+            fn = fusion.wrap(lambda state, batch: (state, step(state, batch))) if fusion.metrics else step
+            fn = compiled[fusion.version] = fn if debug else placement.compile_eval(fn)
         return fn
 
     def process(engine: TrainingEngine, batch: Any) -> Any:
@@ -486,9 +407,9 @@ def create_evaluator(
             spec.append(BatchSpec(batch, allow_short=True))
         train_state = engine.state.train_state if isinstance(source, TrainState) else source.state.train_state  # type: ignore[attr-defined]
         fn = compile_for(engine)
-        if not engine._fused:
+        if not engine._fusion.metrics:
             return fn(train_state, batch)
-        return engine._run_fused(fn, train_state, batch)[1]
+        return engine._fusion.call(fn, train_state, batch)[1]
 
     engine = TrainingEngine(process, placement, prefetch, 1)
     engine.can_fuse = not debug and not isinstance(placement, Pmap)
