@@ -234,3 +234,19 @@ def test_trainer_option_errors():
     with pytest.raises(TypeError, match=r"`source` must be a TrainState or a trainer Engine, got int"):
         create_evaluator(3, lambda m, b: m(b))  # type: ignore[arg-type]
     assert isinstance(create_evaluator(Engine(lambda e, b: b), lambda m, b: m(b)), Engine)
+
+
+def test_the_given_state_is_donated_and_a_copy_keeps_it():
+    """As documented: the state passed in is donated to the step; a copy of it survives the run."""
+
+    def make():
+        return TrainState.create(lambda p, x: x * p, jnp.ones(2), optax.sgd(0.1))
+
+    given, kept = make(), make()
+    create_trainer(given, lambda m, b: jnp.mean(m(b) ** 2)).run([jnp.ones(2)] * 2)
+    trainer = create_trainer(jax.tree.map(jnp.copy, kept), lambda m, b: jnp.mean(m(b) ** 2))
+    trainer.run([jnp.ones(2)] * 2)
+    with pytest.raises(RuntimeError, match="Array has been deleted"):
+        given.params + 1
+    assert kept.params.tolist() == [1.0, 1.0]
+    assert trainer.state.train_state.params.tolist() == pytest.approx([0.81, 0.81])
