@@ -53,3 +53,23 @@ def test_prefetch_benchmark_runs_and_reports_each_case():
     lines = [line for line in out.splitlines() if "MB per call" in line]
     assert len(lines) == 2
     assert all("prefetch=0" in line and "=None" in line and "auto/best" in line for line in lines)
+
+
+def test_metrics_overhead_benchmark_runs_and_reports_every_row():
+    """A few steps: each metric set is reported with its best and median time and the excess; no timing asserted."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "metrics_overhead.py"), "--steps", "20", "--repeats", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    rows = [line for line in out.splitlines() if line.startswith("  ")]
+    assert [row.split("best")[0].strip() for row in rows] == [
+        "no metrics (outputs only)",
+        "Average of the loss",
+        "Accuracy",
+        "RunningAverage of the loss",
+        "all three",
+    ]
+    assert "(+ 0.0)" in rows[0]

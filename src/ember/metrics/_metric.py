@@ -277,7 +277,7 @@ class Metric(MetricArithmetic):
         if name not in att.names:
             att.names.append(name)
             if len(att.names) == 1 and not att.internal:
-                att.handles.append(engine.add_priority_handler(att.usage.compute, self._completed))
+                att.handles.append(engine.add_priority_handler(att.usage.compute, self._completed, att))
 
     def _attach_to(self, engine: Engine, usage: MetricUsage) -> _Attachment:
         att = self._attachments.get(engine)
@@ -352,9 +352,8 @@ class Metric(MetricArithmetic):
     def _updated(self, engine: Engine) -> None:
         self.update(engine.state.output)
 
-    def _completed(self, engine: Engine) -> None:
-        att = self._attachments.get(engine)
-        if att is None or not att.names:
+    def _completed(self, engine: Engine, att: _Attachment) -> None:
+        if not att.names:
             return
         value = self.compute()
         for name in att.names:

@@ -106,12 +106,14 @@ class RunningAverage(Metric):
         """
         super().attach(engine, name, usage)
 
-    def _completed(self, engine: Engine) -> None:
-        att = self._attachments.get(engine)
-        if att is None or not att.names:
+    def _completed(self, engine: Engine, att: Any) -> None:
+        if not att.names:
             return
         # A value published by the step is an output of its own, not donated to the next step; it is
         # cleared whenever the state changes otherwise. Either way a device scalar: no host read here.
-        value = self._published if self._published is not None else self.finalize(self._state)
+        value = self._published
+        if value is None:
+            value = self.finalize(self._state)
+        metrics = engine.state.metrics
         for name in att.names:
-            engine.state.metrics[name] = value
+            metrics[name] = value
