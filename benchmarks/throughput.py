@@ -11,7 +11,8 @@ shows) and an MLP 784-512-512-10 with batch 128. Rows, each the best of ``--repe
 - ``ember, aux outputs`` and ``ember + metrics``: the step also returns logits and labels; the second row
   attaches ``Average`` of the loss, ``Accuracy`` and a ``RunningAverage`` of the loss, so the ratio between
   the two is what the metrics cost (their updates fold into the compiled step);
-- ``hand scan x10`` and ``ember steps_per_call=10``: ten steps per compiled call (``lax.scan``);
+- ``hand scan x10``, ``ember steps_per_call=10`` and ``ember steps_per_call=10 + handlers`` (the typical
+  set above): ten steps per compiled call (``lax.scan``);
 - ``keras fit`` and ``keras fit, steps_per_execution=10``: Keras 3 on the JAX backend, when installed
   (``pip install keras``; it is not a dependency).
 
@@ -209,6 +210,7 @@ def measure(name: str, hidden: tuple[int, ...], batch: int, steps: int, repeats:
         "ember + metrics": ember_run(hidden, data, extra="metrics"),
         "hand scan x10": hand_scan(hidden, data, 10),
         "ember steps_per_call=10": ember_run(hidden, data, k=10),
+        "ember steps_per_call=10 + handlers": ember_run(hidden, data, k=10, extra="handlers"),
         "keras fit": keras_fit(hidden, data),
         "keras fit, steps_per_execution=10": keras_fit(hidden, data, 10),
     }
@@ -226,6 +228,7 @@ def measure(name: str, hidden: tuple[int, ...], batch: int, steps: int, repeats:
         "ember + handlers": "hand loop",
         "ember + metrics": "ember, aux outputs",
         "ember steps_per_call=10": "hand scan x10",
+        "ember steps_per_call=10 + handlers": "hand scan x10",
         "keras fit": "hand loop",
         "keras fit, steps_per_execution=10": "hand scan x10",
     }

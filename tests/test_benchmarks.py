@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,29 @@ def test_metrics_overhead_benchmark_runs_and_reports_every_row():
         "all three",
     ]
     assert "(+ 0.0)" in rows[0]
+
+
+def test_throughput_benchmark_runs_and_reports_every_ember_row():
+    """Both models at smoke-test size (--quick): every ember row and its reference ratio; no timing asserted."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "throughput.py"), "--quick", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    rows: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        found = re.match(r"^  (\S.*?)\s{2,}\d+ steps/s(.*)$", line)
+        if found:
+            rows.setdefault(found[1], []).append(found[2])
+    for row, ref in (
+        ("ember", "hand loop"),
+        ("ember + handlers", "hand loop"),
+        ("ember + metrics", "ember, aux outputs"),
+        ("ember steps_per_call=10", "hand scan x10"),
+        ("ember steps_per_call=10 + handlers", "hand scan x10"),
+    ):
+        assert len(rows[row]) == 2  # one per model
+        assert all(f"x {ref} (median" in ratio for ratio in rows[row])
+    assert rows["hand loop"] == ["", ""]

@@ -1,3 +1,4 @@
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -34,26 +35,30 @@ def run(k, fuse):
     attached = metrics()
     for name, m in attached.items():
         m.attach(trainer, name)
-    seen = []
+    seen, running = [], []
     trainer.add_event_handler(
         Events.EPOCH_COMPLETED, lambda e: seen.append({k: float(v) for k, v in e.state.metrics.items()})
     )
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: running.append(float(e.state.metrics["running"])))
     trainer.run(batches(7), max_epochs=2)
-    return trainer, seen
+    return trainer, seen, running
 
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_fused_metrics_equal_handler_metrics(k):
     """Metrics folded into the compiled step give the handler path's values (counts exactly, floats to rounding)."""
-    fused_trainer, fused = run(k, fuse=True)
-    plain_trainer, plain = run(k, fuse=False)
+    fused_trainer, fused, fused_running = run(k, fuse=True)
+    plain_trainer, plain, plain_running = run(k, fuse=False)
     assert len(fused) == len(plain) == 2
     for got, want in zip(fused, plain, strict=True):
         assert got == pytest.approx(want, rel=1e-6, abs=1e-7)
         assert got["accuracy"] == want["accuracy"]
     assert len(plain_trainer._fusion.metrics) == 0
-    # with K steps per call only epoch-granular metrics fold in; RunningAverage publishes every step
-    assert len(fused_trainer._fusion.metrics) == (4 if k == 1 else 3)
+    # with K steps per call the RunningAverage folds in too: each iteration reads its own step's value
+    assert len(fused_trainer._fusion.metrics) == 4
+    assert len(fused_running) == len(plain_running) == 14
+    assert fused_running == pytest.approx(plain_running, rel=1e-6)
+    assert len(set(fused_running)) == 14  # a new value at every iteration, not one per K-step call
 
 
 def test_evaluator_folds_metrics_in_and_detach_takes_them_out():
@@ -107,3 +112,26 @@ def test_fused_state_is_read_from_the_carry_and_moves_between_engines():
     first.run(data[:1])  # `first` takes the metric back into its own carry
     assert total.compute() == want[0]
     assert total._updates == 1
+
+
+def test_k_step_running_average_reads_nothing_back_per_iteration(monkeypatch):
+    """With K=3 the fused running average publishes device values; the only host reads are epoch computes."""
+    import ember.metrics._metric as metric_module
+    from ember.training._fused import Carry
+
+    trainer = create_trainer(state(), loss_fn, steps_per_call=3)
+    RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running")
+    Accuracy().attach(trainer, "accuracy")
+    published = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: published.append(e.state.metrics["running"]))
+    reads, unpacks = [], []
+    to_host, read = metric_module._to_host, Carry.read
+    monkeypatch.setattr(metric_module, "_to_host", lambda v: (reads.append(trainer.last_event_name), to_host(v))[1])
+    monkeypatch.setattr(Carry, "read", lambda self, i: (unpacks.append(i), read(self, i))[1])
+    trainer.run(batches(6), max_epochs=2)
+    assert reads == [Events.EPOCH_COMPLETED, Events.EPOCH_COMPLETED]  # Accuracy's compute, once per epoch
+    # on device, no host read: Accuracy's state for its computes, and the running average's once, when
+    # Accuracy's reset at the second EPOCH_STARTED has the next call pack every state again
+    assert unpacks == [1, 0, 1]
+    assert len(published) == 12
+    assert all(isinstance(v, jax.Array) and v.shape == () for v in published)

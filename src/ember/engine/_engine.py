@@ -86,14 +86,18 @@ class Engine(RunLoop):
         """Hook for subclasses: what the engine iterates for ``data`` (a trainer puts it on device)."""
         return data
 
-    def fuse_step_update(self, update: Any, reset: Any = None, compute: Any = None) -> Callable[[], None] | None:
+    def fuse_step_update(
+        self, update: Any, reset: Any = None, compute: Any = None, *, per_step: bool = False
+    ) -> Callable[[], None] | None:
         """Offer an update to be folded into the engine's compiled step; return how to take it out again.
 
         A plain engine has no compiled step and returns ``None``: the caller then registers an ordinary
         ITERATION_COMPLETED handler. A training engine folds the update of a metric into its compiled
         call, so updating costs no extra device dispatch. ``reset`` and ``compute`` name the events at which
-        the update's owner resets and reads it, so an engine can refuse what it cannot fold faithfully.
-        Metrics call this; users rarely need it.
+        the update's owner resets and reads it, so an engine can refuse what it cannot fold faithfully;
+        ``per_step`` says the update publishes its value for every step (a running average), so it can be
+        read at every iteration even when one call runs several steps. Metrics call this; users rarely
+        need it.
 
         Examples:
             >>> from ember import Engine

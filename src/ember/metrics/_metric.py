@@ -222,9 +222,12 @@ class Metric(MetricArithmetic):
 
     @property
     def _published(self) -> Any:
-        """The device value published by the last step (:meth:`published_value`), or ``None``."""
+        """The device value published by the current step (:meth:`published_value`), or ``None``."""
         carry = self._carry
-        return carry.published[self._carry_index] if carry is not None else self._own_published
+        if carry is None:
+            return self._own_published
+        value = carry.published[self._carry_index]
+        return value if carry.slot is None or value is None else value[carry.slot]
 
     def _enter_carry(self, carry: Any, index: int) -> None:
         """Our state (already packed into ``carry``) now lives there, at ``index``."""
@@ -291,7 +294,8 @@ class Metric(MetricArithmetic):
         att = self._attachments[engine] = _Attachment(usage)
         att.handles.append(engine.add_priority_handler(usage.reset, self.reset))
         fuse = self.fusable and usage.update is Events.ITERATION_COMPLETED
-        undo = engine.fuse_step_update(self, usage.reset, usage.compute) if fuse else None
+        per_step = type(self).published_value is not Metric.published_value
+        undo = engine.fuse_step_update(self, usage.reset, usage.compute, per_step=per_step) if fuse else None
         if undo is not None:  # updated inside the engine's compiled step: no dispatch of its own
             att.handles.append(_Unfuse(undo))
         else:

@@ -25,7 +25,10 @@ class Carry:
     Attributes:
         packing: the layout.
         packed: the vectors (device arrays, donated to the next call), or ``None`` before the first pack.
-        published: per metric, the value it publishes every step (computed in the call), or ``None``.
+        published: per metric, the value it publishes every step (computed in the call), or ``None``;
+            with K steps per call, a tuple of K values, one per step.
+        slot: with K steps per call, the step within the call that the engine's iteration is at (which of
+            the K published values is current); ``None`` with one step per call.
         calls: compiled calls made with this carry; a metric compares it with the call it last read.
         stale: a metric's state changed outside the step; the next call packs the states again.
 
@@ -38,12 +41,13 @@ class Carry:
         (True, 0, True)
     """
 
-    __slots__ = ("calls", "packed", "packing", "published", "stale")
+    __slots__ = ("calls", "packed", "packing", "published", "slot", "stale")
 
     def __init__(self, packing: StatePacking) -> None:
         self.packing = packing
         self.packed: tuple[jax.Array, ...] | None = None
         self.published: tuple[Any, ...] = ()
+        self.slot: int | None = None
         self.calls = 0
         self.stale = True
 
@@ -111,6 +115,32 @@ class FusedMetrics:
             return (state, packing._pack(new)), (out, published)
 
         return fused
+
+    def split_published(self, fn: Callable[..., Any], size: int) -> Callable[..., Any]:
+        """``fn``, K = ``size`` fused steps per call, with each published value split into K outputs.
+
+        The iteration at step i then publishes step i's value without a dispatch of its own.
+        """
+
+        def split(carry: Any, group: Any) -> Any:
+            carry, (out, published) = fn(carry, group)
+            per_step = tuple(
+                None if p is None else tuple(jax.tree.map(lambda x, i=i: x[i], p) for i in range(size))
+                for p in published
+            )
+            return carry, (out, per_step)
+
+        return split
+
+    @property
+    def slot(self) -> int | None:
+        """The step within a K-step call that the engine's iteration is at (:attr:`Carry.slot`)."""
+        return None if self._carry is None else self._carry.slot
+
+    @slot.setter
+    def slot(self, value: int | None) -> None:
+        if self._carry is not None:
+            self._carry.slot = value
 
     def call(self, fn: Callable[..., Any], state: Any, batch: Any) -> tuple[Any, Any]:
         """Run ``fn`` (compiled from :meth:`wrap`) on ``state`` and ``batch``; returns ``(state, out)``."""

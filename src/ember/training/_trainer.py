@@ -93,11 +93,15 @@ class TrainingEngine(Engine):
             return StepGroups(data, self._k, lambda b: place(b, stacked=True), chosen[0], auto)
         return DevicePrefetch(data, place, size=chosen[0], decide=auto)
 
-    def fuse_step_update(self, update: Any, reset: Any = None, compute: Any = None) -> Callable[[], None] | None:
+    def fuse_step_update(
+        self, update: Any, reset: Any = None, compute: Any = None, *, per_step: bool = False
+    ) -> Callable[[], None] | None:
         """Fold a metric's update into the compiled step (see :meth:`Engine.fuse_step_update`).
 
-        Accepted unless the placement is ``Pmap`` or ``debug=True``; with K steps per call only for metrics
-        that reset and compute at run or epoch boundaries, since one call updates K batches at once.
+        Accepted unless the placement is ``Pmap`` or ``debug=True``. With K steps per call one call updates
+        K batches at once, so only metrics that reset at run or epoch boundaries are folded in, and that
+        compute there too or publish a value for every step (``per_step``; iteration i then reads step
+        i's own value).
 
         Examples:
             >>> import jax.numpy as jnp, optax
@@ -112,7 +116,8 @@ class TrainingEngine(Engine):
             0.6832
         """
         coarse = {Events.STARTED, Events.EPOCH_STARTED, Events.EPOCH_COMPLETED, Events.COMPLETED}
-        if not self.can_fuse or (self._k > 1 and not {reset, compute} <= coarse):
+        grouped_ok = reset in coarse and (compute in coarse or (per_step and compute is Events.ITERATION_COMPLETED))
+        if not self.can_fuse or (self._k > 1 and not grouped_ok):
             return None
         return self._fusion.add(update)
 
@@ -293,8 +298,11 @@ def create_trainer(
         if key in compiled:
             return compiled[key]
         grouped = steps_per_call > 1
-        one = engine._fusion.wrap(step) if engine._fusion.metrics else step
+        fused = bool(engine._fusion.metrics)
+        one = engine._fusion.wrap(step) if fused else step
         fn = _scan_k(one) if grouped else one
+        if grouped and fused:
+            fn = engine._fusion.split_published(fn, size)
         if not debug:
             example = _example_output(step, placement, train_state, batch, stacked=grouped)
             fn = placement.compile_train(fn, example, stacked=grouped)
@@ -328,6 +336,7 @@ def create_trainer(
             fn = compile_for(engine, feeder.size, st.train_state, feeder.group)
             engine._outputs = call(engine, fn, feeder.group)  # type: ignore[attr-defined]
         engine._group_end = feeder.slot == feeder.size - 1
+        engine._fusion.slot = feeder.slot
         return StepOutput(engine._outputs, feeder.slot)  # type: ignore[attr-defined]
 
     if not callable(state) and not isinstance(state, TrainState):
