@@ -6,15 +6,17 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+def run_benchmark(script: str, *args: str, timeout: int) -> str:
+    """The standard output of ``benchmarks/<script> <args>``, run to completion in a fresh interpreter."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args], capture_output=True, text=True, check=True, timeout=timeout
+    )
+    return done.stdout
+
+
 def test_engine_overhead_benchmark_runs_and_reports_every_case():
     """The benchmark script runs (tiny sizes, no timing asserted) and reports each case and derived number."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH / "engine_overhead.py"), "--iters", "2000", "--repeats", "1"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
+    out = run_benchmark("engine_overhead.py", "--iters", "2000", "--repeats", "1", timeout=120)
     for line in ("bare loop:", "ember:", "no handlers", "5 handlers", "5 x every=100", "20 x every=100"):
         assert line in out
     assert out.count("per every=100 handler per iteration") >= 2
@@ -22,13 +24,7 @@ def test_engine_overhead_benchmark_runs_and_reports_every_case():
 
 def test_checkpoint_benchmark_runs_and_reports_every_measure():
     """A small state (--quick): every measure and its target is reported; no timing is asserted."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH / "checkpoint.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
+    out = run_benchmark("checkpoint.py", "--quick", timeout=300)
     for line in (
         "d2h copy",
         "blocked per save",
@@ -44,13 +40,7 @@ def test_checkpoint_benchmark_runs_and_reports_every_measure():
 
 def test_prefetch_benchmark_runs_and_reports_each_case():
     """Two tiny cases (--quick): each reports all three settings and both ratios; no timing is asserted."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH / "prefetch.py"), "--quick", "--repeats", "1"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
+    out = run_benchmark("prefetch.py", "--quick", "--repeats", "1", timeout=300)
     lines = [line for line in out.splitlines() if "MB per call" in line]
     assert len(lines) == 2
     assert all("prefetch=0" in line and "=None" in line and "auto/best" in line for line in lines)
@@ -58,13 +48,7 @@ def test_prefetch_benchmark_runs_and_reports_each_case():
 
 def test_metrics_overhead_benchmark_runs_and_reports_every_row():
     """A few steps: each metric set is reported with its best and median time and the excess; no timing asserted."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH / "metrics_overhead.py"), "--steps", "20", "--repeats", "2"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
+    out = run_benchmark("metrics_overhead.py", "--steps", "20", "--repeats", "2", timeout=300)
     rows = [line for line in out.splitlines() if line.startswith("  ")]
     assert [row.split("best")[0].strip() for row in rows] == [
         "no metrics (outputs only)",
@@ -78,13 +62,7 @@ def test_metrics_overhead_benchmark_runs_and_reports_every_row():
 
 def test_throughput_benchmark_runs_and_reports_every_ember_row():
     """Both models at smoke-test size (--quick): every ember row and its reference ratio; no timing asserted."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH / "throughput.py"), "--quick", "--repeats", "1"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout
+    out = run_benchmark("throughput.py", "--quick", "--repeats", "1", timeout=300)
     rows: dict[str, list[str]] = {}
     for line in out.splitlines():
         found = re.match(r"^  (\S.*?)\s{2,}\d+ steps/s(.*)$", line)

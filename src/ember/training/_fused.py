@@ -132,15 +132,10 @@ class FusedMetrics:
 
         return split
 
-    @property
-    def slot(self) -> int | None:
-        """The step within a K-step call that the engine's iteration is at (:attr:`Carry.slot`)."""
-        return None if self._carry is None else self._carry.slot
-
-    @slot.setter
-    def slot(self, value: int | None) -> None:
+    def at_step(self, slot: int) -> None:
+        """The engine's iteration is at step ``slot`` of a K-step call (see :attr:`Carry.slot`)."""
         if self._carry is not None:
-            self._carry.slot = value
+            self._carry.slot = slot
 
     def call(self, fn: Callable[..., Any], state: Any, batch: Any) -> tuple[Any, Any]:
         """Run ``fn`` (compiled from :meth:`wrap`) on ``state`` and ``batch``; returns ``(state, out)``."""

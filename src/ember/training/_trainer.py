@@ -336,7 +336,7 @@ def create_trainer(
             fn = compile_for(engine, feeder.size, st.train_state, feeder.group)
             engine._outputs = call(engine, fn, feeder.group)  # type: ignore[attr-defined]
         engine._group_end = feeder.slot == feeder.size - 1
-        engine._fusion.slot = feeder.slot
+        engine._fusion.at_step(feeder.slot)
         return StepOutput(engine._outputs, feeder.slot)  # type: ignore[attr-defined]
 
     if not callable(state) and not isinstance(state, TrainState):
