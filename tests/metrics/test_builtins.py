@@ -3,6 +3,8 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sklearn import metrics as skm
 
 from ember.metrics import (
@@ -29,6 +31,7 @@ from ember.metrics import (
     TopKAccuracy,
     mIoU,
 )
+from ember.metrics._classification import _argmax_is
 
 RNG = np.random.default_rng(0)
 
@@ -57,6 +60,30 @@ def test_multiclass_accuracy_matches_sklearn(n):
     """Argmax accuracy over batches equals accuracy_score on everything."""
     scores, y = multiclass(n)
     assert feed(Accuracy(), scores, y) == pytest.approx(skm.accuracy_score(y, scores.argmax(1)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 5).flatmap(
+        lambda c: st.tuples(
+            st.lists(
+                st.lists(st.sampled_from([0.0, -0.0, 1.0, -1.0, 0.5, np.inf, -np.inf, np.nan]), min_size=c, max_size=c),
+                min_size=1,
+                max_size=6,
+            ),
+            st.lists(st.integers(-1, c), min_size=6, max_size=6),
+        )
+    )
+)
+def test_accuracy_counts_exactly_what_argmax_counts(case):
+    """Ties (first index wins), NaN (the largest), infinities, -0.0 and out-of-range labels: as jnp.argmax."""
+    rows, labels = case
+    scores = jnp.asarray(np.array(rows, np.float32))
+    y = jnp.asarray(np.array(labels[: len(rows)], np.int32))
+    want = np.asarray(jnp.argmax(scores, axis=-1) == y)
+    np.testing.assert_array_equal(np.asarray(_argmax_is(scores, y)), want)
+    correct, count = Accuracy().batch_state(scores, y)
+    assert (float(correct), float(count)) == (float(want.sum()), float(len(rows)))
 
 
 def test_binary_and_multilabel_accuracy_match_sklearn():
