@@ -1,4 +1,4 @@
-"""What the benchmarks share: timing a whole run of an ember trainer, restarted from the same state."""
+"""What the benchmarks share: the benchmark metric set, and timing a whole run of an ember trainer."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+
+from ember.metrics import Accuracy, Average, RunningAverage
 
 
 def timed_runs(trainer: Any, initial: Any) -> Callable[[Any], float]:
@@ -26,3 +28,17 @@ def timed_runs(trainer: Any, initial: Any) -> Callable[[Any], float]:
         return time.perf_counter() - start
 
     return run
+
+
+def attach_metrics(trainer: Any, names: str = "LAR") -> None:
+    """Attach the benchmarks' metric set to ``trainer``, or the part ``names`` picks.
+
+    ``Average`` of the loss as ``"loss"`` (L), ``Accuracy`` as ``"accuracy"`` (A) and a ``RunningAverage``
+    of the loss as ``"running_loss"`` (R).
+    """
+    if "L" in names:
+        Average(key="loss").attach(trainer, "loss")
+    if "A" in names:
+        Accuracy().attach(trainer, "accuracy")
+    if "R" in names:
+        RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running_loss")

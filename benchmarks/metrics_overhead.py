@@ -23,9 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _runs import timed_runs
+from _runs import attach_metrics, timed_runs
 
-from ember.metrics import Accuracy, Average, RunningAverage
 from ember.training import SingleDevice, TrainState, create_trainer
 
 
@@ -40,12 +39,7 @@ def trainer_run(names: str, data: list[Any]) -> Callable[[], float]:
     state = TrainState.create(lambda p, x: x * p, jnp.ones(3), optax.sgd(0.0))
     initial = jax.device_get(state)
     trainer = create_trainer(state, loss_fn, placement=SingleDevice())
-    if "L" in names:
-        Average(key="loss").attach(trainer, "loss")
-    if "A" in names:
-        Accuracy().attach(trainer, "accuracy")
-    if "R" in names:
-        RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running_loss")
+    attach_metrics(trainer, names)
     run = timed_runs(trainer, initial)
     return lambda: run(data)
 

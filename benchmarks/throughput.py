@@ -39,11 +39,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _runs import timed_runs
+from _runs import attach_metrics, timed_runs
 from flax import linen as nn
 
 from ember.handlers import ProgressBar
-from ember.metrics import Accuracy, Average, RunningAverage
 from ember.training import SingleDevice, TrainState, create_trainer
 
 try:
@@ -158,17 +157,10 @@ def ember_run(
     placement = SingleDevice()
     step_loss = loss_with_outputs if aux or extra else loss_fn
     trainer = create_trainer(initial, step_loss, placement=placement, steps_per_call=k)
+    if extra:
+        attach_metrics(trainer)
     if extra == "handlers":
-        RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running_loss")
-        Average(key="loss").attach(trainer, "loss")
-        Accuracy().attach(trainer, "accuracy")
-
         ProgressBar(refresh_every=100, stream=open(os.devnull, "w")).attach(trainer, metric_names=["running_loss"])  # noqa: SIM115
-
-    elif extra == "metrics":
-        Average(key="loss").attach(trainer, "loss")
-        Accuracy().attach(trainer, "accuracy")
-        RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running_loss")
 
     run = timed_runs(trainer, initial)
     return lambda: run(data)
