@@ -135,3 +135,40 @@ def test_k_step_running_average_reads_nothing_back_per_iteration(monkeypatch):
     assert unpacks == [1, 0, 1]
     assert len(published) == 12
     assert all(isinstance(v, jax.Array) and v.shape == () for v in published)
+
+
+def test_published_value_reuses_its_buffer_unless_something_else_holds_it():
+    """K=1 as on GPU: the step writes the running average into the last value's buffer; kept values stay valid."""
+    trainer = create_trainer(state(), loss_fn)
+    trainer._fusion.reuse_published = True  # the default on GPU only
+    RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running")
+    Average(key="loss").attach(trainer, "loss")
+    pointers, values, kept = [], [], []
+
+    @trainer.on(Events.ITERATION_COMPLETED)
+    def record(engine):
+        pointers.append(engine.state.metrics["running"].unsafe_buffer_pointer())
+        values.append(float(engine.state.metrics["running"]))
+        if engine.state.iteration in (3, 5):
+            kept.append(engine.state.metrics["running"])  # a reference outside state.metrics
+        if engine.state.iteration == 6:
+            engine.state.metrics["copy"] = engine.state.metrics["running"]  # another name counts as outside
+
+    trainer.run(batches(8))
+    new_buffer = [i + 1 for i in range(1, 8) if pointers[i] != pointers[i - 1]]
+    assert new_buffer == [4, 6, 7]  # only the calls after a value was kept elsewhere
+    assert [float(v) for v in kept] == [values[2], values[4]]
+    assert float(trainer.state.metrics["copy"]) == values[5]
+    assert len(set(values)) == 8
+
+
+def test_published_values_are_fresh_outputs_on_cpu():
+    """On CPU (and with K steps per call) the published value is an output of its own, not carried."""
+    trainer = create_trainer(state(), loss_fn)
+    RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running")
+    seen = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.metrics["running"]))
+    trainer.run(batches(3))
+    assert trainer._fusion._carry.donor == ()
+    assert len({v.unsafe_buffer_pointer() for v in seen}) == 3  # all kept, all distinct and valid
+    assert all(not v.is_deleted() for v in seen)

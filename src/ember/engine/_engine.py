@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ember.engine._dispatch import Dispatch, Registration, RemovableEventHandle, check_handler
@@ -87,7 +87,13 @@ class Engine(RunLoop):
         return data
 
     def fuse_step_update(
-        self, update: Any, reset: Any = None, compute: Any = None, *, per_step: bool = False
+        self,
+        update: Any,
+        reset: Any = None,
+        compute: Any = None,
+        *,
+        per_step: bool = False,
+        names: Sequence[str] = (),
     ) -> Callable[[], None] | None:
         """Offer an update to be folded into the engine's compiled step; return how to take it out again.
 
@@ -96,8 +102,8 @@ class Engine(RunLoop):
         call, so updating costs no extra device dispatch. ``reset`` and ``compute`` name the events at which
         the update's owner resets and reads it, so an engine can refuse what it cannot fold faithfully;
         ``per_step`` says the update publishes its value for every step (a running average), so it can be
-        read at every iteration even when one call runs several steps. Metrics call this; users rarely
-        need it.
+        read at every iteration even when one call runs several steps, and ``names`` are the entries of
+        ``state.metrics`` it goes in. Metrics call this; users rarely need it.
 
         Examples:
             >>> from ember import Engine

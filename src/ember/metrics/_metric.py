@@ -295,7 +295,13 @@ class Metric(MetricArithmetic):
         att.handles.append(engine.add_priority_handler(usage.reset, self.reset))
         fuse = self.fusable and usage.update is Events.ITERATION_COMPLETED
         per_step = type(self).published_value is not Metric.published_value
-        undo = engine.fuse_step_update(self, usage.reset, usage.compute, per_step=per_step) if fuse else None
+        undo = (
+            engine.fuse_step_update(
+                self, usage.reset, usage.compute, per_step=per_step, names=att.names if per_step else ()
+            )
+            if fuse
+            else None
+        )
         if undo is not None:  # updated inside the engine's compiled step: no dispatch of its own
             att.handles.append(_Unfuse(undo))
         else:

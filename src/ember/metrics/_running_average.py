@@ -109,8 +109,9 @@ class RunningAverage(Metric):
     def _completed(self, engine: Engine, att: Any) -> None:
         if not att.names:
             return
-        # A value published by the step is an output of its own, not donated to the next step; it is
-        # cleared whenever the state changes otherwise. Either way a device scalar: no host read here.
+        # A value published by the step is the call's own output (the next call writes into its buffer
+        # only if nothing but state.metrics holds it); it is cleared whenever the state changes
+        # otherwise. Either way a device scalar: no host read here.
         value = self._published
         if value is None:
             value = self.finalize(self._state)

@@ -6,15 +6,25 @@ and the metric reads its part back only when something asks for its state. The h
 does not grow with the number of metrics: it keeps the new vectors and published values and counts
 the call. A metric whose state changes outside the step (a reset at EPOCH_STARTED) leaves the carry and
 marks it stale, and the next call packs every metric's state again.
+
+On GPU, a value a metric publishes every step (a running average, in ``state.metrics``) is donated
+back to the next call, which writes the new value into the same buffer, unless something besides the
+engine still holds it (:func:`_unshared`). XLA:GPU runs the step as a CUDA graph and updates the graph
+(about 40 us of host time on an H100 machine) on every call in which an output lands at a new address,
+as a fresh output buffer must while the last one is still alive; reusing the buffer keeps the graph
+as it is. XLA:CPU has no such graph, and there the extra parameter and the check cost about 3 us a
+step, so it keeps a fresh output (measurements in docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from ember.training._packing import StatePacking
 
@@ -27,6 +37,9 @@ class Carry:
         packed: the vectors (device arrays, donated to the next call), or ``None`` before the first pack.
         published: per metric, the value it publishes every step (computed in the call), or ``None``;
             with K steps per call, a tuple of K values, one per step.
+        donor: per metric, the buffer the next call writes its published value into (donated to it):
+            the last call's published value; empty unless published values are reused (see
+            :meth:`FusedMetrics.wrap`).
         slot: with K steps per call, the step within the call that the engine's iteration is at (which of
             the K published values is current); ``None`` with one step per call.
         calls: compiled calls made with this carry; a metric compares it with the call it last read.
@@ -41,12 +54,13 @@ class Carry:
         (True, 0, True)
     """
 
-    __slots__ = ("calls", "packed", "packing", "published", "slot", "stale")
+    __slots__ = ("calls", "donor", "packed", "packing", "published", "slot", "stale")
 
     def __init__(self, packing: StatePacking) -> None:
         self.packing = packing
         self.packed: tuple[jax.Array, ...] | None = None
         self.published: tuple[Any, ...] = ()
+        self.donor: tuple[Any, ...] = ()
         self.slot: int | None = None
         self.calls = 0
         self.stale = True
@@ -78,41 +92,60 @@ class FusedMetrics:
 
     def __init__(self) -> None:
         self.metrics: list[Any] = []
+        self._names: list[Sequence[str]] = []
         self.version = 0
         self._carry: Carry | None = None
         self._carry_version = -1
+        self._start: Callable[..., Any] = lambda states: ((), ())
+        self._reuse = False
+        self.reuse_published: bool | None = None  # None: on GPU only (see wrap)
 
-    def add(self, metric: Any) -> Callable[[], None]:
-        """Fold ``metric``'s update into the step from the next compilation on; returns how to undo it."""
+    def add(self, metric: Any, names: Sequence[str] = ()) -> Callable[[], None]:
+        """Fold ``metric``'s update into the step from the next compilation on; returns how to undo it.
+
+        ``names``: where the metric puts the value it publishes every step in ``state.metrics`` (a live
+        sequence: names added later count); see :meth:`call`.
+        """
         self.metrics.append(metric)
+        self._names.append(names)
         self.version += 1
 
         def undo() -> None:
-            if any(m is metric for m in self.metrics):
-                self.metrics = [m for m in self.metrics if m is not metric]
+            for i in [i for i, m in enumerate(self.metrics) if m is metric][::-1]:
+                del self.metrics[i], self._names[i]
                 self.version += 1
 
         return undo
 
-    def wrap(self, step: Callable[..., Any]) -> Callable[..., Any]:
-        """``step`` as a step over ``((state, packed), batch)`` that also updates the metrics.
+    def wrap(self, step: Callable[..., Any], *, stacked: bool = False, platform: str = "cpu") -> Callable[..., Any]:
+        """``step`` as a step over ``((state, packed, last), batch)`` that also updates the metrics.
 
-        ``step(state, batch) -> (state, out)`` becomes ``fused((state, packed), batch) -> ((state, packed),
-        (out, published))``.
+        ``step(state, batch) -> (state, out)`` becomes ``fused((state, packed, last), batch) -> ((state,
+        packed, last), (out, published))``: the accumulators are unpacked inside the step, updated and
+        packed again, and each metric that publishes a value every step (a running average) returns it
+        in ``published`` (with ``stacked``, K steps per call scanned, one per step).
 
-        The accumulators are unpacked inside the step, updated and packed again; a metric that publishes
-        a value every step (a running average) returns it beside the output.
+        On GPU (``platform``, or :attr:`reuse_published` when set) with one step per call, published
+        values travel in the carry instead (``last``, ``out`` alone beside it), each written into the
+        buffer of the value published last; see :meth:`call`.
         """
+        reuse = not stacked and (self.reuse_published if self.reuse_published is not None else platform == "gpu")
         if self._carry_version != self.version:  # one layout per set of metrics
-            self._carry = Carry(StatePacking([m.state for m in self.metrics]))
-            self._carry_version = self.version
-        packing, metrics = self._carry.packing, list(self.metrics)  # type: ignore[union-attr]
+            self._carry, self._carry_version = Carry(StatePacking([m.state for m in self.metrics])), self.version
+        packing, metrics = self._carry.packing, tuple(self.metrics)  # type: ignore[union-attr]
+        self._start = jax.jit(lambda states: (packing._pack(states), _published(metrics, states) if reuse else ()))
+        self._reuse = reuse
 
         def fused(carry: Any, batch: Any) -> Any:
-            state, packed = carry
+            state, packed, last = carry
             state, out = step(state, batch)
-            new, published = _update_all(metrics, packing.unpack(packed), out)
-            return (state, packing._pack(new)), (out, published)
+            new, published = _update_all(list(metrics), packing.unpack(packed), out)
+            if not reuse:
+                return (state, packing._pack(new), ()), (out, published)
+            # The last values come in only to give their buffers; a use keeps them as parameters (jit
+            # drops unused ones), and XLA folds it away.
+            published = jax.tree.map(lambda p, q: lax.select(True, p, q), published, last)
+            return (state, packing._pack(new), published), out
 
         return fused
 
@@ -137,24 +170,82 @@ class FusedMetrics:
         if self._carry is not None:
             self._carry.slot = slot
 
-    def call(self, fn: Callable[..., Any], state: Any, batch: Any) -> tuple[Any, Any]:
-        """Run ``fn`` (compiled from :meth:`wrap`) on ``state`` and ``batch``; returns ``(state, out)``."""
+    def call(
+        self, fn: Callable[..., Any], state: Any, batch: Any, held: Mapping[str, Any] | None = None
+    ) -> tuple[Any, Any]:
+        """Run ``fn`` (compiled from :meth:`wrap`) on ``state`` and ``batch``; returns ``(state, out)``.
+
+        ``held``: the engine's ``state.metrics``, when ``fn`` donates its carry. Where published values
+        are reused, one held anywhere but there (under the metric's own names) and in the carry is not
+        donated: a fresh buffer goes in its place, so a handler may keep any value it reads.
+        """
         carry = self._carry
         assert carry is not None  # set by wrap, which compiled fn
         if carry.stale:
             self._pack(carry)
-        (state, carry.packed), (out, carry.published) = fn((state, carry.packed), batch)
+        donor = carry.donor
+        if held is not None and donor:
+            shared = [i for i, names in enumerate(self._names) if names and not _unshared(donor, i, held, names)]
+            if shared:
+                spares = list(donor)
+                for i in shared:
+                    spares[i] = jax.tree.map(jnp.zeros_like, spares[i])
+                donor = tuple(spares)
+        (state, carry.packed, carry.donor), out = fn((state, carry.packed, donor), batch)
+        if self._reuse:
+            carry.published = carry.donor
+        else:
+            out, carry.published = out
         carry.calls += 1
         return state, out
 
     def _pack(self, carry: Carry) -> None:
         """Pack every metric's current state into ``carry``, and move the metrics' states there."""
         states = tuple(m.state for m in self.metrics)
-        carry.packed = carry.packing.pack(states)
+        carry.packed, carry.donor = self._start(states)
         carry.published = (None,) * len(states)
         for index, metric in enumerate(self.metrics):
             metric._enter_carry(carry, index)
         carry.stale = False
+
+
+def _refs(parent: Any, key: Any) -> int:
+    return sys.getrefcount(parent[key])
+
+
+_TEMPORARY = _refs([object()], 0) - 1  # what sys.getrefcount counts in _refs besides real holders
+
+
+def _unshared(parent: Any, key: Any, held: Mapping[str, Any], names: Sequence[str]) -> bool:
+    """Whether ``parent[key]`` is referenced only by ``parent`` and by ``held`` under ``names``.
+
+    Then donating it to the next call deletes nothing that anyone reads later: the engine puts the new
+    value under those names before any handler runs. Reference counts decide, so a handler that keeps
+    ``engine.state.metrics["running_loss"]`` (in a list, under another name) keeps it valid. A pytree
+    value counts when its inner nodes and leaves are held by their parents alone.
+    """
+    if parent[key] is None:
+        return True  # nothing to donate
+    if _refs(parent, key) - _TEMPORARY - 1 != sum(held.get(name) is parent[key] for name in names):
+        return False
+    value = parent[key]
+    if isinstance(value, jax.Array):
+        return True
+    if isinstance(value, tuple | list):
+        return all(_unshared(value, i, {}, ()) for i in range(len(value)))
+    if isinstance(value, dict):
+        return all(_unshared(value, k, {}, ()) for k in value)
+    return False
+
+
+def _published(metrics: tuple[Any, ...], states: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Each metric's published value of ``states`` (``None`` for metrics that publish nothing), strongly typed.
+
+    The step's published values are strongly typed (see :func:`_tied`); these must match them exactly to
+    be donated to it and to ride in a scanned carry.
+    """
+    values = tuple(m.published_value(s) for m, s in zip(metrics, states, strict=True))
+    return jax.tree.map(lambda v: lax.convert_element_type(v, v.dtype), values)
 
 
 def _tied(states: Any, out: Any) -> Any:
@@ -182,8 +273,8 @@ def _update_all(metrics: list[Any], states: tuple[Any, ...], out: Any) -> tuple[
     """Every fused metric's update from ``out``, and what each publishes per step, tied to ``out``.
 
     The new accumulators are donated to the next call with the train state (donation measured 15-20%
-    faster on XLA:CPU), so a value a metric publishes every step (a running average) leaves the call as
-    an output of its own, which is not donated and stays readable for handlers that read late.
+    faster on XLA:CPU); a value a metric publishes every step (a running average) leaves the call as a
+    value of its own, which handlers read from ``state.metrics`` and may keep (see :meth:`FusedMetrics.call`).
     """
     new = tuple(m.fused_update(s, out) for m, s in zip(metrics, states, strict=True))
     published = tuple(m.published_value(s) for m, s in zip(metrics, new, strict=True))

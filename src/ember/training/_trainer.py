@@ -94,14 +94,21 @@ class TrainingEngine(Engine):
         return DevicePrefetch(data, place, size=chosen[0], decide=auto)
 
     def fuse_step_update(
-        self, update: Any, reset: Any = None, compute: Any = None, *, per_step: bool = False
+        self,
+        update: Any,
+        reset: Any = None,
+        compute: Any = None,
+        *,
+        per_step: bool = False,
+        names: Sequence[str] = (),
     ) -> Callable[[], None] | None:
         """Fold a metric's update into the compiled step (see :meth:`Engine.fuse_step_update`).
 
         Accepted unless the placement is ``Pmap`` or ``debug=True``. With K steps per call one call updates
         K batches at once, so only metrics that reset at run or epoch boundaries are folded in, and that
         compute there too or publish a value for every step (``per_step``; iteration i then reads step
-        i's own value).
+        i's own value). ``names``: where such a metric puts its value in ``state.metrics``; on GPU the
+        step writes the next value into the last one's buffer when nothing else holds it.
 
         Examples:
             >>> import jax.numpy as jnp, optax
@@ -119,7 +126,7 @@ class TrainingEngine(Engine):
         grouped_ok = reset in coarse and (compute in coarse or (per_step and compute is Events.ITERATION_COMPLETED))
         if not self.can_fuse or (self._k > 1 and not grouped_ok):
             return None
-        return self._fusion.add(update)
+        return self._fusion.add(update, names)
 
     def tree_state_dict(self) -> dict[str, Any]:
         """The arrays a checkpoint saves for this engine: its train state as ``{path: array}`` (on device).
@@ -220,6 +227,12 @@ def _check_options(
     return placement, prefetch
 
 
+def _platform(train_state: Any) -> str:
+    """The platform (``"cpu"``, ``"gpu"``, ``"tpu"``) the train state lives on."""
+    leaves = jax.tree.leaves(train_state)
+    return next(iter(leaves[0].devices())).platform if leaves and isinstance(leaves[0], jax.Array) else "cpu"
+
+
 def _scan_k(step: Callable[..., Any]) -> Callable[..., Any]:
     """K steps in one call; outputs come back stacked, and each step's view slices only what is read."""
 
@@ -299,7 +312,7 @@ def create_trainer(
             return compiled[key]
         grouped = steps_per_call > 1
         fused = bool(engine._fusion.metrics)
-        one = engine._fusion.wrap(step) if fused else step
+        one = engine._fusion.wrap(step, stacked=grouped, platform=_platform(train_state)) if fused else step
         fn = _scan_k(one) if grouped else one
         if grouped and fused:
             fn = engine._fusion.split_published(fn, size)
@@ -312,7 +325,7 @@ def create_trainer(
     def call(engine: TrainingEngine, fn: Callable[..., Any], batch: Any) -> Any:
         st = engine.state
         if engine._fusion.metrics:
-            st.train_state, out = engine._fusion.call(fn, st.train_state, batch)
+            st.train_state, out = engine._fusion.call(fn, st.train_state, batch, held=st.metrics)
         else:
             st.train_state, out = fn(st.train_state, batch)
         return out
