@@ -137,8 +137,13 @@ def test_k_step_running_average_reads_nothing_back_per_iteration(monkeypatch):
     assert all(isinstance(v, jax.Array) and v.shape == () for v in published)
 
 
-def test_published_value_reuses_its_buffer_unless_something_else_holds_it():
+def test_published_value_reuses_its_buffer_unless_something_else_holds_it(monkeypatch):
     """K=1 as on GPU: the step writes the running average into the last value's buffer; kept values stay valid."""
+    import ember.training._fused as fused_module
+
+    batches_of_spares = []
+    copies = fused_module._copies
+    monkeypatch.setattr(fused_module, "_copies", lambda v: (batches_of_spares.append(1), copies(v))[1])
     trainer = create_trainer(state(), loss_fn)
     trainer._fusion.reuse_published = True  # the default on GPU only
     RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running")
@@ -157,6 +162,7 @@ def test_published_value_reuses_its_buffer_unless_something_else_holds_it():
     trainer.run(batches(8))
     new_buffer = [i + 1 for i in range(1, 8) if pointers[i] != pointers[i - 1]]
     assert new_buffer == [4, 6, 7]  # only the calls after a value was kept elsewhere
+    assert len(batches_of_spares) == 1  # their fresh buffers came from one dispatch
     assert [float(v) for v in kept] == [values[2], values[4]]
     assert float(trainer.state.metrics["copy"]) == values[5]
     assert len(set(values)) == 8

@@ -98,6 +98,7 @@ class FusedMetrics:
         self._carry_version = -1
         self._start: Callable[..., Any] = lambda states: ((), ())
         self._reuse = False
+        self._spares: dict[int, list[Any]] = {}  # by metric index: fresh buffers for published values
         self.reuse_published: bool | None = None  # None: on GPU only (see wrap)
 
     def add(self, metric: Any, names: Sequence[str] = ()) -> Callable[[], None]:
@@ -134,7 +135,7 @@ class FusedMetrics:
             self._carry, self._carry_version = Carry(StatePacking([m.state for m in self.metrics])), self.version
         packing, metrics = self._carry.packing, tuple(self.metrics)  # type: ignore[union-attr]
         self._start = jax.jit(lambda states: (packing._pack(states), _published(metrics, states) if reuse else ()))
-        self._reuse = reuse
+        self._reuse, self._spares = reuse, {}
 
         def fused(carry: Any, batch: Any) -> Any:
             state, packed, last = carry
@@ -187,10 +188,10 @@ class FusedMetrics:
         if held is not None and donor:
             shared = [i for i, names in enumerate(self._names) if names and not _unshared(donor, i, held, names)]
             if shared:
-                spares = list(donor)
+                given = list(donor)
                 for i in shared:
-                    spares[i] = jax.tree.map(jnp.zeros_like, spares[i])
-                donor = tuple(spares)
+                    given[i] = self._spare(i, given[i])
+                donor = tuple(given)
         (state, carry.packed, carry.donor), out = fn((state, carry.packed, donor), batch)
         if self._reuse:
             carry.published = carry.donor
@@ -198,6 +199,16 @@ class FusedMetrics:
             out, carry.published = out
         carry.calls += 1
         return state, out
+
+    def _spare(self, index: int, like: Any) -> Any:
+        """A fresh buffer shaped like metric ``index``'s published value, for a call that must not take it.
+
+        Made 16 at a time (one dispatch), so a handler that keeps every value costs no dispatch per step.
+        """
+        pool = self._spares.setdefault(index, [])
+        if not pool:
+            pool.extend(_copies(like))
+        return pool.pop()
 
     def _pack(self, carry: Carry) -> None:
         """Pack every metric's current state into ``carry``, and move the metrics' states there."""
@@ -236,6 +247,12 @@ def _unshared(parent: Any, key: Any, held: Mapping[str, Any], names: Sequence[st
     if isinstance(value, dict):
         return all(_unshared(value, k, {}, ()) for k in value)
     return False
+
+
+@jax.jit
+def _copies(value: Any) -> tuple[Any, ...]:
+    """16 separate buffers holding ``value`` (and placed as it is): spares for :meth:`FusedMetrics.call`."""
+    return tuple(jax.tree.map(jnp.copy, value) for _ in range(16))
 
 
 def _published(metrics: tuple[Any, ...], states: tuple[Any, ...]) -> tuple[Any, ...]:
