@@ -96,7 +96,8 @@ class FusedMetrics:
         self.version = 0
         self._carry: Carry | None = None
         self._carry_version = -1
-        self._start: Callable[..., Any] = lambda states: ((), ())
+        self._start: Callable[..., Any] = lambda states: ((), ())  # packs, and the first published values
+        self._start_key: tuple[int, bool] | None = None
         self._reuse = False
         self._spares: dict[int, list[Any]] = {}  # by metric index: fresh buffers for published values
         self.reuse_published: bool | None = None  # None: on GPU only (see wrap)
@@ -134,8 +135,9 @@ class FusedMetrics:
         if self._carry_version != self.version:  # one layout per set of metrics
             self._carry, self._carry_version = Carry(StatePacking([m.state for m in self.metrics])), self.version
         packing, metrics = self._carry.packing, tuple(self.metrics)  # type: ignore[union-attr]
-        self._start = jax.jit(lambda states: (packing._pack(states), _published(metrics, states) if reuse else ()))
-        self._reuse, self._spares = reuse, {}
+        if self._start_key != (self.version, reuse):
+            self._start = jax.jit(lambda states: (packing._pack(states), _published(metrics, states) if reuse else ()))
+            self._start_key, self._reuse, self._spares = (self.version, reuse), reuse, {}
 
         def fused(carry: Any, batch: Any) -> Any:
             state, packed, last = carry
@@ -145,7 +147,9 @@ class FusedMetrics:
                 return (state, packing._pack(new), ()), (out, published)
             # The last values come in only to give their buffers; a use keeps them as parameters (jit
             # drops unused ones), and XLA folds it away.
-            published = jax.tree.map(lambda p, q: lax.select(True, p, q), published, last)
+            published = jax.tree.map(
+                lambda p, q: lax.select(True, lax.convert_element_type(p, q.dtype), q), published, last
+            )
             return (state, packing._pack(new), published), out
 
         return fused
@@ -258,8 +262,7 @@ def _copies(value: Any) -> tuple[Any, ...]:
 def _published(metrics: tuple[Any, ...], states: tuple[Any, ...]) -> tuple[Any, ...]:
     """Each metric's published value of ``states`` (``None`` for metrics that publish nothing), strongly typed.
 
-    The step's published values are strongly typed (see :func:`_tied`); these must match them exactly to
-    be donated to it and to ride in a scanned carry.
+    The step converts its published values to these types, so the buffers given back match exactly.
     """
     values = tuple(m.published_value(s) for m, s in zip(metrics, states, strict=True))
     return jax.tree.map(lambda v: lax.convert_element_type(v, v.dtype), values)
