@@ -178,3 +178,24 @@ def test_published_values_are_fresh_outputs_on_cpu():
     assert trainer._fusion._carry.donor == ()
     assert len({v.unsafe_buffer_pointer() for v in seen}) == 3  # all kept, all distinct and valid
     assert all(not v.is_deleted() for v in seen)
+
+
+def test_unshared_counts_every_holder_of_a_published_value():
+    """Donation needs the value, its inner nodes and leaves held by the carry and ``state.metrics`` alone."""
+    from ember.training._fused import _unshared
+
+    donor = (jnp.float32(1.0), {"a": jnp.float32(2.0), "b": (jnp.float32(3.0),)}, None)
+    assert _unshared(donor, 0, {}, ())
+    assert _unshared(donor, 1, {}, ())
+    assert _unshared(donor, 2, {}, ())  # nothing to donate
+    metrics = {"running": donor[0]}
+    assert not _unshared(donor, 0, {}, ())  # the dict entry is a holder the call was not told about
+    assert _unshared(donor, 0, metrics, ["running"])  # the engine's own entry
+    assert not _unshared(donor, 0, metrics, ["other"])  # an entry under a name the metric does not use
+    metrics["copy"] = metrics["running"]
+    assert not _unshared(donor, 0, metrics, ["running"])  # and a second name of the user's
+    for holder in (lambda d: d["a"], lambda d: d["b"], lambda d: d["b"][0], lambda d: d):
+        kept = holder(donor[1])
+        assert not _unshared(donor, 1, {}, ())  # a leaf, an inner node or the value held elsewhere
+        del kept
+    assert _unshared(donor, 1, {}, ())
