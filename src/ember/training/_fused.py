@@ -95,10 +95,8 @@ class FusedMetrics:
         self._names: list[Sequence[str]] = []
         self.version = 0
         self._carry: Carry | None = None
-        self._carry_version = -1
         self._start: Callable[..., Any] = lambda states: ((), ())  # packs, and the first published values
-        self._start_key: tuple[int, bool] | None = None
-        self._reuse = False
+        self._key: tuple[int, bool] = (-1, False)  # (version, reuse) that the carry and _start were made for
         self._spares: dict[int, list[Any]] = {}  # by metric index: fresh buffers for published values
         self.reuse_published: bool | None = None  # None: on GPU only (see wrap)
 
@@ -132,17 +130,17 @@ class FusedMetrics:
         buffer of the value published last; see :meth:`call`.
         """
         reuse = not stacked and (self.reuse_published if self.reuse_published is not None else platform == "gpu")
-        if self._carry_version != self.version:  # one layout per set of metrics
-            self._carry, self._carry_version = Carry(StatePacking([m.state for m in self.metrics])), self.version
-        packing, metrics = self._carry.packing, tuple(self.metrics)  # type: ignore[union-attr]
-        if self._start_key != (self.version, reuse):
+        metrics = tuple(self.metrics)
+        if self._key != (self.version, reuse):  # one layout per set of metrics
+            packing = StatePacking([m.state for m in metrics])
+            self._carry, self._key, self._spares = Carry(packing), (self.version, reuse), {}
             self._start = jax.jit(lambda states: (packing._pack(states), _published(metrics, states) if reuse else ()))
-            self._start_key, self._reuse, self._spares = (self.version, reuse), reuse, {}
+        packing = self._carry.packing  # type: ignore[union-attr]
 
         def fused(carry: Any, batch: Any) -> Any:
             state, packed, last = carry
             state, out = step(state, batch)
-            new, published = _update_all(list(metrics), packing.unpack(packed), out)
+            new, published = _update_all(metrics, packing.unpack(packed), out)
             if not reuse:
                 return (state, packing._pack(new), ()), (out, published)
             # The last values come in only to give their buffers; a use keeps them as parameters (jit
@@ -197,7 +195,7 @@ class FusedMetrics:
                     given[i] = self._spare(i, given[i])
                 donor = tuple(given)
         (state, carry.packed, carry.donor), out = fn((state, carry.packed, donor), batch)
-        if self._reuse:
+        if self._key[1]:  # published values reused: they came back in the carry
             carry.published = carry.donor
         else:
             out, carry.published = out
@@ -289,7 +287,7 @@ def _tied(states: Any, out: Any) -> Any:
     return jax.tree.map(tie, states)
 
 
-def _update_all(metrics: list[Any], states: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
+def _update_all(metrics: Sequence[Any], states: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
     """Every fused metric's update from ``out``, and what each publishes per step, tied to ``out``.
 
     The new accumulators are donated to the next call with the train state (donation measured 15-20%
