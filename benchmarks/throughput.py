@@ -11,6 +11,9 @@ shows) and an MLP 784-512-512-10 with batch 128. Rows, each the best of ``--repe
 - ``ember, aux outputs`` and ``ember + metrics``: the step also returns logits and labels; the second row
   attaches ``Average`` of the loss, ``Accuracy`` and a ``RunningAverage`` of the loss, so the ratio between
   the two is what the metrics cost (their updates fold into the compiled step);
+- ``hand loop, aux outputs`` and ``hand loop + metrics in its step``: the same two rows written by hand,
+  the metrics as six scalar accumulators carried and updated in the jitted step (as a hand-written loop
+  or a Flax NNX ``MultiMetric`` keeps them), so ember's metric cost can be read beside a hand-written one;
 - ``hand scan x10``, ``ember steps_per_call=10`` and ``ember steps_per_call=10 + handlers`` (the typical
   set above): ten steps per compiled call (``lax.scan``);
 - ``keras fit`` and ``keras fit, steps_per_execution=10``: Keras 3 on the JAX backend, when installed
@@ -21,7 +24,9 @@ the rate shown is the best run, and each ratio is the median over repeats of the
 repeat (row against its reference run moments apart), which is far steadier on a busy machine than a ratio
 of bests.
 
-Run: ``python benchmarks/throughput.py [--repeats R] [--quick]``.
+Run: ``python benchmarks/throughput.py [--repeats R] [--quick] [--models tiny,512] [--rows ROWS] [--steps N]``;
+``--rows "ember + metrics,hand loop + metrics in its step"`` runs those rows and their references only
+(many short repeats of a few rows resolve a few per cent better than the whole table).
 """
 
 from __future__ import annotations
@@ -84,33 +89,51 @@ def fresh_state(hidden: tuple[int, ...]) -> TrainState:
     return TrainState.from_linen(MLP(hidden), jnp.ones((1, 784)), optax.adam(1e-3), seed=0)
 
 
-def hand_loop(hidden: tuple[int, ...], data: list[Any]) -> Callable[[], float]:
+def hand_loop(
+    hidden: tuple[int, ...], data: list[Any], *, aux: bool = False, metrics: bool = False
+) -> Callable[[], float]:
+    """The hand-written loop; ``aux``: the step also returns logits and labels; ``metrics``: and updates metrics.
+
+    With ``metrics`` the step keeps the three metrics of the "ember + metrics" row the way a hand-written
+    loop (or a Flax NNX ``MultiMetric``) keeps them: six scalar accumulators in the carried state (loss sum
+    and count, correct predictions and count, running average and a started flag), updated in the step,
+    with the running average returned every step.
+    """
     module, tx = MLP(hidden), optax.adam(1e-3)
+    zeros = (np.float32(0), np.int32(0), np.int32(0), np.int32(0), np.float32(0), np.float32(0))
 
     @jax.jit
     def init() -> Any:
         params = module.init(jax.random.PRNGKey(0), jnp.ones((1, 784)))["params"]
-        return params, tx.init(params)
+        return params, tx.init(params), tuple(jnp.asarray(z) for z in zeros) if metrics else ()
 
-    def loss(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
-        return optax.softmax_cross_entropy_with_integer_labels(module.apply({"params": params}, x), y).mean()
+    def loss(params: Any, x: jax.Array, y: jax.Array) -> Any:
+        logits = module.apply({"params": params}, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), logits
 
-    @jax.jit
     def step(carry: Any, x: jax.Array, y: jax.Array) -> Any:
-        params, opt_state = carry
-        value, grads = jax.value_and_grad(loss)(params, x, y)
+        params, opt_state, acc = carry
+        (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(params, x, y)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), value
+        out = (value, logits, y) if aux or metrics else value
+        if metrics:
+            total, seen, correct, counted, average, started = acc
+            n = y.shape[0]
+            average = jnp.where(started > 0, 0.98 * average + 0.02 * value, value)
+            hits = jnp.sum(jnp.argmax(logits, axis=-1) == y)
+            acc = (total + value * n, seen + n, correct + hits, counted + n, average, jnp.ones_like(started))
+            out = (out, average)
+        return (optax.apply_updates(params, updates), opt_state, acc), out
 
-    step = jax.jit(step.__wrapped__, donate_argnums=0)  # type: ignore[attr-defined]
+    step = jax.jit(step, donate_argnums=0)
 
     def run() -> float:
         carry = init()
         jax.block_until_ready(carry)
         start = time.perf_counter()
         for x, y in data:
-            carry, value = step(carry, x, y)
-        jax.block_until_ready((carry, value))
+            carry, out = step(carry, x, y)
+        jax.block_until_ready((carry, out))
         return time.perf_counter() - start
 
     return run
@@ -192,12 +215,17 @@ def keras_fit(hidden: tuple[int, ...], data: list[Any], steps_per_execution: int
     return run
 
 
-def measure(name: str, hidden: tuple[int, ...], batch: int, steps: int, repeats: int) -> dict[str, float]:
+def measure(
+    name: str, hidden: tuple[int, ...], batch: int, steps: int, repeats: int, only: list[str] | None = None
+) -> dict[str, float]:
+    """Time the rows (those named in ``only`` and their references, or all) interleaved; print and return rates."""
     data = make_data(steps, batch)
     rows: dict[str, Callable[[], float] | None] = {
         "hand loop": hand_loop(hidden, data),
         "ember": ember_run(hidden, data),
         "ember + handlers": ember_run(hidden, data, extra="handlers"),
+        "hand loop, aux outputs": hand_loop(hidden, data, aux=True),
+        "hand loop + metrics in its step": hand_loop(hidden, data, metrics=True),
         "ember, aux outputs": ember_run(hidden, data, aux=True),
         "ember + metrics": ember_run(hidden, data, extra="metrics"),
         "hand scan x10": hand_scan(hidden, data, 10),
@@ -206,7 +234,21 @@ def measure(name: str, hidden: tuple[int, ...], batch: int, steps: int, repeats:
         "keras fit": keras_fit(hidden, data),
         "keras fit, steps_per_execution=10": keras_fit(hidden, data, 10),
     }
-    runs = {k: v for k, v in rows.items() if v is not None}
+    ratios = {
+        "ember": "hand loop",
+        "ember + handlers": "hand loop",
+        "ember + metrics": "ember, aux outputs",
+        "hand loop + metrics in its step": "hand loop, aux outputs",
+        "ember steps_per_call=10": "hand scan x10",
+        "ember steps_per_call=10 + handlers": "hand scan x10",
+        "keras fit": "hand loop",
+        "keras fit, steps_per_execution=10": "hand scan x10",
+    }
+    keep = set(rows) if only is None else set(only) | {ratios[r] for r in only if r in ratios}
+    unknown = sorted(set(only or ()) - set(rows))
+    if unknown:
+        raise SystemExit(f"--rows: no row named {unknown}; the rows are {list(rows)}")
+    runs = {k: v for k, v in rows.items() if v is not None and k in keep}
     for fn in runs.values():
         fn()  # compile and warm up
     times: dict[str, list[float]] = {label: [] for label in runs}
@@ -215,22 +257,15 @@ def measure(name: str, hidden: tuple[int, ...], batch: int, steps: int, repeats:
             times[label].append(fn())
     rate = {label: steps / min(t) for label, t in times.items()}
     print(f"\n{name}: batch {batch}, {steps} steps, {repeats} repeats")
-    ratios = {
-        "ember": "hand loop",
-        "ember + handlers": "hand loop",
-        "ember + metrics": "ember, aux outputs",
-        "ember steps_per_call=10": "hand scan x10",
-        "ember steps_per_call=10 + handlers": "hand scan x10",
-        "keras fit": "hand loop",
-        "keras fit, steps_per_execution=10": "hand scan x10",
-    }
     for label, r in rate.items():
         ref = ratios.get(label)
         vs = ""
         if ref:
             per_repeat = sorted(a / b for a, b in zip(times[ref], times[label], strict=True))
-            median, low, high = per_repeat[len(per_repeat) // 2], per_repeat[0], per_repeat[-1]
-            vs = f"  {median:.3f} x {ref} (median; range {low:.3f}-{high:.3f})"
+            n = len(per_repeat)
+            median, low, high = per_repeat[n // 2], per_repeat[0], per_repeat[-1]
+            quartiles = f"quartiles {per_repeat[n // 4]:.3f}-{per_repeat[3 * n // 4]:.3f}; " if n >= 8 else ""
+            vs = f"  {median:.3f} x {ref} (median; {quartiles}range {low:.3f}-{high:.3f})"
         print(f"  {label:<36} {r:9.0f} steps/s{vs}")
     return rate
 
@@ -239,15 +274,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="few steps: a smoke run, not a measurement")
+    parser.add_argument("--models", default="tiny,512", help="which models: tiny, 512 or both (default)")
+    parser.add_argument("--rows", help='comma-separated rows to run with their references, e.g. "ember + metrics"')
+    parser.add_argument("--steps", type=int, help="steps per run (default 3000 on the tiny model, 400 on the other)")
     args = parser.parse_args()
+    models = args.models.split(",")
+    if not models or set(models) - {"tiny", "512"}:
+        raise SystemExit(f"--models: expected tiny, 512 or tiny,512, got {args.models!r}")
+    only = [r.strip() for r in args.rows.split(",")] if args.rows else None
     print(
         f"python {platform.python_version()}, jax {jax.__version__} on {jax.devices()[0].platform} ({jax.devices()[0]})"
     )
     if keras is not None:
         print(f"keras {keras.__version__} (backend {keras.backend.backend()})")
-    small, big = (40, 20) if args.quick else (3000, 400)
-    measure("tiny MLP 784-32-10", (32,), 32, small, args.repeats)
-    measure("MLP 784-512-512-10", (512, 512), 128, big, args.repeats)
+    small, big = (40, 20) if args.quick else (args.steps or 3000, args.steps or 400)
+    if "tiny" in models:
+        measure("tiny MLP 784-32-10", (32,), 32, small, args.repeats, only)
+    if "512" in models:
+        measure("MLP 784-512-512-10", (512, 512), 128, big, args.repeats, only)
 
 
 if __name__ == "__main__":

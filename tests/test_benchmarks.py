@@ -72,9 +72,38 @@ def test_throughput_benchmark_runs_and_reports_every_ember_row():
         ("ember", "hand loop"),
         ("ember + handlers", "hand loop"),
         ("ember + metrics", "ember, aux outputs"),
+        ("hand loop + metrics in its step", "hand loop, aux outputs"),
         ("ember steps_per_call=10", "hand scan x10"),
         ("ember steps_per_call=10 + handlers", "hand scan x10"),
     ):
         assert len(rows[row]) == 2  # one per model
         assert all(f"x {ref} (median" in ratio for ratio in rows[row])
     assert rows["hand loop"] == ["", ""]
+
+
+def test_throughput_benchmark_runs_only_the_rows_asked_for_with_their_references():
+    """``--rows`` keeps the named rows and the rows they are measured against, on the models ``--models`` picks."""
+    out = run_benchmark(
+        "throughput.py", "--quick", "--repeats", "1", "--models", "tiny", "--rows", "ember + metrics", timeout=300
+    )
+    rows = re.findall(r"^  (\S.*?)\s{2,}\d+ steps/s", out, flags=re.M)
+    assert rows == ["ember, aux outputs", "ember + metrics"]
+    assert out.count("MLP") == 1
+    assert "tiny MLP 784-32-10: batch 32, 40 steps, 1 repeats" in out
+
+
+def test_throughput_benchmark_names_an_unknown_row_or_model():
+    def fails(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, str(BENCH / "throughput.py"), "--quick", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 1
+        return done.stderr
+
+    assert "--rows: no row named ['ember + typo']; the rows are ['hand loop', 'ember', " in fails(
+        "--models", "512", "--rows", "ember + typo"
+    )
+    assert "--models: expected tiny, 512 or tiny,512, got 'tiny,1024'" in fails("--models", "tiny,1024")
