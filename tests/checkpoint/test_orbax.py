@@ -40,15 +40,21 @@ def test_a_run_saved_through_orbax_resumes_bit_for_bit(store):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_an_unfinished_orbax_item_is_skipped_with_a_warning(store):
+def test_an_unfinished_orbax_item_is_moved_aside_with_a_warning(store):
+    """A checkpoint whose orbax item is gone is renamed corrupt-<name> (kept), named in the warning, and skipped."""
     for step in (1, 2):
         store.save({"w": np.full(3, float(step), np.float32)}, step=step)
     shutil.rmtree(store.root / "step_00000002" / "state")
     with pytest.warns(
-        UserWarning, match=re.escape("Skipping checkpoint 'step_00000002': its orbax item 'state' is missing.")
+        UserWarning,
+        match=re.escape(
+            f"Checkpoint '{store.root / 'step_00000002'}' is corrupt: its state folder is missing. It was moved "
+            "aside to 'corrupt-step_00000002' and skipped."
+        ),
     ):
         info = store.latest()
     assert info.step == 1
+    assert (store.root / "corrupt-step_00000002" / "manifest.json").exists()
     tree, _ = store.restore(target={"w": np.zeros(3, np.float32)}, checkpoint=info)
     assert np.asarray(tree["w"]).tolist() == [1.0, 1.0, 1.0]
 

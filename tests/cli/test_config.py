@@ -31,6 +31,16 @@ from ember.cli import Config, ConfigError, dump_config, load_config
             "handlers.early_stopping.metric: expected one of 'accuracy', 'loss', got 'acc'; did you mean 'accuracy'?",
         ),
         ({"data": 3}, "data: expected a mapping, got 3."),
+        ({"optimizer": {"learning_rate": -0.1}}, "optimizer.learning_rate: expected a positive number, got -0.1."),
+        ({"optimizer": {"learning_rate": 0}}, "optimizer.learning_rate: expected a positive number, got 0.0."),
+        ({"optimizer": {"weight_decay": -1e-4}}, "optimizer.weight_decay: expected a number >= 0, got -0.0001."),
+        (
+            {"optimizer": {"clip_norm": 0}},
+            "optimizer.clip_norm: expected a positive number (or null for no clipping), got 0.0.",
+        ),
+        ({"optimizer": {"momentum": 1}}, "optimizer.momentum: expected a number in [0, 1), got 1.0."),
+        ({"optimizer": {"warmup_steps": -5}}, "optimizer.warmup_steps: expected an int >= 0, got -5."),
+        ({"data": {"val_fraction": 1.0}}, "data.val_fraction: expected a number in (0, 1), got 1.0."),
     ],
 )
 def test_config_errors_name_the_field_what_was_given_and_what_is_allowed(raw, message):

@@ -3,6 +3,7 @@ import re
 import numpy as np
 import pytest
 
+from ember import Engine, Events
 from ember.data import ArrayDataset
 
 
@@ -96,3 +97,57 @@ def test_bad_shards(kwargs, message):
     args = {"batch_size": 8, "drop_remainder": True, **kwargs}
     with pytest.raises(ValueError, match=re.escape(message)):
         ArrayDataset({"x": np.arange(20)}, **args)
+
+
+def test_set_epoch_picks_the_pass_of_the_next_iteration():
+    """set_epoch(e) makes the next iter() start pass e from its first batch; later passes follow it."""
+    data = ArrayDataset(np.arange(6), batch_size=3, shuffle=True, seed=2)
+    passes = [[b.tolist() for b in data] for _ in range(3)]
+    data.set_epoch(1)
+    assert [b.tolist() for b in data] == passes[1]
+    assert [b.tolist() for b in data] == passes[2]
+    with pytest.raises(ValueError, match=re.escape("`epoch` must be a non-negative int, got -1.")):
+        data.set_epoch(-1)
+
+
+def test_each_iterator_reports_its_own_position():
+    """Two iterators over one dataset each know where they are; the dataset reports the latest batch's."""
+    data = ArrayDataset(np.arange(8), batch_size=2, shuffle=True)
+    first = iter(data)
+    next(first)
+    data.set_epoch(5)
+    second = iter(data)
+    next(second), next(second), next(second)
+    next(first)
+    assert first.state_dict() == {"epoch": 0, "position": 2}
+    assert second.state_dict() == {"epoch": 5, "position": 3}
+    assert data.state_dict() == {"epoch": 0, "position": 2}
+
+
+def _trainer_batches(data, *, evaluate_every=None, resume_at=None):
+    """The batches a trainer Engine gets over 3 epochs; an evaluator Engine iterates the same data."""
+    trainer, evaluator = Engine(lambda e, b: b.tolist()), Engine(lambda e, b: None)
+    if evaluate_every is not None:
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: evaluator.run(data))
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(every=evaluate_every), lambda: evaluator.run(data))
+    seen, saved = [], []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.output))
+    if resume_at is not None:
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=resume_at), lambda e: saved.append(e.state_dict()))
+    trainer.run(data, max_epochs=3)
+    return seen, saved
+
+
+def test_an_evaluator_over_the_training_data_does_not_change_the_trainers_order():
+    """A trainer's shuffled batches, and its saved position, depend only on its own iterations."""
+    alone, _ = _trainer_batches(ArrayDataset(np.arange(12), batch_size=3, shuffle=True, seed=1))
+    shared = ArrayDataset(np.arange(12), batch_size=3, shuffle=True, seed=1)
+    with_eval, saved = _trainer_batches(shared, evaluate_every=3, resume_at=6)
+    assert with_eval == alone
+    assert saved[0]["data"] == {"epoch": 1, "position": 2}  # the trainer's, not the evaluator's
+    resumed = Engine(lambda e, b: b.tolist())
+    resumed.load_state_dict(saved[0])
+    rest: list[list[int]] = []
+    resumed.add_event_handler(Events.ITERATION_COMPLETED, lambda e: rest.append(e.state.output))
+    resumed.run(ArrayDataset(np.arange(12), batch_size=3, shuffle=True, seed=1))
+    assert rest == alone[6:]

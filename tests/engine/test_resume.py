@@ -1,3 +1,4 @@
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -219,3 +220,173 @@ def test_terminate_at_the_runs_last_iteration_still_owes_the_last_epoch_complete
     engine.run(["a", "b"])
     assert seen[-1] == ("EPOCH_COMPLETED", 2)
     assert engine.state_dict() == {"epoch_length": 2, "iteration": 4, "max_epochs": 2}
+
+
+def batches_run(engine: Engine, data: Any, **run_kwargs: Any) -> list[Any]:
+    """Run ``engine`` over ``data``; return the batches its steps got."""
+    seen: list[Any] = []
+    handle = engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.batch))
+    engine.run(data, **run_kwargs)
+    handle.remove()
+    return seen
+
+
+ALREADY_COMPLETE = (
+    "The run loaded by load_state_dict() is already complete (epoch 2 of 2, iteration 6); run() does nothing. "
+    "Pass a larger max_epochs (or max_iters) to train further, or set engine.state.max_epochs = None to start "
+    "again from zero."
+)
+
+
+def finished_state() -> dict[str, Any]:
+    done = Engine(lambda e, b: b)
+    done.run([1, 2, 3], max_epochs=2)
+    return done.state_dict()
+
+
+def test_a_loaded_finished_run_fires_nothing_and_says_so():
+    """run() after loading a complete run's state fires no event, warns with the position, and stays complete."""
+    engine = Engine(lambda e, b: b)
+    fired: list[str] = []
+    for event in Events:
+        engine.add_event_handler(event, lambda e, event=event: fired.append(event.name))
+    engine.load_state_dict(finished_state())
+    with pytest.warns(UserWarning, match=re.escape(ALREADY_COMPLETE)):
+        state = engine.run([1, 2, 3], max_epochs=2)
+    assert (fired, state.iteration, state.epoch) == ([], 6, 2)
+    with pytest.warns(UserWarning, match=re.escape(ALREADY_COMPLETE)):  # and again on every relaunch
+        assert list(engine.iterate([1, 2, 3], Events.ITERATION_COMPLETED, max_epochs=2)) == []
+    assert fired == []
+
+
+def test_a_loaded_finished_run_given_more_epochs_trains_only_those():
+    """A larger max_epochs continues from the end of the loaded run."""
+    engine = Engine(lambda e, b: b)
+    engine.load_state_dict(finished_state())
+    assert batches_run(engine, [1, 2, 3], max_epochs=3) == [1, 2, 3]
+    assert (engine.state.iteration, engine.state.epoch) == (9, 3)
+
+
+def test_a_loaded_finished_run_restarts_from_zero_when_asked():
+    """Setting state.max_epochs to None starts a new run, as the warning says."""
+    engine = Engine(lambda e, b: b)
+    engine.load_state_dict(finished_state())
+    engine.state.max_epochs = None
+    assert batches_run(engine, [1, 2, 3], max_epochs=1) == [1, 2, 3]
+
+
+def test_a_run_finished_in_this_process_starts_again_as_in_ignite():
+    """Only a loaded finished run is kept complete; run() after an in-process run starts a new run."""
+    engine = Engine(lambda e, b: b)
+    engine.run([1, 2, 3], max_epochs=2)
+    assert batches_run(engine, [1, 2, 3], max_epochs=2) == [1, 2, 3, 1, 2, 3]
+
+
+def test_mark_epoch_incomplete_makes_a_resumed_run_fire_that_epoch_completed_again():
+    """A state saved after mark_epoch_incomplete() resumes at that epoch's EPOCH_COMPLETED."""
+    engine = Engine(lambda e, b: b)
+    saved: list[dict[str, Any]] = []
+
+    @engine.on(Events.EPOCH_COMPLETED(once=1))
+    def cut_short(engine):
+        engine.mark_epoch_incomplete()
+        saved.append(engine.state_dict())
+        engine.terminate()
+
+    engine.run([1, 2], max_epochs=2)
+    assert saved == [{"epoch_length": 2, "iteration": 2, "max_epochs": 2, "epoch_completed": False}]
+    assert engine.state_dict() == {"epoch_length": 2, "iteration": 2, "max_epochs": 2}  # only for that event
+    resumed = Engine(lambda e, b: b)
+    events: list[tuple[str, int]] = []
+    for event in (Events.EPOCH_COMPLETED, Events.ITERATION_COMPLETED):
+        resumed.add_event_handler(event, lambda e, event=event: events.append((event.name, e.state.iteration)))
+    resumed.load_state_dict(saved[0])
+    resumed.run([1, 2])
+    assert events == [
+        ("EPOCH_COMPLETED", 2),
+        ("ITERATION_COMPLETED", 3),
+        ("ITERATION_COMPLETED", 4),
+        ("EPOCH_COMPLETED", 4),
+    ]
+
+
+def test_mark_epoch_incomplete_outside_epoch_completed_is_refused():
+    """Called from another event it raises, naming the event."""
+    engine = Engine(lambda e, b: b)
+    engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: e.mark_epoch_incomplete())
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape(
+            "mark_epoch_incomplete() is for EPOCH_COMPLETED handlers; it was called at Events.ITERATION_COMPLETED."
+        ),
+    ):
+        engine.run([1])
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"n": self.n}
+
+    def load_state_dict(self, sd: dict[str, int]) -> None:
+        self.n = sd["n"]
+
+
+def test_tracked_states_travel_in_the_engine_state_dict():
+    """track_state() adds the object's state; loading restores it, also into an object tracked later."""
+    engine, counter = Engine(lambda e, b: b), Counter()
+    engine.track_state("counter", counter)
+    counter.n = 5
+    engine.run([1])
+    saved = engine.state_dict()
+    assert saved["attached"] == {"counter": {"n": 5}}
+    fresh, late = Engine(lambda e, b: b), Counter()
+    fresh.load_state_dict(saved)
+    fresh.track_state("counter", late)
+    assert late.n == 5
+
+
+def test_track_state_refuses_what_it_cannot_save():
+    """An object without state_dict, a second object under one name, and a bad name are refused."""
+    engine = Engine(lambda e, b: b)
+    with pytest.raises(TypeError, match=re.escape("`obj` must have state_dict() and load_state_dict(), got int.")):
+        engine.track_state("n", 3)
+    engine.track_state("c", Counter())
+    with pytest.raises(ValueError, match=re.escape("already saves the state of another object as 'c'")):
+        engine.track_state("c", Counter())
+    with pytest.raises(TypeError, match=re.escape("`name` must be a non-empty string, got ''.")):
+        engine.track_state("", Counter())
+
+
+class Passes:
+    """Data that records the passes an engine asks for with set_epoch."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.asked = n, []
+        self._next = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.asked.append(epoch)
+        self._next = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch, self._next = self._next, self._next + 1
+        return iter([(epoch, i) for i in range(self.n)])
+
+
+def test_each_new_pass_is_numbered_from_the_engines_own_position():
+    """set_epoch gets the number of whole passes before the next batch, also when epochs and passes differ."""
+    data = Passes(3)
+    engine = Engine(lambda e, b: b)
+    assert batches_run(engine, data, max_epochs=2, epoch_length=2) == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert data.asked == [0, 1]
+    resumed_data = Passes(3)
+    resumed = Engine(lambda e, b: b)
+    resumed.load_state_dict({"iteration": 2, "epoch_length": 2, "max_epochs": 3})
+    assert batches_run(resumed, resumed_data) == [(0, 2), (1, 0), (1, 1), (1, 2)]  # skipped through pass 0
+    assert resumed_data.asked == [0, 1]

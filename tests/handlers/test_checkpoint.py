@@ -1,3 +1,5 @@
+import re
+import threading
 import time
 
 import jax
@@ -69,8 +71,10 @@ def test_best_and_latest_are_kept_together_with_scores_in_names(tmp_path):
 
 def test_a_failed_background_write_stops_the_run(tmp_path, monkeypatch):
     """A write error in the background is raised at the next iteration, out of run()."""
+    released = threading.Event()
 
     def disk_full(f, leaves):
+        released.wait(timeout=60)  # fails only once the test lets it: the same on a busy machine
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(store_module, "write_leaves", disk_full)
@@ -78,8 +82,9 @@ def test_a_failed_background_write_stops_the_run(tmp_path, monkeypatch):
     saver = Checkpoint({"trainer": trainer}, tmp_path)
     saver.attach(trainer, Events.ITERATION_COMPLETED(once=1))
 
-    def until_the_write_failed() -> None:
-        while not saver.store._pending.done():  # the background write has had its chance to fail
+    def until_the_write_failed() -> None:  # after iteration 2's check: the error surfaces at iteration 3's
+        released.set()
+        while not saver.store._pending.done():
             time.sleep(0.01)
 
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=2), until_the_write_failed)
@@ -128,3 +133,59 @@ def test_firing_twice_at_one_step_saves_once(tmp_path):
     trainer.run([1, 2], max_epochs=2)
     assert [c.step for c in saver.store.checkpoints()] == [2, 4]
     assert saver.save_now(trainer).step == 4  # still the one on disk
+
+
+def _saved_trainer(folder, steps=(2, 4)):
+    trainer = Engine(lambda e, b: b)
+    saver = Checkpoint({"trainer": trainer}, folder, keep_latest=None, background=False)
+    saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
+    trainer.run(range(max(steps)))
+    return saver
+
+
+def test_resume_falls_back_past_a_checksum_corrupt_checkpoint_and_names_it(tmp_path):
+    """A bit flip in the newest data file: resume() warns naming folder and file, moves it aside, uses the previous."""
+    _saved_trainer(tmp_path)
+    data = tmp_path / "step_00000004" / "state.msgpack"
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0x01
+    data.write_bytes(bytes(raw))
+    fresh = Engine(lambda e, b: b)
+    with pytest.warns(
+        UserWarning,
+        match=re.escape(f"Checkpoint '{tmp_path / 'step_00000004'}' is corrupt: its state.msgpack ")
+        + ".* It was moved aside to 'corrupt-step_00000004' and skipped.",
+    ):
+        info = Checkpoint({"trainer": fresh}, tmp_path).resume()
+    assert (info.step, fresh.state.iteration) == (2, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt-step_00000004", "step_00000002"]
+
+
+def test_a_run_resumed_before_a_truncated_checkpoint_saves_that_step_again(tmp_path):
+    """The truncated checkpoint is moved aside on resume; reaching its step later writes a good one."""
+    _saved_trainer(tmp_path)
+    data = tmp_path / "step_00000004" / "state.msgpack"
+    data.write_bytes(data.read_bytes()[:-3])
+    trainer = Engine(lambda e, b: b)
+    saver = Checkpoint({"trainer": trainer}, tmp_path, keep_latest=None, background=False)
+    saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
+    with pytest.warns(UserWarning, match=r"state.msgpack holds \d+ bytes, the manifest says \d+ \(truncated\)"):
+        saver.resume()
+    trainer.run(range(4))
+    assert [c.path.name for c in saver.store.checkpoints()] == ["step_00000002", "step_00000004"]
+    assert (tmp_path / "corrupt-step_00000004").is_dir()
+
+
+def test_a_second_save_of_one_step_is_skipped_if_unchanged_and_kept_beside_it_if_changed(tmp_path):
+    """EPOCH_COMPLETED | COMPLETED saves once; a changed state at the same step goes to <name>.2, the newest."""
+    trainer = Engine(lambda e, b: b)
+    trainer.state_dict_user_keys.append("note")
+    trainer.state.note = "first"
+    saver = Checkpoint({"trainer": trainer}, tmp_path, keep_latest=None, background=False)
+    saver.attach(trainer, Events.EPOCH_COMPLETED | Events.COMPLETED)
+    trainer.run([1, 2])
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000002"]
+    trainer.state.note = "second"
+    saver(trainer)
+    assert [c.path.name for c in saver.store.checkpoints()] == ["step_00000002", "step_00000002.2"]
+    assert saver.store.latest().manifest["metadata"]["state_dicts"]["trainer"]["note"] == "second"

@@ -1,11 +1,16 @@
+import json
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import ember.metrics._metric as metric_module
 from ember import Engine, Events
-from ember.metrics import BATCH_WISE, RUNNING, SINGLE_EPOCH_RUNNING, Accuracy, Average, MetricUsage
+from ember.metrics import BATCH_WISE, RUNNING, SINGLE_EPOCH_RUNNING, Accuracy, Average, MetricUsage, RunningAverage
+from ember.training import TrainState, create_trainer
 
 # Two epochs of two batches: values 1..8, two per batch.
 DATA = [jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0])]
@@ -167,3 +172,91 @@ def test_an_epoch_wise_metric_reads_nothing_before_epoch_completed(monkeypatch):
     state = engine.run(data, max_epochs=2)
     assert state.metrics["accuracy"] == pytest.approx(2 / 3)
     assert reads == [Events.EPOCH_COMPLETED, Events.EPOCH_COMPLETED]
+
+
+def _loss_trainer():
+    state = TrainState.create(lambda p, x: x * p, jnp.array(0.5), optax.sgd(0.1))
+    trainer = create_trainer(state, lambda m, b: jnp.mean((m(b) - 1.0) ** 2))
+    RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running")
+    Average(output_transform=lambda out: out["loss"]).attach(trainer, "epoch_loss")
+    seen: list[tuple[int, float, float]] = []
+    trainer.add_event_handler(
+        Events.ITERATION_COMPLETED,
+        lambda e: seen.append(
+            (e.state.iteration, float(e.state.metrics["running"]), e.state.metrics.get("epoch_loss", -1.0))
+        ),
+    )
+    return trainer, seen
+
+
+LOSS_DATA = [jnp.full(2, v) for v in (1.0, 2.0, 3.0, 0.5)]
+
+
+@pytest.mark.parametrize("stop_at", [2, 4, 6])
+def test_metrics_resume_exactly_from_an_engine_state_dict(stop_at):
+    """Running and epoch-wise averages, and the values in state.metrics, continue as if never stopped."""
+    straight, expected = _loss_trainer()
+    straight.run(LOSS_DATA, max_epochs=2)
+    first, _ = _loss_trainer()
+    saved: list[tuple[dict, dict]] = []
+    first.add_event_handler(
+        Events.ITERATION_COMPLETED(once=stop_at),
+        lambda e: (saved.append((e.state_dict(), e.tree_state_dict())), e.terminate()),
+    )
+    first.run(LOSS_DATA, max_epochs=2)
+    resumed, seen = _loss_trainer()
+    resumed.load_state_dict(saved[0][0])
+    resumed.load_tree_state_dict(saved[0][1])
+    resumed.run(LOSS_DATA, max_epochs=2)
+    assert seen == expected[stop_at:]  # 4: the epoch's last iteration, resumed at its EPOCH_COMPLETED
+    assert resumed.state.metrics == {
+        "running": straight.state.metrics["running"],
+        "epoch_loss": straight.state.metrics["epoch_loss"],
+    }
+
+
+def test_a_metric_state_round_trips_exactly():
+    """state_dict() / load_state_dict() keep dtypes and values bit for bit, NaN included."""
+    acc, copy = Accuracy(), Accuracy()
+    acc.update({"y_pred": jnp.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]), "y": jnp.array([0, 0, 0])})
+    copy.load_state_dict(json.loads(json.dumps(acc.state_dict())))
+    assert copy.compute() == acc.compute() == np.float32(2 / 3)
+    avg, back = Average(), Average()
+    avg.update(jnp.array([jnp.nan, 1.0]))
+    back.load_state_dict(json.loads(json.dumps(avg.state_dict())))
+    assert np.isnan(back.compute())
+    assert back.state_dict()["updates"] == 1
+
+
+def test_a_restored_running_average_survives_the_resumed_runs_started_only():
+    """The restored value continues through a resumed run's STARTED; a new run from zero resets it."""
+    engine = Engine(lambda e, b: {"loss": jnp.asarray(b, jnp.float32)})
+    avg = RunningAverage(output_transform=lambda out: out["loss"], alpha=0.5)
+    avg.attach(engine, "loss")
+    scalar = {"dtype": "float32", "shape": []}
+    saved = {"state": {"tuple": [{**scalar, "data": [4.0]}, {**scalar, "data": [1.0]}]}, "updates": 1}
+    engine.load_state_dict({"iteration": 1, "epoch_length": 2, "max_epochs": 1, "attached": {"metric:loss": saved}})
+    engine.run([0.0, 2.0])
+    assert float(engine.state.metrics["loss"]) == 3.0  # 0.5 * 4 + 0.5 * 2
+    engine.state.max_epochs = None
+    engine.run([0.0, 2.0])
+    assert float(engine.state.metrics["loss"]) == 1.0  # reset at STARTED: 0, then 0.5 * 0 + 0.5 * 2
+
+
+@pytest.mark.parametrize(
+    ("saved", "error", "match"),
+    [
+        ({"state": None}, ValueError, "`state_dict` of Average must hold 'state' and 'updates', got {'state': None}."),
+        ({"state": None, "updates": -1}, ValueError, "`state_dict['updates']` must be a non-negative int, got -1."),
+        (
+            {"state": {"tuple": [{"dtype": "float32", "shape": [], "data": [1.0]}]}, "updates": 1},
+            ValueError,
+            "The saved state of Average has the structure PyTreeDef((*,)), this metric PyTreeDef((*, *)); was it "
+            "saved by another kind of metric?",
+        ),
+    ],
+)
+def test_load_state_dict_refuses_a_state_that_is_not_this_metrics(saved, error, match):
+    """Missing keys, a bad count and another metric's structure are refused, saying which."""
+    with pytest.raises(error, match=re.escape(match)):
+        Average().load_state_dict(saved)

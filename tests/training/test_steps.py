@@ -1,3 +1,5 @@
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -131,3 +133,27 @@ def test_eval_step_runs_the_model_in_eval_mode():
     x = jnp.ones((4, 4))
     np.testing.assert_array_equal(step(state, x), step(state, x))
     assert step(state, x).shape == (4, 3)
+
+
+@pytest.mark.parametrize(
+    ("loss_fn", "returned"),
+    [
+        (lambda m, b: m(b), "an array of shape (3,) and dtype float32. Reduce a per-example loss with .mean()."),
+        (
+            lambda m, b: (m(b).mean(), {}, 1),
+            "a tuple of 3 (an array of shape () and dtype float32, a dict, a value of type int).",
+        ),
+        (lambda m, b: jnp.int32(1), "an array of shape () and dtype int32."),
+        (
+            lambda m, b: [m(b), {}],
+            "a list of 2 (an array of shape (3,) and dtype float32, a dict). Reduce a per-example loss with .mean().",
+        ),
+    ],
+)
+def test_a_loss_fn_returning_anything_but_a_scalar_is_named_at_tracing(loss_fn, returned):
+    """A vector, a 3-tuple or an int loss: the error states the rule and what came back, not a tracer dump."""
+    state = TrainState.create(lambda p, x: x * p, jnp.zeros(3), optax.sgd(0.1))
+    step = make_train_step(loss_fn)
+    message = "`loss_fn` must return a float scalar loss, or (loss, aux) with aux a dict; it returned " + returned
+    with pytest.raises(TypeError, match="^" + re.escape(message)):
+        jax.jit(step)(state, jnp.ones(3))

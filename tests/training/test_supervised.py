@@ -1,3 +1,6 @@
+import re
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -83,3 +86,31 @@ def test_supervised_errors():
     state = TrainState.create(lambda p, x: x, jnp.zeros(1), optax.sgd(0.1))
     with pytest.raises(TypeError, match=r"Metric 'acc' has no attach\(engine, name\) method; got int"):
         create_supervised_evaluator(state, metrics={"acc": 3})
+
+
+NOT_BUILT = (
+    "This trainer has no train state yet: it builds it from the first batch. To resume before the first run, "
+    "build it from a sample first: trainer.build_state(next(iter(data))), then Checkpoint.resume() or load_objects()."
+)
+
+
+def test_a_trainer_built_from_the_first_batch_resumes_after_build_state(tmp_path):
+    """resume() before the first run says what to do; after build_state(sample) it restores exactly."""
+    from ember.handlers import Checkpoint
+
+    data = regression_batches()
+    straight = create_supervised_trainer(nn.Dense(1), optax.adam(0.1), mse)
+    straight.run(data, max_epochs=2)
+    first = create_supervised_trainer(nn.Dense(1), optax.adam(0.1), mse)
+    Checkpoint({"trainer": first}, tmp_path, background=False).attach(first, Events.EPOCH_COMPLETED)
+    first.run(data, max_epochs=1)
+
+    lazy = create_supervised_trainer(nn.Dense(1), optax.adam(0.1), mse)
+    with pytest.raises(RuntimeError, match=re.escape(NOT_BUILT)):
+        Checkpoint({"trainer": lazy}, tmp_path).resume()
+    assert lazy.state.iteration == 0  # nothing was changed
+    lazy.build_state(data[0])
+    assert Checkpoint({"trainer": lazy}, tmp_path).resume().step == 4
+    lazy.run(data, max_epochs=2)
+    for a, b in zip(jax.tree.leaves(lazy.state.train_state), jax.tree.leaves(straight.state.train_state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Mapping
@@ -13,15 +12,8 @@ import jax
 from flax import serialization
 
 from ember.checkpoint._atomic import TMP_PREFIX, commit, fsync_dir
-from ember.checkpoint._store import (
-    MANIFEST,
-    CheckpointInfo,
-    CheckpointStore,
-    _check_structure,
-    _Corrupt,
-    flat_leaves,
-    new_manifest,
-)
+from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, new_manifest, write_manifest, wrong_store
+from ember.checkpoint._store import CheckpointInfo, CheckpointStore, flat_leaves
 
 ITEM = "state"  # the orbax item inside each checkpoint folder
 
@@ -35,8 +27,9 @@ class OrbaxStore(CheckpointStore):
     process's shards of each array itself (no gather onto one host, so state larger than one host's memory
     can be saved) and restores them straight into the target's shardings. In a multi-process run every
     process must call ``save`` (orbax's save is collective); process 0 writes the manifest and commits.
-    Orbax checks its own files, so there is no SHA-256 here; a folder without a finished orbax item is
-    skipped like a truncated checkpoint. Install with ``pip install 'ember[orbax]'``.
+    Orbax checks its own array files; the manifest carries its own CRC-32, as in the native store, and a
+    folder without its orbax item is moved aside like a truncated checkpoint. Install with
+    ``pip install 'ember[orbax]'``.
 
     Args:
         root: the folder; created if missing.
@@ -86,10 +79,7 @@ class OrbaxStore(CheckpointStore):
             self._checkpointer.wait_until_finished()
             manifest["files"] = {ITEM: {"format": "orbax"}}
             if jax.process_index() == 0:
-                with open(tmp / MANIFEST, "w") as f:
-                    json.dump(manifest, f, indent=1)
-                    f.flush()
-                    os.fsync(f.fileno())
+                write_manifest(tmp, manifest)
                 fsync_dir(tmp)
                 commit(tmp, self.root / name)
         except BaseException:
@@ -99,13 +89,15 @@ class OrbaxStore(CheckpointStore):
         return CheckpointInfo(self.root / name, manifest["step"], manifest["metrics"], manifest)
 
     def _check_files(self, path: Path, manifest: dict[str, Any]) -> None:
+        if ITEM not in manifest["files"]:
+            raise ValueError(wrong_store(manifest, ITEM))
         if not (path / ITEM).is_dir():
-            raise ValueError(f"its orbax item {ITEM!r} is missing")
+            raise corrupt(path, ITEM, "folder is missing")
 
     def _read(self, info: CheckpointInfo, target: Any) -> Any:
         args = None
         if target is not None:
-            _check_structure(info.manifest["tree"], flat_leaves(target))
+            check_structure(info.manifest["tree"], flat_leaves(target))
             abstract = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
                 serialization.to_state_dict(target),
@@ -114,7 +106,7 @@ class OrbaxStore(CheckpointStore):
         try:
             restored = self._checkpointer.restore(info.path / ITEM, args=args)
         except Exception as e:
-            raise _Corrupt(f"orbax cannot read it ({type(e).__name__}: {e})") from None
+            raise corrupt(info.path, ITEM, f"cannot be read by orbax ({type(e).__name__}: {e})") from None
         return restored if target is None else serialization.from_state_dict(target, restored)
 
     def close(self) -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import time
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,8 +18,19 @@ from flax import serialization, traverse_util
 
 from ember.checkpoint._atomic import TMP_PREFIX, commit, temporary_dir
 from ember.checkpoint._format import lower_thread_priority, read_leaves, write_leaves
+from ember.checkpoint._manifest import (
+    MANIFEST,
+    CorruptCheckpointError,
+    check_structure,
+    corrupt,
+    new_manifest,
+    read_manifest,
+    write_manifest,
+    wrong_store,
+)
 
-DATA, MANIFEST = "state.msgpack", "manifest.json"
+DATA = "state.msgpack"
+CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, moved aside (never deleted)
 
 
 @dataclass(frozen=True)
@@ -66,12 +75,6 @@ def on_host(leaves: dict[str, Any]) -> dict[str, Any]:
     """``leaves`` with device arrays fetched (all transfers started at once) and arrays as NumPy."""
     fetched = jax.device_get(leaves)
     return {k: np.asarray(v) if isinstance(v, np.ndarray | np.generic) else v for k, v in fetched.items()}
-
-
-def _describe(leaf: Any) -> dict[str, Any]:
-    if isinstance(leaf, np.ndarray | jax.Array):
-        return {"shape": list(leaf.shape), "dtype": np.dtype(leaf.dtype).name}
-    return {"value": type(leaf).__name__}
 
 
 class CheckpointStore:
@@ -277,6 +280,13 @@ class CheckpointStore:
         if "/" in name or name.startswith("."):
             raise ValueError(f"`name` must be a plain folder name, got {name!r}.")
         if (self.root / name).exists():
+            try:
+                self.verify(self.root / name)
+            except CorruptCheckpointError as why:  # a damaged checkpoint of this step: out of the way
+                self.set_aside(self.root / name, why)
+                return name
+            except ValueError:
+                pass
             raise FileExistsError(f"A checkpoint named {name!r} already exists in {self.root}.")
         return name
 
@@ -289,10 +299,7 @@ class CheckpointStore:
                 f.flush()
                 os.fsync(f.fileno())
             manifest["files"] = {DATA: {"bytes": size, "crc32": crc}}
-            with open(tmp / MANIFEST, "w") as f:
-                json.dump(manifest, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
+            write_manifest(tmp, manifest)
             commit(tmp, self.root / name)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -334,7 +341,7 @@ class CheckpointStore:
         mine = [c for c in self.checkpoints() if c.path.name.startswith(prefix)]
         kept: set[Path] = set()
         if keep_latest:
-            kept |= {c.path for c in sorted(mine, key=lambda c: c.step)[-keep_latest:]}
+            kept |= {c.path for c in sorted(mine, key=_newer)[-keep_latest:]}
         if keep_best and metric is not None:
             sign = 1.0 if mode == "max" else -1.0
             scored = sorted((c for c in mine if metric in c.metrics), key=lambda c: (sign * c.metrics[metric], c.step))
@@ -355,30 +362,74 @@ class CheckpointStore:
     # -- finding ---------------------------------------------------------------------------------
 
     def _candidates(self) -> list[Path]:
-        return sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        return sorted(
+            p
+            for p in self.root.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and not p.name.startswith(CORRUPT_PREFIX)
+        )
 
-    def _manifest(self, path: Path) -> CheckpointInfo:
-        manifest_path = path / MANIFEST
-        if not manifest_path.exists():
-            raise ValueError("it has no manifest (the write did not finish)")
+    def verify(self, path: str | os.PathLike[str]) -> CheckpointInfo:
+        """The info of the checkpoint in folder ``path``, once its manifest and file sizes check out.
+
+        Raises:
+            CorruptCheckpointError: the checkpoint is damaged (the message names the folder and the file).
+            ValueError: the folder holds no checkpoint of this store's kind.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> info = store.save({"w": np.zeros(1)}, step=4)
+            >>> store.verify(info.path).step
+            4
+        """
+        path = Path(path)
         try:
-            manifest = json.loads(manifest_path.read_text())
-            step = int(manifest["step"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"its manifest is unreadable ({e})") from None
+            manifest = read_manifest(path)
+        except FileNotFoundError:
+            raise ValueError("it has no manifest (it is not a checkpoint, or its write did not finish)") from None
         self._check_files(path, manifest)
-        return CheckpointInfo(path, step, dict(manifest.get("metrics", {})), manifest)
+        return CheckpointInfo(path, manifest["step"], dict(manifest["metrics"]), manifest)
 
     def _check_files(self, path: Path, manifest: dict[str, Any]) -> None:
-        """Raise ``ValueError`` saying why, unless the checkpoint's data files are all there."""
-        try:
-            expected = manifest["files"][DATA]
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"its manifest is unreadable ({e})") from None
+        """Raise unless the checkpoint's data files are all there, whole."""
+        expected = manifest["files"].get(DATA)
+        if not isinstance(expected, dict) or not isinstance(expected.get("bytes"), int):
+            raise ValueError(wrong_store(manifest, DATA))
         data = path / DATA
-        if not data.exists() or data.stat().st_size != expected["bytes"]:
-            got = data.stat().st_size if data.exists() else "no"
-            raise ValueError(f"its data file holds {got} bytes, the manifest says {expected['bytes']} (truncated)")
+        if not data.exists():
+            raise corrupt(path, DATA, "is missing")
+        size = data.stat().st_size
+        if size != expected["bytes"]:
+            raise corrupt(path, DATA, f"holds {size} bytes, the manifest says {expected['bytes']} (truncated)")
+
+    def set_aside(self, path: Path, why: Exception) -> None:
+        """Move a checkpoint that failed verification out of the way (renamed ``corrupt-<name>``), with a warning.
+
+        Nothing is deleted: the folder stays for a person to inspect. A later save of the same step can
+        then be written. Only process 0 renames; every process warns.
+
+        Examples:
+            >>> import tempfile, warnings, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> info = store.save({"w": np.zeros(1)}, step=1)
+            >>> with warnings.catch_warnings(record=True) as caught:
+            ...     warnings.simplefilter("always")
+            ...     store.set_aside(info.path, ValueError("Checkpoint step_00000001 is damaged."))
+            >>> [p.name for p in store.root.iterdir()]
+            ['corrupt-step_00000001']
+            >>> print(caught[0].message)
+            Checkpoint step_00000001 is damaged. It was moved aside to 'corrupt-step_00000001' and skipped.
+        """
+        moved = self.root / f"{CORRUPT_PREFIX}{path.name}"
+        n = 1
+        while moved.exists():
+            n += 1
+            moved = self.root / f"{CORRUPT_PREFIX}{path.name}.{n}"
+        warnings.warn(f"{why} It was moved aside to {moved.name!r} and skipped.", UserWarning, stacklevel=3)
+        if jax.process_index() == 0 and path.exists():
+            os.replace(path, moved)
 
     def checkpoints(self) -> list[CheckpointInfo]:
         """Every checkpoint whose manifest and data size check out, oldest step first (no warnings).
@@ -395,19 +446,45 @@ class CheckpointStore:
         found = []
         for path in self._candidates():
             try:
-                found.append(self._manifest(path))
+                found.append(self.verify(path))
             except ValueError:
                 continue
-        return sorted(found, key=lambda c: (c.step, c.path.name))
+        return sorted(found, key=_newer)
 
     def _ranked(self, key: Any, reverse: bool) -> list[CheckpointInfo]:
         infos = []
         for path in self._candidates():
             try:
-                infos.append(self._manifest(path))
+                infos.append(self.verify(path))
+            except CorruptCheckpointError as why:
+                self.set_aside(path, why)
             except ValueError as why:
                 warnings.warn(f"Skipping checkpoint {path.name!r}: {why}.", UserWarning, stacklevel=3)
         return sorted(infos, key=key, reverse=reverse)
+
+    def ranked(self, metric: str | None = None, mode: Literal["min", "max"] = "max") -> list[CheckpointInfo]:
+        """Valid checkpoints, preferred first: newest step first, or best by ``metric`` first (``mode``).
+
+        Damaged ones are moved aside with a warning (:meth:`set_aside`); with ``metric``, checkpoints
+        without it are left out. Ties go to the later step.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> for step, acc in ((1, 0.7), (2, 0.9), (3, 0.8)):
+            ...     _ = store.save({"w": np.zeros(1)}, step=step, metrics={"acc": acc})
+            >>> [c.step for c in store.ranked()], [c.step for c in store.ranked("acc")]
+            ([3, 2, 1], [2, 3, 1])
+        """
+        if mode not in ("min", "max"):
+            raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
+        newest_first = self._ranked(_newer, reverse=True)
+        if metric is None:
+            return newest_first
+        sign = 1.0 if mode == "max" else -1.0
+        scored = [c for c in newest_first if metric in c.metrics]
+        return sorted(scored, key=lambda c: (sign * c.metrics[metric], c.step), reverse=True)
 
     def latest(self) -> CheckpointInfo | None:
         """The valid checkpoint with the highest step, or ``None``; invalid ones are skipped with a warning.
@@ -419,7 +496,7 @@ class CheckpointStore:
             >>> store.latest() is None
             True
         """
-        ranked = self._ranked(lambda c: (c.step, c.path.name), reverse=True)
+        ranked = self.ranked()
         return ranked[0] if ranked else None
 
     def best(self, metric: str, mode: Literal["min", "max"] = "max") -> CheckpointInfo | None:
@@ -434,11 +511,8 @@ class CheckpointStore:
             >>> store.best("accuracy").step, store.best("accuracy", mode="min").step
             (2, 1)
         """
-        if mode not in ("min", "max"):
-            raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
-        sign = 1.0 if mode == "max" else -1.0
-        scored = [c for c in self._ranked(lambda c: c.step, reverse=True) if metric in c.metrics]
-        return max(scored, key=lambda c: (sign * c.metrics[metric], c.step), default=None)
+        ranked = self.ranked(metric, mode)
+        return ranked[0] if ranked else None
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -465,25 +539,31 @@ class CheckpointStore:
         """
         if checkpoint is not None:
             return self._read(checkpoint, target), checkpoint
-        for info in self._ranked(lambda c: (c.step, c.path.name), reverse=True):
+        for info in self.ranked():
             try:
                 return self._read(info, target), info
-            except _Corrupt as why:
-                warnings.warn(f"Skipping checkpoint {info.path.name!r}: {why}.", UserWarning, stacklevel=2)
+            except CorruptCheckpointError as why:
+                self.set_aside(info.path, why)
         raise FileNotFoundError(f"No valid checkpoint in {self.root}.")
 
     def _read(self, info: CheckpointInfo, target: Any) -> Any:
         if target is not None:
-            _check_structure(info.manifest["tree"], flat_leaves(target))
+            check_structure(info.manifest["tree"], flat_leaves(target))
         try:
             with open(info.path / DATA, "rb") as f:
                 leaves, crc = read_leaves(f)
         except Exception as e:  # truncated or garbled msgpack
-            raise _Corrupt(f"its data file cannot be read ({type(e).__name__}: {e})") from None
+            raise corrupt(info.path, DATA, f"cannot be read ({type(e).__name__}: {e})") from None
         if crc != info.manifest["files"][DATA].get("crc32"):
-            raise _Corrupt("its data file does not match the checksum in its manifest")
+            raise corrupt(info.path, DATA, f"does not match the checksum in {MANIFEST}")
         nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
         return nested if target is None else serialization.from_state_dict(target, nested)
+
+
+def _newer(c: CheckpointInfo) -> tuple[int, float, str]:
+    """The order of checkpoints in time: by step, then (two of one step: a resumed run saved it again) write time."""
+    wall_time = c.manifest.get("wall_time")
+    return c.step, wall_time if isinstance(wall_time, float) else 0.0, c.path.name
 
 
 def check_gatherable(tree: Any) -> None:
@@ -538,23 +618,6 @@ def _copy_on_device(arrays: list[jax.Array]) -> list[jax.Array]:
     return [jnp.copy(x) for x in arrays]
 
 
-def new_manifest(
-    step: int, metrics: Mapping[str, float] | None, metadata: Mapping[str, Any] | None, leaves: Mapping[str, Any]
-) -> dict[str, Any]:
-    """A checkpoint's manifest, less its ``files`` entry; fails here, in the caller's thread, if not JSON."""
-    manifest: dict[str, Any] = {
-        "format": 1,
-        "step": step,
-        "wall_time": time.time(),
-        "ember_version": _version(),
-        "metrics": {k: float(v) for k, v in (metrics or {}).items()},
-        "metadata": dict(metadata or {}),
-        "tree": {path: _describe(leaf) for path, leaf in leaves.items()},
-    }
-    json.dumps(manifest)
-    return manifest
-
-
 def check_retention(keep_latest: object, keep_best: object, keep_every: object, mode: object) -> None:
     """Raise unless the counts are positive ints (or None) and ``mode`` is "min" or "max"."""
     for label, value in (("keep_latest", keep_latest), ("keep_best", keep_best), ("keep_every", keep_every)):
@@ -562,29 +625,3 @@ def check_retention(keep_latest: object, keep_best: object, keep_every: object, 
             raise ValueError(f"`{label}` must be a positive int or None, got {value!r}.")
     if mode not in ("min", "max"):
         raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
-
-
-class _Corrupt(ValueError):
-    """A checkpoint whose data does not match its manifest."""
-
-
-def _check_structure(saved: dict[str, Any], target: dict[str, Any]) -> None:
-    problems = [f"missing from the checkpoint: {p}" for p in sorted(set(target) - set(saved))]
-    problems += [f"not in the target: {p}" for p in sorted(set(saved) - set(target))]
-    for path in sorted(set(saved) & set(target)):
-        want, got = _describe(target[path]), saved[path]
-        if want != got:
-            problems.append(f"{path}: the checkpoint has {_fmt(got)}, the target {_fmt(want)}")
-    if problems:
-        shown = "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else "")
-        raise ValueError(f"The checkpoint does not fit the target ({len(problems)} differences):\n  {shown}")
-
-
-def _fmt(d: dict[str, Any]) -> str:
-    return f"{d['dtype']}{d['shape']}" if "shape" in d else d["value"]
-
-
-def _version() -> str:
-    from ember import __version__
-
-    return __version__

@@ -122,6 +122,16 @@ _POSITIVE = frozenset(
     | {"every_iters", "patience", "log_every"}
 )
 
+#: Number fields with a range: field name -> (what is expected, the test).
+_RANGES: dict[str, tuple[str, Any]] = {
+    "learning_rate": ("a positive number", lambda v: v > 0),
+    "weight_decay": ("a number >= 0", lambda v: v >= 0),
+    "clip_norm": ("a positive number (or null for no clipping)", lambda v: v > 0),
+    "momentum": ("a number in [0, 1)", lambda v: 0 <= v < 1),
+    "val_fraction": ("a number in (0, 1)", lambda v: 0 < v < 1),
+    "warmup_steps": ("an int >= 0", lambda v: v >= 0),
+}
+
 
 def _suggest(given: str, allowed: list[str]) -> str | None:
     """The allowed name a typo most likely meant: one it abbreviates, else the closest spelling."""
@@ -189,6 +199,10 @@ def _convert(value: Any, t: Any, path: str) -> Any:
     name = path.rsplit(".", 1)[-1]
     if name in _POSITIVE and value < 1:
         raise ConfigError(f"{path}: expected a positive int, got {value!r}.")
+    if name in _RANGES and not isinstance(value, str | bool):
+        expected, within = _RANGES[name]
+        if not within(value):
+            raise ConfigError(f"{path}: expected {expected}, got {value!r}.")
     return value
 
 

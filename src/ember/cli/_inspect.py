@@ -42,7 +42,7 @@ def describe_checkpoint(path: str | os.PathLike[str]) -> str:
     if not target.exists():
         raise FileNotFoundError(f"No checkpoint at {target}.")
     if (target / "manifest.json").exists():
-        info: CheckpointInfo | None = open_store(target.parent)._manifest(target)
+        info: CheckpointInfo | None = open_store(target.parent).verify(target)
     else:
         info = open_store(target).latest()
         if info is None:

@@ -12,10 +12,13 @@ import numpy as np
 class ArrayDataset:
     """Batches over a pytree of arrays that share their leading axis, shuffled anew each pass.
 
-    Each ``iter()`` starts the next pass (epoch), whose order is a permutation seeded by ``(seed,
-    epoch)``: the same seed gives the same batches, and every pass differs. The position (pass and
-    batches already handed out) round-trips through :meth:`state_dict`, so an engine resumed from a
-    checkpoint sees exactly the batches an uninterrupted run would.
+    Each ``iter()`` starts a pass (epoch), whose order is a permutation seeded by ``(seed, pass)``: the
+    same seed gives the same batches, and every pass differs. The pass is the one given to
+    :meth:`set_epoch` (engines call it with a count of their own, so a trainer's order does not depend on
+    an evaluator iterating the same data), else the one after the last pass handed out. The position
+    (the pass and the batches of it handed out, by whichever iterator handed out the latest batch)
+    round-trips through :meth:`state_dict`, so an engine resumed from a checkpoint sees exactly the
+    batches an uninterrupted run would.
 
     Args:
         arrays: a pytree (dict, tuple, array) of arrays with the same length on axis 0.
@@ -91,6 +94,7 @@ class ArrayDataset:
         self._epoch = -1  # the pass in progress, -1 before the first
         self._pos = 0  # batches handed out in that pass
         self._pending: tuple[int, int] | None = None
+        self._next_epoch: int | None = None
 
     def __len__(self) -> int:
         full, rest = divmod(self.num_examples, self.batch_size)
@@ -104,23 +108,43 @@ class ArrayDataset:
     def __iter__(self) -> Iterator[Any]:
         if self._pending is not None:
             epoch, start = self._pending
-            self._pending = None
+        elif self._next_epoch is not None:
+            epoch, start = self._next_epoch, 0
         else:
             epoch, start = self._epoch + 1, 0
+        self._pending = self._next_epoch = None
         self._epoch, self._pos = epoch, start
-        return self._batches(epoch, start)
+        return _Pass(self, epoch, start)
 
-    def _batches(self, epoch: int, start: int) -> Iterator[Any]:
-        order = self._order(epoch)
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` start pass ``epoch`` from its first batch (torch's ``sampler.set_epoch``).
+
+        Examples:
+            >>> import numpy as np
+            >>> from ember.data import ArrayDataset
+            >>> data = ArrayDataset(np.arange(4), batch_size=4, shuffle=True, seed=0)
+            >>> first = [b.tolist() for b in data]
+            >>> _ = list(data)  # pass 1
+            >>> data.set_epoch(0)
+            >>> [b.tolist() for b in data] == first
+            True
+        """
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"`epoch` must be a non-negative int, got {epoch!r}.")
+        self._next_epoch = epoch
+
+    def _batch(self, epoch: int, b: int, order: np.ndarray) -> Any:
         index, count = self.shard
         part = self.batch_size // count
-        for b in range(start, len(self)):
-            idx = order[b * self.batch_size : (b + 1) * self.batch_size][index * part : (index + 1) * part]
-            self._pos = b + 1
-            yield jax.tree.map(lambda a, idx=idx: a[idx], self.arrays)
+        idx = order[b * self.batch_size : (b + 1) * self.batch_size][index * part : (index + 1) * part]
+        self._epoch, self._pos = epoch, b + 1  # the dataset's position: that of the latest batch handed out
+        return jax.tree.map(lambda a: a[idx], self.arrays)
 
     def state_dict(self) -> dict[str, int]:
-        """The position: the pass in progress and how many of its batches were handed out.
+        """The position: the pass of the latest batch handed out, and how many of that pass's batches were.
+
+        Each iterator also reports its own position (``iter(data).state_dict()``), which engines save, so
+        two engines iterating one dataset each resume where they were.
 
         Examples:
             >>> import numpy as np
@@ -150,10 +174,29 @@ class ArrayDataset:
         if not 0 <= pos <= len(self):
             raise ValueError(f"`state_dict` position {pos} is outside this dataset's {len(self)} batches per pass.")
         self._epoch, self._pos = epoch, pos
-        self._pending = (epoch, pos)
+        self._pending, self._next_epoch = (epoch, pos), None
 
     def __repr__(self) -> str:
         return (
             f"ArrayDataset({self.num_examples} examples, batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"seed={self.seed}, drop_remainder={self.drop_remainder})"
         )
+
+
+class _Pass(Iterator[Any]):
+    """One pass over an :class:`ArrayDataset`, from batch ``start``; it knows its own position."""
+
+    def __init__(self, data: ArrayDataset, epoch: int, start: int) -> None:
+        self._data, self._epoch, self._pos = data, epoch, start
+        self._order = data._order(epoch)
+
+    def __next__(self) -> Any:
+        if self._pos >= len(self._data):
+            raise StopIteration
+        batch = self._data._batch(self._epoch, self._pos, self._order)
+        self._pos += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        """This pass's position: ``{"epoch": pass, "position": batches handed out}``."""
+        return {"epoch": self._epoch, "position": self._pos}

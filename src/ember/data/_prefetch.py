@@ -58,11 +58,17 @@ class DevicePrefetch:
 
     def __iter__(self) -> Iterator[Any]:
         tracks = self._tracks_position()
-        if tracks:
-            self._position = self.source.state_dict()  # type: ignore[attr-defined]
-        return self._prefetched(iter(self.source), tracks)
+        it = iter(self.source)
+        # the position after each batch: the iterator's own where it has one (another consumer of the same
+        # source moves the source's), else the source's
+        position = getattr(it, "state_dict", None) if tracks else None
+        if tracks and not callable(position):
+            position = self.source.state_dict  # type: ignore[attr-defined]
+        if position is not None:
+            self._position = position()
+        return self._prefetched(it, position)
 
-    def _prefetched(self, it: Iterator[Any], tracks: bool) -> Iterator[Any]:
+    def _prefetched(self, it: Iterator[Any], position: Callable[[], Any] | None) -> Iterator[Any]:
         queue: collections.deque[tuple[Any, Any]] = collections.deque()
         if self.decide is not None:
             try:
@@ -78,16 +84,16 @@ class DevicePrefetch:
                     batch = next(it)
                 except StopIteration:
                     return
-                queue.append((self.put(batch), self.source.state_dict() if tracks else None))  # type: ignore[attr-defined]
+                queue.append((self.put(batch), position() if position is not None else None))
 
         while True:
             fill(max(self.size, 1))  # at least the batch to hand out now
             if not queue:
                 return
-            batch, position = queue.popleft()
+            batch, after = queue.popleft()
             fill(self.size)  # and `size` more already travelling
-            if tracks:
-                self._position = position
+            if position is not None:
+                self._position = after
             yield batch
 
     def state_dict(self) -> Any:

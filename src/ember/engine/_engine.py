@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ember.engine._dispatch import Dispatch, Registration, RemovableEventHandle, check_handler
 from ember.engine._events import EventEnum, Events, EventsList, FilteredEvent, base_event
 from ember.engine._loop import INTERRUPT, PAUSE, RunLoop
-from ember.engine._resume import engine_state_dict, load_engine_state
+from ember.engine._resume import AttachedStates, engine_state_dict, load_engine_state
 from ember.engine._state import State
 from ember.engine._validate import check_run_args
 
@@ -80,7 +81,9 @@ class Engine(RunLoop):
         self._event_to_attr: dict[EventEnum | str, str] = dict(_EVENT_TO_ATTR)
         self._state_dict_user_keys: list[str] = []
         self._running = False
-        self._source: Iterable[Any] | None = None  # the data as given; state.dataloader may wrap it
+        self._loaded = False  # the position came from load_state_dict, and no run has started since
+        self._epoch_owed = False  # mark_epoch_incomplete() was called during this EPOCH_COMPLETED
+        self._states = AttachedStates()
 
     def _wrap_data(self, data: Iterable[Any]) -> Iterable[Any]:
         """Hook for subclasses: what the engine iterates for ``data`` (a trainer puts it on device)."""
@@ -111,6 +114,29 @@ class Engine(RunLoop):
             True
         """
         return None
+
+    def track_state(self, name: str, obj: Any) -> Callable[[], None]:
+        """Save ``obj.state_dict()`` inside this engine's :meth:`state_dict`, and restore it with it.
+
+        Metrics attached to an engine call this, so a checkpoint of the engine carries their
+        accumulators and a resumed run computes exactly the values an uninterrupted one would. A state
+        loaded before ``obj`` is tracked is given to it when it is. Returns how to stop tracking.
+
+        Examples:
+            >>> from ember import Engine
+            >>> class Counter:
+            ...     n = 0
+            ...     def state_dict(self): return {"n": self.n}
+            ...     def load_state_dict(self, sd): self.n = sd["n"]
+            >>> engine, counter = Engine(lambda e, b: None), Counter()
+            >>> _ = engine.track_state("counter", counter)
+            >>> counter.n = 3
+            >>> engine.state_dict()["attached"]
+            {'counter': {'n': 3}}
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"`name` must be a non-empty string, got {name!r}.")
+        return self._states.add(name, obj)
 
     # -- handlers --------------------------------------------------------------------------------
 
@@ -443,7 +469,9 @@ class Engine(RunLoop):
         A new run starts at iteration 0 when the engine has never run, when its last run finished, or
         when ``state.max_epochs`` was set to ``None``. Otherwise (after :meth:`terminate`,
         :meth:`interrupt`, an exception, or :meth:`load_state_dict`) the run continues where it
-        stopped, and a larger ``max_epochs`` extends it.
+        stopped, and a larger ``max_epochs`` extends it. A run loaded by :meth:`load_state_dict` that is
+        already complete stays complete: ``run()`` fires nothing and warns, unless ``max_epochs`` (or
+        ``max_iters``) asks for more; so relaunching a finished job never trains it again.
 
         Args:
             data: an iterable of batches, or ``None`` to call the process function with ``None``
@@ -470,7 +498,8 @@ class Engine(RunLoop):
             >>> engine.run([1, 2, 3], max_epochs=3).iteration  # continues: one more epoch
             9
         """
-        self._prepare_run(data, max_epochs, max_iters, epoch_length)
+        if not self._prepare_run(data, max_epochs, max_iters, epoch_length):
+            return self.state
         for signal in self._drive():
             if signal is INTERRUPT:
                 break
@@ -504,7 +533,8 @@ class Engine(RunLoop):
         if unknown:
             raise TypeError(f"iterate() got unexpected arguments {sorted(unknown)}; it takes those of run().")
         self._check_registration(event, self._request_pause, (), {})
-        self._prepare_run(data, **run_kwargs)
+        if not self._prepare_run(data, **run_kwargs):
+            return iter(())
         handle = self.add_event_handler(event, self._request_pause)
         return self._iterate(handle)
 
@@ -539,7 +569,8 @@ class Engine(RunLoop):
         max_epochs: int | None = None,
         max_iters: int | None = None,
         epoch_length: int | None = None,
-    ) -> None:
+    ) -> bool:
+        """Set up the run ``run()`` asked for; ``False`` when there is nothing to run (a finished run was loaded)."""
         if self._running:
             raise RuntimeError(
                 "run() was called while this engine is running (from a handler or the process function); "
@@ -550,12 +581,19 @@ class Engine(RunLoop):
         undetermined = st.max_iters is not None and st.epoch_length is None
         if st.max_epochs is not None or undetermined:  # a run exists: apply what the caller changes first
             self._update_limits(max_epochs, max_iters, epoch_length)
-        if (st.max_epochs is None and not undetermined) or (self._gen is None and self._is_done()):
+        if st.max_epochs is None and not undetermined:
+            self._start_new_run(data, max_epochs, max_iters, epoch_length)
+        elif self._gen is None and self._is_done():
+            if self._loaded:
+                warnings.warn(_already_complete(st), UserWarning, stacklevel=3)
+                return False
             self._start_new_run(data, max_epochs, max_iters, epoch_length)
         else:
             self._continue_run(data)
+        self._loaded = False
         if self._gen is None:
             self._gen = self._run_gen()
+        return True
 
     def _start_new_run(
         self,
@@ -650,10 +688,37 @@ class Engine(RunLoop):
             >>> engine.state_dict()
             {'epoch_length': 3, 'iteration': 6, 'max_epochs': 2}
         """
-        out = engine_state_dict(self.state, self._state_dict_user_keys)
-        if self._epoch_completion_pending():
+        out = engine_state_dict(self.state, self._state_dict_user_keys, self._iter)
+        if self._epoch_completion_pending() or (self._epoch_owed and self.last_event_name is Events.EPOCH_COMPLETED):
             out["epoch_completed"] = False  # resumed, the run fires this epoch's EPOCH_COMPLETED first
+        attached = self._states.state_dict()
+        if attached:
+            out["attached"] = attached
         return out
+
+    def mark_epoch_incomplete(self) -> None:
+        """From an EPOCH_COMPLETED handler: a checkpoint taken now makes a resumed run fire this EPOCH_COMPLETED again.
+
+        :class:`~ember.handlers.Preemption` calls it when a signal cut the epoch's evaluation short, so
+        the evaluation runs again, whole, after the resume. It holds until the event's handlers are done.
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> engine = Engine(lambda e, b: b)
+            >>> saved = []
+            >>> @engine.on(Events.EPOCH_COMPLETED)
+            ... def cut_short(engine):
+            ...     engine.mark_epoch_incomplete()
+            ...     saved.append(engine.state_dict())
+            >>> _ = engine.run([1, 2])
+            >>> saved[0]["epoch_completed"]
+            False
+        """
+        if self.last_event_name is not Events.EPOCH_COMPLETED:
+            raise RuntimeError(
+                f"mark_epoch_incomplete() is for EPOCH_COMPLETED handlers; it was called at {self.last_event_name!r}."
+            )
+        self._epoch_owed = True
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a position saved by :meth:`state_dict`; the next :meth:`run` continues from it.
@@ -677,6 +742,8 @@ class Engine(RunLoop):
         if self._running:
             raise RuntimeError("load_state_dict() was called while this engine is running; call it before run().")
         self._data_state = load_engine_state(self.state, state_dict, self._state_dict_user_keys)
+        self._states.load_state_dict(state_dict.get("attached", {}))
+        self._loaded = True
         st = self.state
         length = st.epoch_length
         full, pos = divmod(st.iteration, length) if length else (0, 0)
@@ -686,6 +753,18 @@ class Engine(RunLoop):
         st.epoch = full + (pos > 0)
         self._gen = self._iter = None
         self._reset_filters()
+
+
+def _already_complete(st: State) -> str:
+    end = (
+        f"iteration {st.iteration} of {st.max_iters}"
+        if st.max_iters is not None
+        else (f"epoch {st.epoch} of {st.max_epochs}, iteration {st.iteration}")
+    )
+    return (
+        f"The run loaded by load_state_dict() is already complete ({end}); run() does nothing. Pass a larger "
+        "max_epochs (or max_iters) to train further, or set engine.state.max_epochs = None to start again from zero."
+    )
 
 
 def _same_data(a: object, b: object) -> bool:

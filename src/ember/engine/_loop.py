@@ -56,7 +56,9 @@ class RunLoop:
         self._epoch_open = False  # an epoch has started and not yet completed
         self._epoch_pos = 0  # iterations done in the current epoch
         self._data_state: Any = None  # a data position from load_state_dict, applied at the next fetch
+        self._source: Iterable[Any] | None = None  # the data as given; state.dataloader may wrap it
         self._exhausted = False
+        self._epoch_owed = False
 
     # -- signals ---------------------------------------------------------------------------------
 
@@ -99,6 +101,7 @@ class RunLoop:
 
     def _fire(self, event: EventEnum, value: int, *extra: Any) -> None:
         self.last_event_name = event
+        self._epoch_owed = False
         d = self._dispatch[event]
         if d.regs:
             d.fire(self, value, *extra)
@@ -223,7 +226,7 @@ class RunLoop:
             self._update_signal()
             self._fire(Events.TERMINATE_SINGLE_EPOCH, st.epoch)
             if st.dataloader is not None:
-                self._iter = iter(st.dataloader)
+                self._iter = self._fresh_pass(st.dataloader)
             if self._signal:
                 yield from self._on_signal(Events.TERMINATE_SINGLE_EPOCH)
             return not skip
@@ -255,7 +258,7 @@ class RunLoop:
             if self._signal:
                 yield from self._on_signal(Events.DATALOADER_STOP_ITERATION)
             data: Iterable[Any] = st.dataloader  # type: ignore[assignment]  # only called when there is data
-            it = iter(data)
+            it = self._fresh_pass(data)
             self._iter = it
             restarted = True
             try:
@@ -264,14 +267,32 @@ class RunLoop:
             except StopIteration:
                 pass
 
+    def _fresh_pass(self, data: Iterable[Any]) -> Iterator[Any]:
+        """A new pass over ``data``; data with ``set_epoch`` learns which pass, counted from the engine's position.
+
+        The pass is the number of whole passes over the data before the next batch, so the order an
+        engine sees (a shuffle seeded per pass) depends on its own counters alone, not on other engines
+        iterating the same data (an evaluator run over the training set) nor on how the run was resumed.
+        """
+        source = self._source
+        set_epoch = getattr(source, "set_epoch", None)
+        if callable(set_epoch):
+            length = _length(source)
+            if length:
+                set_epoch(self.state.iteration // length)
+        return iter(data)
+
     def _open_iter(self, data: Iterable[Any]) -> Iterator[Any]:
         """A fresh iterator positioned where the current epoch stands."""
         if self._data_state is not None:
             data.load_state_dict(self._data_state)  # type: ignore[attr-defined]
             self._data_state = None
             return iter(data)
-        it = iter(data)
-        for skipped in range(self._epoch_pos):
+        it = self._fresh_pass(data)
+        # data that saves no position of its own is skipped through, to where the pass stands: an
+        # iterator runs on across epochs when they are shorter than the data
+        length = _length(data)
+        for skipped in range(self.state.iteration % length if length else self._epoch_pos):
             try:
                 next(it)
             except StopIteration:
@@ -280,3 +301,10 @@ class RunLoop:
                     f"after {skipped} batches. Pass the same data the run was started with."
                 ) from None
         return it
+
+
+def _length(data: object) -> int | None:
+    try:
+        return len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return None

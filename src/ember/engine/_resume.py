@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ember.engine._state import State
@@ -13,8 +13,12 @@ def _has_position(data: object) -> bool:
     return callable(getattr(data, "state_dict", None)) and callable(getattr(data, "load_state_dict", None))
 
 
-def engine_state_dict(state: State, user_keys: list[str]) -> dict[str, Any]:
-    """The keys Ignite saves, user keys, and the data's own position when it can report one."""
+def engine_state_dict(state: State, user_keys: list[str], live: object = None) -> dict[str, Any]:
+    """The keys Ignite saves, user keys, and the data's own position when it can report one.
+
+    The position is the live iterator's (``live``) where it reports one: data that several engines iterate
+    (an evaluator over the training set) knows only where the latest of them is.
+    """
     out: dict[str, Any] = {"epoch_length": state.epoch_length, "iteration": state.iteration}
     if state.max_iters is not None:
         out["max_iters"] = state.max_iters
@@ -27,7 +31,8 @@ def engine_state_dict(state: State, user_keys: list[str]) -> dict[str, Any]:
             )
         out[k] = getattr(state, k)
     if _has_position(state.dataloader):
-        position = state.dataloader.state_dict()  # type: ignore[union-attr]
+        own = getattr(live, "state_dict", None)
+        position = own() if callable(own) else state.dataloader.state_dict()  # type: ignore[union-attr]
         if position is not None:  # a wrapper over data without a position reports None
             out["data"] = position
     return out
@@ -85,3 +90,44 @@ def load_engine_state(state: State, sd: Mapping[str, Any], user_keys: list[str])
     for k in user_keys:
         setattr(state, k, sd[k])
     return sd.get("data")
+
+
+class AttachedStates:
+    """Objects whose ``state_dict()`` travels inside an engine's, under ``"attached"``, by name (metrics).
+
+    A saved state whose object is not attached yet waits for it: attaching after a resume still restores it.
+    """
+
+    def __init__(self) -> None:
+        self._objects: dict[str, Any] = {}
+        self._waiting: dict[str, Any] = {}
+
+    def add(self, name: str, obj: Any) -> Callable[[], None]:
+        """Track ``obj`` under ``name``; return how to stop tracking it."""
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError(f"`obj` must have state_dict() and load_state_dict(), got {type(obj).__name__}.")
+        held = self._objects.get(name)
+        if held is not None and held is not obj:
+            raise ValueError(f"The engine already saves the state of another object as {name!r}; pick another name.")
+        self._objects[name] = obj
+        if name in self._waiting:
+            obj.load_state_dict(self._waiting.pop(name))
+
+        def remove() -> None:
+            if self._objects.get(name) is obj:
+                del self._objects[name]
+
+        return remove
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: obj.state_dict() for name, obj in self._objects.items()}
+
+    def load_state_dict(self, saved: Any) -> None:
+        if not isinstance(saved, Mapping):
+            kind = type(saved).__name__
+            raise TypeError(f"`state_dict['attached']` must be a mapping of names to states, got {kind}.")
+        for name, state in saved.items():
+            if name in self._objects:
+                self._objects[name].load_state_dict(state)
+            else:
+                self._waiting[name] = state

@@ -13,6 +13,7 @@ from ember.handlers._readers import CheckpointReader, HighestCheckpointReader, L
 from ember.handlers._statistics import GradientSpikeMonitor, ParamStats, count_parameters
 from ember.handlers._terminate_on_nan import NonFiniteError, TerminateOnNan
 from ember.handlers._timing import TimeLimit, Timer
+from ember.handlers._watchdog import ProcessWatchdog
 
 __all__ = [
     "Checkpoint",
@@ -26,6 +27,7 @@ __all__ = [
     "NonFiniteError",
     "ParamStats",
     "Preemption",
+    "ProcessWatchdog",
     "Profiler",
     "ProgressBar",
     "ScalarLogger",

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Generator, Mapping
 from typing import Any, Literal
 
-from ember.checkpoint import CheckpointInfo, CheckpointStore
+from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError
 from ember.checkpoint._orbax import open_store
 from ember.checkpoint._store import check_retention
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
@@ -117,7 +117,7 @@ class Checkpoint:
         self.prefix = prefix
         self.background = background
         self.last_checkpoint: CheckpointInfo | None = None
-        self._last_name: str | None = None
+        self._last: tuple[str, dict[str, Any]] | None = None  # the name and state dicts saved last
 
     def __call__(self, engine: Engine) -> None:
         """Save now, then apply the retention policies once the checkpoint is on disk."""
@@ -128,16 +128,44 @@ class Checkpoint:
             score = float(self.score_fn(engine))
             metrics[self.score_name] = score
             name += f"-{self.score_name}={score:.4f}"
-        if name == self._last_name:
-            return  # fired twice at one step (EPOCH_COMPLETED | COMPLETED on the last epoch): saved already
-        self._last_name = name
-        trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
         states = {k: obj.state_dict() for k, obj in self.to_save.items() if callable(getattr(obj, "state_dict", None))}
-        save = self.store.save_in_background if self.background else self.store.save
+        if (name, states) == self._last:
+            return  # fired twice at one step with nothing changed (EPOCH_COMPLETED | COMPLETED): saved already
+        self._last = (name, states)
+        if self.background and self.store.writing:
+            self._retain()  # the previous save is on disk (its name is taken): now older ones may go
+        name = self._unused(name)
+        trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
         with self._failures():
-            save(trees, step=step, metrics=metrics, metadata={"state_dicts": states}, name=name)
+            if self.background:
+                self.store.save_in_background(
+                    trees, step=step, metrics=metrics, metadata={"state_dicts": states}, name=name
+                )
+            else:
+                self.last_checkpoint = self.store.save(
+                    trees, step=step, metrics=metrics, metadata={"state_dicts": states}, name=name
+                )
         if not self.background:
             self._retain()
+
+    def _unused(self, name: str) -> str:
+        """``name``, or ``name.2``, ``name.3`` ... where a valid checkpoint holds it already.
+
+        A resumed run saves a step it saved before when it fires an event the interrupted run did not
+        reach (the EPOCH_COMPLETED owed by a checkpoint of an epoch's last iteration); the newer save
+        is the one to resume from next, and retention treats both as checkpoints of that step.
+        """
+        root, candidate, n = self.store.root, name, 1
+        while (root / candidate).exists():
+            try:
+                self.store.verify(root / candidate)
+            except CorruptCheckpointError:
+                return candidate  # the store moves the damaged one aside as it writes
+            except ValueError:
+                pass
+            n += 1
+            candidate = f"{name}.{n}"
+        return candidate
 
     @contextlib.contextmanager
     def _failures(self) -> Generator[None]:
@@ -166,8 +194,6 @@ class Checkpoint:
             >>> Checkpoint({"trainer": trainer}, tempfile.mkdtemp()).save_now(trainer).step
             2
         """
-        if self.background and self.store.writing:
-            self._retain()
         self(engine)
         self._retain()
         if self.last_checkpoint is None:
@@ -239,15 +265,10 @@ class Checkpoint:
             >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
             >>> _ = saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
         """
-        handle = engine.add_event_handler(event, self._save_then_retain_previous)
+        handle = engine.add_event_handler(event, self)
         engine.add_event_handler(Events.ITERATION_COMPLETED, self._check)
         engine.add_event_handler(Events.COMPLETED, self._finish)  # after a save on COMPLETED itself
         return handle
-
-    def _save_then_retain_previous(self, engine: Engine) -> None:
-        if self.background and self.store.writing:
-            self._retain()  # the previous save is on disk: now older ones may go
-        self(engine)
 
 
 def load_objects(

@@ -25,8 +25,9 @@ class Preemption:
     terminates; COMPLETED fires, so writers flush and ``run()`` returns normally. If the signal arrives
     while an evaluator in ``evaluators`` is running inside the trainer (from an EPOCH_COMPLETED handler),
     the evaluator stops at its next iteration without firing COMPLETED (so no handler acts on a partial
-    evaluation), and the trainer saves and stops right after it. That interrupted evaluation is not
-    rerun on resume; everything else continues exactly. :attr:`saved` holds the checkpoint taken.
+    evaluation), and the trainer saves and stops right after it; the checkpoint records that epoch's
+    EPOCH_COMPLETED as still owed, so the resumed run evaluates that epoch again, whole, and everything
+    continues exactly. :attr:`saved` holds the checkpoint taken.
     The previous signal handlers come back when the run ends. In a multi-process run the processes agree
     at every boundary (a small collective): a signal delivered to any one process makes all of them
     save and stop at the same iteration.
@@ -58,6 +59,7 @@ class Preemption:
         self.checkpoint, self.signals = checkpoint, tuple(signals)
         self.requested: int | None = None
         self.saved: CheckpointInfo | None = None
+        self._cut_short = False  # an evaluation was stopped early by the signal
         self._previous: dict[int, Any] = {}
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -66,7 +68,7 @@ class Preemption:
     def _install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("Preemption catches signals, which Python only delivers to the main thread.")
-        self.requested, self.saved = None, None
+        self.requested, self.saved, self._cut_short = None, None, False
         for s in self.signals:
             self._previous[s] = signal.signal(s, self._on_signal)
 
@@ -77,6 +79,8 @@ class Preemption:
 
     def _trainer_boundary(self, trainer: Engine) -> None:
         if self.saved is None and any_process(self.requested is not None):  # all processes save and stop together
+            if self._cut_short and trainer.last_event_name is Events.EPOCH_COMPLETED:
+                trainer.mark_epoch_incomplete()  # the resumed run fires it again: the evaluation runs whole
             self.saved = self.checkpoint.save_now(trainer)
             log.warning(
                 "Signal %s: saved %s at iteration %d; stopping.",
@@ -88,6 +92,7 @@ class Preemption:
 
     def _evaluator_boundary(self, evaluator: Engine) -> None:
         if any_process(self.requested is not None):  # every process's evaluator stops at the same batch
+            self._cut_short = True
             evaluator.terminate(skip_completed=True)
 
     def attach(self, trainer: Engine, evaluators: Sequence[Engine] = ()) -> None:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ember.checkpoint import CheckpointInfo, CheckpointStore
+from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError
 from ember.checkpoint._orbax import open_store
 
 
@@ -14,7 +14,9 @@ class CheckpointReader:
     """Picks the checkpoint to start from: the latest valid one (flax-extra's ``CheckpointFileReader``).
 
     :meth:`load` restores objects from it, or returns ``None`` when the folder holds no valid checkpoint
-    (it may not exist yet), so the same script starts from scratch the first time and resumes after.
+    (it may not exist yet), so the same script starts from scratch the first time and resumes after. A
+    checkpoint that turns out damaged while it is read (a checksum that does not match) is moved aside
+    with a warning naming its folder and file, and the next one in line is used.
 
     Args:
         directory: a checkpoint folder (a :class:`~ember.checkpoint.CheckpointStore`'s root) or a store.
@@ -31,16 +33,28 @@ class CheckpointReader:
     def __init__(self, directory: str | os.PathLike[str] | CheckpointStore) -> None:
         self.store = directory if isinstance(directory, CheckpointStore) else open_store(directory)
 
+    def candidates(self) -> list[CheckpointInfo]:
+        """The valid checkpoints, the one to use first."""
+        return self.store.ranked()
+
     def select(self) -> CheckpointInfo | None:
         """The checkpoint :meth:`load` would use, or ``None``."""
-        return self.store.latest()
+        found = self.candidates()
+        return found[0] if found else None
 
     def load(self, to_load: Mapping[str, Any]) -> CheckpointInfo | None:
-        """Restore ``to_load`` in place from :meth:`select`'s checkpoint; ``None`` (nothing changed) if none."""
+        """Restore ``to_load`` in place from the first checkpoint that reads back whole; ``None`` if none does.
+
+        Nothing is changed unless a checkpoint was restored.
+        """
         from ember.handlers._checkpoint import load_objects
 
-        info = self.select()
-        return None if info is None else load_objects(to_load, info, store=self.store)
+        for info in self.candidates():
+            try:
+                return load_objects(to_load, info, store=self.store)
+            except CorruptCheckpointError as why:
+                self.store.set_aside(info.path, why)
+        return None
 
 
 class _BestReader(CheckpointReader):
@@ -52,9 +66,9 @@ class _BestReader(CheckpointReader):
             raise TypeError(f"`metric` must be the name of a checkpoint metric, got {metric!r}.")
         self.metric = metric
 
-    def select(self) -> CheckpointInfo | None:
-        """The checkpoint with the best ``metric``, or ``None``."""
-        return self.store.best(self.metric, self.mode)
+    def candidates(self) -> list[CheckpointInfo]:
+        """The valid checkpoints that carry ``metric``, best first."""
+        return self.store.ranked(self.metric, self.mode)
 
 
 class LowestCheckpointReader(_BestReader):

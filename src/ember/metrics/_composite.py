@@ -89,7 +89,7 @@ class MetricArithmetic:
         """Merge one batch."""
         raise NotImplementedError
 
-    def _attach_internal(self, engine: Engine, usage: MetricUsage) -> None:
+    def _attach_internal(self, engine: Engine, usage: MetricUsage, key: str) -> None:
         raise NotImplementedError
 
 
@@ -193,16 +193,16 @@ class MetricsLambda(MetricArithmetic):
         from ember.metrics._usage import resolve_usage
 
         resolved = resolve_usage(usage)
-        self._attach_internal(engine, resolved)
+        self._attach_internal(engine, resolved, name)
 
         def completed(engine: Engine) -> None:
             engine.state.metrics[name] = self.compute()
 
         engine.add_priority_handler(resolved.compute, completed)
 
-    def _attach_internal(self, engine: Engine, usage: MetricUsage) -> None:
-        for m in self._dependencies():
-            m._attach_internal(engine, usage)
+    def _attach_internal(self, engine: Engine, usage: MetricUsage, key: str) -> None:
+        for i, m in enumerate(self._dependencies()):
+            m._attach_internal(engine, usage, f"{key}.{i}")
 
     def __repr__(self) -> str:
         return f"MetricsLambda({getattr(self.fn, '__name__', self.fn)!s}, {len(self.args)} args)"

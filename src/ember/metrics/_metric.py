@@ -12,6 +12,7 @@ from jax.experimental import multihost_utils
 
 from ember.engine import Engine, Events, RemovableEventHandle
 from ember.metrics._composite import MetricArithmetic
+from ember.metrics._saved import PublishedValues, decode_tree, encode_tree
 from ember.metrics._usage import EPOCH_WISE, MetricUsage, resolve_usage
 
 
@@ -130,6 +131,54 @@ class Metric(MetricArithmetic):
         """
         self._state = _distinct_buffers(self.empty())
         self._updates = 0
+        self._restored = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """The accumulators (as exact JSON: dtype, shape and values) and the count of updates.
+
+        Attached metrics are saved with their engine (:meth:`ember.Engine.track_state`), so a checkpoint
+        of a trainer carries them and a resumed run computes exactly the values of an uninterrupted one.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from ember.metrics import Average
+            >>> avg = Average()
+            >>> avg.update(jnp.array([1.0, 2.0]))
+            >>> saved = avg.state_dict()
+            >>> saved["updates"], saved["state"]["tuple"][0]
+            (1, {'dtype': 'float32', 'shape': [], 'data': [3.0]})
+        """
+        return {"state": encode_tree(self._state), "updates": self._updates}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take accumulators saved by :meth:`state_dict`; they survive the STARTED of the resumed run.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from ember.metrics import Average
+            >>> avg, copy = Average(), Average()
+            >>> avg.update(jnp.array([1.0, 2.0]))
+            >>> copy.load_state_dict(avg.state_dict())
+            >>> copy.compute()
+            1.5
+        """
+        if not isinstance(state_dict, Mapping) or "state" not in state_dict or "updates" not in state_dict:
+            raise ValueError(
+                f"`state_dict` of {type(self).__name__} must hold 'state' and 'updates', got {state_dict!r}."
+            )
+        updates = state_dict["updates"]
+        if not isinstance(updates, int) or isinstance(updates, bool) or updates < 0:
+            raise ValueError(f"`state_dict['updates']` must be a non-negative int, got {updates!r}.")
+        state = decode_tree(state_dict["state"])
+        fresh = self.empty()
+        if fresh is not None and jax.tree.structure(fresh) != jax.tree.structure(state):
+            raise ValueError(
+                f"The saved state of {type(self).__name__} has the structure {jax.tree.structure(state)}, this metric "
+                f"{jax.tree.structure(fresh)}; was it saved by another kind of metric?"
+            )
+        self._state = _distinct_buffers(state)
+        self._updates = updates
+        self._restored = True
 
     def update(self, output: Any) -> None:
         """Merge one batch into the accumulators, on device (no host read).
@@ -276,13 +325,14 @@ class Metric(MetricArithmetic):
             raise TypeError(f"`engine` must be an ember Engine, got {type(engine).__name__}.")
         if not isinstance(name, str) or not name:
             raise TypeError(f"`name` must be a non-empty string, got {name!r}.")
-        att = self._attach_to(engine, resolve_usage(usage))
+        att = self._attach_to(engine, resolve_usage(usage), name)
         if name not in att.names:
             att.names.append(name)
             if len(att.names) == 1 and not att.internal:
                 att.handles.append(engine.add_priority_handler(att.usage.compute, self._completed, att))
 
-    def _attach_to(self, engine: Engine, usage: MetricUsage) -> _Attachment:
+    def _attach_to(self, engine: Engine, usage: MetricUsage, key: str) -> _Attachment:
+        """This metric's attachment to ``engine``, made on first use; its state is saved under ``key``."""
         att = self._attachments.get(engine)
         if att is not None:
             if att.usage != usage:
@@ -292,7 +342,10 @@ class Metric(MetricArithmetic):
                 )
             return att
         att = self._attachments[engine] = _Attachment(usage)
-        att.handles.append(engine.add_priority_handler(usage.reset, self.reset))
+        # checkpoints of the engine carry our accumulators, and the values metrics published
+        att.handles.append(_Unfuse(engine.track_state(f"metric:{key}", self)))
+        engine.track_state("state.metrics", _published_values(engine))
+        att.handles.append(engine.add_priority_handler(usage.reset, self._reset_at))
         fuse = self.fusable and usage.update is Events.ITERATION_COMPLETED
         per_step = type(self).published_value is not Metric.published_value
         undo = (
@@ -355,9 +408,16 @@ class Metric(MetricArithmetic):
         args, mask = self.arguments(output)
         return self._merge_batch(state, args, mask)
 
-    def _attach_internal(self, engine: Engine, usage: MetricUsage) -> None:
+    def _attach_internal(self, engine: Engine, usage: MetricUsage, key: str) -> None:
         """Attach without a name, for a composite metric that computes from this one."""
-        self._attach_to(engine, usage).internal += 1
+        self._attach_to(engine, usage, key).internal += 1
+
+    def _reset_at(self, engine: Engine) -> None:
+        """The reset at the usage's event; a state restored from a checkpoint survives a resumed run's STARTED."""
+        if self._restored and engine.last_event_name is Events.STARTED and engine.state.iteration > 0:
+            self._restored = False  # the run goes on where the checkpoint left it: so do the accumulators
+            return
+        self.reset()
 
     def _updated(self, engine: Engine) -> None:
         self.update(engine.state.output)
@@ -408,6 +468,17 @@ class Metric(MetricArithmetic):
         """
         att = self._attachments.get(engine)
         return att is not None and (name is None or name in att.names)
+
+
+_PUBLISHED: weakref.WeakKeyDictionary[Engine, PublishedValues] = weakref.WeakKeyDictionary()
+
+
+def _published_values(engine: Engine) -> PublishedValues:
+    """The one saver of ``engine.state.metrics`` that every metric attached to ``engine`` shares."""
+    saver = _PUBLISHED.get(engine)
+    if saver is None:
+        saver = _PUBLISHED[engine] = PublishedValues(engine.state.metrics)
+    return saver
 
 
 def _is_global(state: Any) -> bool:

@@ -57,14 +57,32 @@ class BoundModel:
 
 
 def _split_loss(out: Any) -> tuple[Any, dict[str, Any]]:
-    if isinstance(out, tuple) and len(out) == 2:  # type: ignore[arg-type]
+    """``(loss, aux)`` from what a loss function returned, refusing anything but a scalar or ``(scalar, dict)``."""
+    if isinstance(out, tuple | list) and len(out) == 2:  # type: ignore[arg-type]
         loss, aux = out  # type: ignore[misc]
         if not isinstance(aux, dict):
             raise TypeError(f"A loss function returning (loss, aux) must give aux as a dict, got {type(aux).__name__}.")
         if "loss" in aux:
             raise ValueError("The aux dict of a loss function may not use the key 'loss'; the step sets it.")
-        return loss, aux  # type: ignore[return-value]
-    return out, {}
+    else:
+        loss, aux = out, {}
+    shape = getattr(loss, "shape", None)
+    if shape != () or not jnp.issubdtype(jnp.result_type(loss), jnp.floating):
+        raise TypeError(
+            "`loss_fn` must return a float scalar loss, or (loss, aux) with aux a dict; it returned "
+            f"{_describe_returned(out)}." + (" Reduce a per-example loss with .mean()." if shape else "")
+        )
+    return loss, aux  # type: ignore[return-value]
+
+
+def _describe_returned(out: Any) -> str:
+    if isinstance(out, tuple | list):
+        inner = ", ".join(_describe_returned(x) for x in out)  # type: ignore[union-attr]
+        return f"a {type(out).__name__} of {len(out)} ({inner})"  # type: ignore[arg-type]
+    shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"an array of shape {tuple(shape)} and dtype {dtype}"
+    return "a dict" if isinstance(out, dict) else f"a value of type {type(out).__name__}"
 
 
 def _pmean_floats(tree: Any, axis_name: str) -> Any:

@@ -72,6 +72,7 @@ class TrainingEngine(Engine):
         self._group_end = True
         self._pending_terminate: bool | None = None
         self.can_fuse = True  # the factories turn it off where updates cannot be folded (pmap, debug)
+        self._factory: Callable[[Any], Any] | None = None  # builds the train state from a batch (lazy trainers)
         self._fusion = FusedMetrics()  # the metric updates folded into the compiled step
         if steps_per_call > 1:
             self.add_event_handler(Events.ITERATION_COMPLETED, self._terminate_at_group_end)
@@ -143,8 +144,30 @@ class TrainingEngine(Engine):
             ['params', 'rng', 'step']
         """
         if self.state.train_state is None:
-            raise RuntimeError("This engine has no train state yet (it is built from the first batch); run it first.")
+            raise RuntimeError(_NOT_BUILT)
         return flatten_tree(self.state.train_state)
+
+    def build_state(self, batch: Any) -> None:
+        """Build the train state now from a sample ``batch``, as the first batch would (lazy trainers only).
+
+        A trainer made from a model and an optimizer builds its state from the first batch it sees;
+        resuming from a checkpoint before the first run needs the state first, to restore into.
+        A state that exists already is left as it is.
+
+        Examples:
+            >>> import numpy as np, optax
+            >>> from flax import linen as nn
+            >>> from ember.training import create_supervised_trainer
+            >>> trainer = create_supervised_trainer(nn.Dense(1), optax.sgd(0.1), lambda p, y: ((p - y) ** 2).mean())
+            >>> trainer.build_state((np.ones((4, 2), np.float32), np.zeros((4, 1), np.float32)))
+            >>> sorted(trainer.tree_state_dict())[:2]
+            ['params.bias', 'params.kernel']
+        """
+        if self.state.train_state is not None:
+            return
+        if self._factory is None:
+            raise RuntimeError("This engine has no state factory; give create_trainer a TrainState or a function.")
+        self.state.train_state = self.placement.put_state(_build_state(self._factory, batch))
 
     def load_tree_state_dict(self, tree: dict[str, Any]) -> None:
         """Take a restored ``{path: array}`` train state and place it, in the live structure, on device.
@@ -160,7 +183,7 @@ class TrainingEngine(Engine):
             5.0
         """
         if self.state.train_state is None:
-            raise RuntimeError("This engine has no train state to restore into yet; give create_trainer a TrainState.")
+            raise RuntimeError(_NOT_BUILT)
         self.state.train_state = self.placement.put_state(unflatten_like(self.state.train_state, tree))
 
     def terminate(self, skip_completed: bool = False) -> None:
@@ -185,6 +208,12 @@ class TrainingEngine(Engine):
         if self._pending_terminate is not None and self._group_end:
             super().terminate(self._pending_terminate)
             self._pending_terminate = None
+
+
+_NOT_BUILT = (
+    "This trainer has no train state yet: it builds it from the first batch. To resume before the first run, "
+    "build it from a sample first: trainer.build_state(next(iter(data))), then Checkpoint.resume() or load_objects()."
+)
 
 
 #: A call's batch must hold at least this many host bytes for ``prefetch=None`` to put batches on device
@@ -333,7 +362,7 @@ def create_trainer(
     def process(engine: TrainingEngine, batch: Any) -> Any:
         st = engine.state
         if st.train_state is None:
-            st.train_state = placement.put_state(_build_state(state, batch))
+            engine.build_state(batch)
         if steps_per_call == 1:
             if spec:
                 spec[0].check(batch)
@@ -358,6 +387,8 @@ def create_trainer(
     engine.can_fuse = not debug and not isinstance(placement, Pmap)
     if isinstance(state, TrainState):
         engine.state.train_state = placement.put_state(state)
+    else:
+        engine._factory = state
     return engine
 
 

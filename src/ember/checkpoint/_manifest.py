@@ -1,0 +1,132 @@
+"""A checkpoint's manifest: what it holds, written last, and checked with a checksum of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+MANIFEST = "manifest.json"
+FORMAT = 2  # 2: the manifest carries its own checksum; 1 (read only): it does not
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint on disk whose files do not match what its manifest says (or whose manifest is damaged).
+
+    The message names the checkpoint's folder and the file at fault. Stores never return such a
+    checkpoint: :meth:`~ember.checkpoint.CheckpointStore.latest` and the readers move it aside (renamed
+    ``corrupt-<name>``, never deleted) and fall back to the newest valid one.
+
+    Examples:
+        >>> from ember.checkpoint import CorruptCheckpointError
+        >>> issubclass(CorruptCheckpointError, ValueError)
+        True
+    """
+
+
+def describe(leaf: Any) -> dict[str, Any]:
+    """A leaf's entry in the manifest's tree: shape and dtype of an array, else the scalar's type name."""
+    if isinstance(leaf, np.ndarray | jax.Array):
+        return {"shape": list(leaf.shape), "dtype": np.dtype(leaf.dtype).name}
+    return {"value": type(leaf).__name__}
+
+
+def new_manifest(
+    step: int, metrics: Mapping[str, float] | None, metadata: Mapping[str, Any] | None, leaves: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A checkpoint's manifest, less its ``files`` and checksum; fails here, in the caller's thread, if not JSON."""
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "step": step,
+        "wall_time": time.time(),
+        "ember_version": _version(),
+        "metrics": {k: float(v) for k, v in (metrics or {}).items()},
+        "metadata": dict(metadata or {}),
+        "tree": {path: describe(leaf) for path, leaf in leaves.items()},
+    }
+    json.dumps(manifest)
+    return manifest
+
+
+def _checksum(manifest: Mapping[str, Any]) -> int:
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """Add the manifest's own checksum and write it into ``folder``, fsynced."""
+    manifest["checksum"] = _checksum(manifest)
+    with open(folder / MANIFEST, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The verified manifest of the checkpoint in ``folder``.
+
+    Raises:
+        FileNotFoundError: there is no manifest (not a checkpoint, or one whose write never finished).
+        CorruptCheckpointError: the manifest is not valid JSON, fails its checksum, or lacks a field.
+    """
+    path = folder / MANIFEST
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{folder} has no {MANIFEST}") from None
+    try:
+        manifest = json.loads(text)
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError both
+        raise corrupt(folder, MANIFEST, f"is not valid JSON ({e})") from None
+    if not isinstance(manifest, dict):
+        raise corrupt(folder, MANIFEST, f"holds a {type(manifest).__name__}, not an object")
+    if "checksum" in manifest:
+        if manifest["checksum"] != _checksum(manifest):
+            raise corrupt(folder, MANIFEST, "does not match its own checksum (it was changed or damaged on disk)")
+    elif manifest.get("format") != 1:  # only manifests written before checksums may lack one
+        raise corrupt(folder, MANIFEST, "has no checksum")
+    for key, kind in (("step", int), ("metrics", dict), ("tree", dict), ("files", dict)):
+        if not isinstance(manifest.get(key), kind):
+            raise corrupt(folder, MANIFEST, f"has no valid {key!r} field")
+    return manifest
+
+
+def corrupt(folder: Path, file: str, why: str) -> CorruptCheckpointError:
+    """The error for a checkpoint whose ``file`` is at fault, naming both."""
+    return CorruptCheckpointError(f"Checkpoint {str(folder)!r} is corrupt: its {file} {why}.")
+
+
+def check_structure(saved: dict[str, Any], target: dict[str, Any]) -> None:
+    """Raise ``ValueError`` listing every path, shape and dtype where ``target`` differs from ``saved``."""
+    problems = [f"missing from the checkpoint: {p}" for p in sorted(set(target) - set(saved))]
+    problems += [f"not in the target: {p}" for p in sorted(set(saved) - set(target))]
+    for path in sorted(set(saved) & set(target)):
+        want, got = describe(target[path]), saved[path]
+        if want != got:
+            problems.append(f"{path}: the checkpoint has {_fmt(got)}, the target {_fmt(want)}")
+    if problems:
+        shown = "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else "")
+        raise ValueError(f"The checkpoint does not fit the target ({len(problems)} differences):\n  {shown}")
+
+
+def _fmt(d: dict[str, Any]) -> str:
+    return f"{d['dtype']}{d['shape']}" if "shape" in d else d["value"]
+
+
+def wrong_store(manifest: dict[str, Any], expected: str) -> str:
+    """Why a store cannot read a checkpoint written by another kind of store."""
+    files = sorted(manifest["files"])
+    return f"its manifest lists the files {files}, not {expected!r}; open it with the store that wrote it"
+
+
+def _version() -> str:
+    from ember import __version__
+
+    return __version__

@@ -1,0 +1,187 @@
+"""`ProcessWatchdog`: a multi-process run whose peer is lost ends at once, saying which and where to resume."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ember.engine import Engine, Events, RemovableEventHandle
+from ember.handlers._checkpoint import Checkpoint
+
+#: The exit status of a process the watchdog ends: EX_TEMPFAIL, "try again" (relaunch every process).
+EXIT_CODE = 75
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "heartbeat", "UNAVAILABLE")
+
+
+class ProcessWatchdog:
+    """Ends this process with a clear message when another process of a multi-process run is lost.
+
+    When a process dies (SIGKILL, a lost machine), the others block in the next collective or fail in it,
+    and JAX's runtime aborts them later with a message that names no process. With the watchdog attached,
+    a survivor ends instead by printing which process was lost and the last complete checkpoint to
+    resume from, and exits with status 75 (EX_TEMPFAIL): relaunch every process and the run resumes.
+
+    It learns of the loss in one of two ways, whichever comes first:
+
+    - a collective fails because a peer's connection closed (XLA:CPU's Gloo does this at once): at the
+      trainer's EXCEPTION_RAISED;
+    - a thread asks JAX's coordination service every ``poll_every`` seconds which processes are alive;
+      the service declares a process lost after ``heartbeat_timeout_seconds`` (an argument of
+      ``jax.distributed.initialize``; 100 s by default). This path needs
+      ``jax.config.update("jax_enable_recoverability", True)`` before ``jax.distributed.initialize``;
+      without it the runtime aborts every survivor at that moment, before anything else can act.
+
+    So a survivor ends within about ``heartbeat_timeout_seconds + poll_every`` seconds, or at once when a
+    collective fails. If process 0 (which hosts the coordination service) is the one lost, the runtime
+    ends the survivors at once with its own message; no watchdog can act first. In a single-process run
+    the watchdog does nothing.
+
+    Args:
+        checkpoint: the :class:`Checkpoint` whose last complete checkpoint the message names.
+        poll_every: seconds between two questions to the coordination service.
+        confirm_within: after a failed collective, how long to wait (with recoverability on) for the
+            service to say which process was lost; the message says "another process" if it has not.
+        exit: how the process ends (``os._exit``, which skips the runtime's shutdown barrier, which would
+            wait for the lost process); tests pass their own.
+
+    Examples:
+        >>> import tempfile
+        >>> from ember import Engine
+        >>> from ember.handlers import Checkpoint, ProcessWatchdog
+        >>> trainer = Engine(lambda e, b: b)
+        >>> watchdog = ProcessWatchdog(Checkpoint({"trainer": trainer}, tempfile.mkdtemp()))
+        >>> _ = watchdog.attach(trainer)
+        >>> trainer.run([1, 2]).iteration, watchdog.lost()  # one process: nothing to watch
+        (2, [])
+    """
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint | None = None,
+        *,
+        poll_every: float = 1.0,
+        confirm_within: float = 30.0,
+        exit: Callable[[int], Any] = os._exit,
+    ) -> None:
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            raise TypeError(
+                f"`checkpoint` must be an ember.handlers.Checkpoint or None, got {type(checkpoint).__name__}."
+            )
+        if isinstance(poll_every, bool) or not isinstance(poll_every, int | float) or poll_every <= 0:
+            raise ValueError(f"`poll_every` must be a positive number of seconds, got {poll_every!r}.")
+        if isinstance(confirm_within, bool) or not isinstance(confirm_within, int | float) or confirm_within < 0:
+            raise ValueError(f"`confirm_within` must be a number of seconds >= 0, got {confirm_within!r}.")
+        self.checkpoint, self.poll_every, self._exit = checkpoint, float(poll_every), exit
+        self.confirm_within = float(confirm_within)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def lost(self) -> list[int]:
+        """The processes the coordination service no longer counts as alive (``[]`` in a single process).
+
+        Raises ``RuntimeError`` when the service cannot be reached (process 0 is gone).
+        """
+        client = _client()
+        if client is None:
+            return []
+        import jax
+
+        everyone = list(range(jax.process_count()))
+        try:
+            alive = client.get_live_nodes(everyone)
+        except Exception as e:  # the service itself is gone with process 0
+            raise RuntimeError(f"the coordination service on process 0 cannot be reached ({e})") from None
+        return [p for p in everyone if p not in alive]
+
+    def message(self, lost: list[int] | None, why: str) -> str:
+        """What the watchdog prints before it ends the process."""
+        import jax
+
+        who = f"process {', '.join(map(str, lost))}" if lost else "another process"
+        where = "no checkpoint was completed by this run; relaunching starts from the beginning"
+        info = self.checkpoint.last_checkpoint if self.checkpoint is not None else None
+        if info is not None:
+            where = f"the last complete checkpoint is {info.path} (step {info.step}); relaunching resumes from it"
+        return (
+            f"ember: {who} of this {jax.process_count()}-process run was lost ({why}). Process "
+            f"{jax.process_index()} stops here with exit status {EXIT_CODE}: {where}. Relaunch every process."
+        )
+
+    def _end(self, lost: list[int] | None, why: str) -> None:
+        print(self.message(lost, why), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        self._exit(EXIT_CODE)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_every):
+            try:
+                lost = self.lost()
+            except RuntimeError as e:
+                self._end([0], str(e))
+                return
+            if lost:
+                self._end(lost, "it stopped answering the coordination service")
+                return
+
+    def _start(self) -> None:
+        if _client() is None or (self._thread is not None and self._thread.is_alive()):
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, name="ember-process-watchdog", daemon=True)
+        self._thread.start()
+
+    def _finish(self) -> None:
+        self._stop.set()
+
+    def _failed(self, _engine: Engine, error: BaseException) -> None:
+        self._finish()
+        text = str(error)
+        if _client() is None or not any(sign in text for sign in _PEER_GONE):
+            return  # an ordinary error: it propagates as usual
+        lost = self._confirm()
+        first_line = text.strip().splitlines()[0][:200] if text.strip() else type(error).__name__
+        self._end(lost or None, f"a collective failed: {first_line}")
+
+    def _confirm(self) -> list[int]:
+        """The lost processes, once the service has declared them (within ``confirm_within`` seconds)."""
+        import jax
+
+        waited = 0.0
+        while True:
+            try:
+                lost = self.lost()
+            except RuntimeError:
+                return [0]
+            # without recoverability the runtime aborts this process when the service declares the loss
+            if lost or not jax.config.jax_enable_recoverability or waited >= self.confirm_within:
+                return lost
+            self._stop.wait(self.poll_every)
+            waited += self.poll_every
+
+    def attach(self, trainer: Engine) -> RemovableEventHandle:
+        """Watch from the trainer's STARTED to its COMPLETED; act on a failed collective at EXCEPTION_RAISED.
+
+        Examples:
+            >>> from ember import Engine
+            >>> from ember.handlers import ProcessWatchdog
+            >>> _ = ProcessWatchdog().attach(Engine(lambda e, b: b))
+        """
+        handle = trainer.add_event_handler(Events.STARTED, self._start)
+        trainer.add_event_handler(Events.COMPLETED, self._finish)
+        trainer.add_event_handler(Events.EXCEPTION_RAISED, self._failed)
+        return handle
+
+
+def _client() -> Any:
+    """JAX's coordination-service client in a multi-process run, else ``None``."""
+    import jax
+
+    if jax.process_count() == 1:
+        return None
+    from jax._src import distributed  # the live-process query has no public name in jax 0.10
+
+    return distributed.global_state.client

@@ -1,0 +1,77 @@
+"""A process lost in a 2-process run: the survivor ends at once with ember's message; relaunching resumes."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.distributed.test_multiprocess_training import _free_port
+
+SCRIPT = Path(__file__).with_name("lost_process_script.py")
+ROOT = SCRIPT.parents[2]
+
+
+def _launch(workdir: Path, *extra: str) -> list[subprocess.Popen[str]]:
+    port = _free_port()
+    return [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), str(pid), port, str(workdir), *extra],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in range(2)
+    ]
+
+
+def _finish(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str, str]]:
+    out = []
+    for proc in procs:
+        try:
+            stdout, stderr = proc.communicate(timeout=120)  # a hang fails here instead of blocking the suite
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        out.append((proc.returncode, stdout, stderr))
+    return out
+
+
+def _result(stdout: str) -> dict:
+    return json.loads(next(x for x in stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    (rc0, out0, err0), (rc1, _, err1) = _finish(_launch(tmp_path_factory.mktemp("straight")))
+    assert (rc0, rc1) == (0, 0), err0[-2000:] + err1[-2000:]
+    return _result(out0)
+
+
+def test_the_survivor_of_a_killed_process_names_it_and_the_checkpoint_then_a_relaunch_resumes(tmp_path, straight):
+    """Process 1 SIGKILLed at iteration 5: process 0 exits 75 within 60 s naming it and step 4; both resume."""
+    started = time.monotonic()
+    (rc0, _, err0), (rc1, _, _) = _finish(_launch(tmp_path, "kill"))
+    elapsed = time.monotonic() - started
+    assert rc1 == -signal.SIGKILL
+    assert rc0 == 75, err0[-3000:]
+    assert elapsed < 60, f"the survivor took {elapsed:.0f} s to end"
+    message = next(line for line in err0.splitlines() if line.startswith("ember: "))
+    assert message.startswith("ember: process 1 of this 2-process run was lost (a collective failed: ")
+    last = tmp_path / "ckpt" / "step_00000004"
+    assert message.endswith(
+        f"Process 0 stops here with exit status 75: the last complete checkpoint is {last} (step 4); relaunching "
+        "resumes from it. Relaunch every process."
+    )
+    results = _finish(_launch(tmp_path))
+    assert [rc for rc, _, _ in results] == [0, 0], results[0][2][-2000:]
+    resumed = _result(results[0][1])
+    assert resumed["resumed_from"] == 4
+    for a, b in zip(resumed["params"], straight["params"], strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
