@@ -295,7 +295,7 @@ def test_mark_epoch_incomplete_makes_a_resumed_run_fire_that_epoch_completed_aga
 
     engine.run([1, 2], max_epochs=2)
     assert saved == [{"epoch_length": 2, "iteration": 2, "max_epochs": 2, "epoch_completed": False}]
-    assert engine.state_dict() == {"epoch_length": 2, "iteration": 2, "max_epochs": 2}  # only for that event
+    assert engine.state_dict() == saved[0]  # still owed when the run has stopped there (a save at COMPLETED)
     resumed = Engine(lambda e, b: b)
     events: list[tuple[str, int]] = []
     for event in (Events.EPOCH_COMPLETED, Events.ITERATION_COMPLETED):
@@ -390,3 +390,10 @@ def test_each_new_pass_is_numbered_from_the_engines_own_position():
     resumed.load_state_dict({"iteration": 2, "epoch_length": 2, "max_epochs": 3})
     assert batches_run(resumed, resumed_data) == [(0, 2), (1, 0), (1, 1), (1, 2)]  # skipped through pass 0
     assert resumed_data.asked == [0, 1]
+
+
+def test_a_fresh_engines_state_dict_loads_into_a_fresh_engine():
+    """The round trip of an engine that never ran is accepted, as in Ignite, and leaves a fresh engine."""
+    fresh = Engine(lambda e, b: b)
+    fresh.load_state_dict(Engine(lambda e, b: b).state_dict())
+    assert batches_run(fresh, [1, 2], max_epochs=1) == [1, 2]

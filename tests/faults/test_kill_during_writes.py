@@ -17,6 +17,11 @@ SCRIPT = Path(__file__).with_name("kill_script.py")
 ROOT = SCRIPT.parents[2]
 
 
+def committed(folder: Path) -> bool:
+    """Whether a checkpoint has been renamed into place (read only: opening a store would tidy the folder)."""
+    return any(p.is_dir() and not p.name.startswith(".") and (p / "manifest.json").exists() for p in folder.iterdir())
+
+
 def kill_and_check(folder: Path, rng: random.Random) -> int:
     """Start the saver, kill it after a random delay, and check what it left; return the step restored."""
     proc = subprocess.Popen(
@@ -24,6 +29,10 @@ def kill_and_check(folder: Path, rng: random.Random) -> int:
     )
     first = proc.stdout.readline()  # type: ignore[union-attr]
     assert first.startswith("started "), proc.stderr.read()  # type: ignore[union-attr]
+    deadline = time.monotonic() + 120
+    while not committed(folder):  # the first run: kill only once there is something to keep, however slow
+        assert time.monotonic() < deadline, "no checkpoint was committed within 120 s"
+        time.sleep(0.01)
     time.sleep(rng.uniform(0.0, 0.4))
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()

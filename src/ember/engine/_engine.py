@@ -82,7 +82,7 @@ class Engine(RunLoop):
         self._state_dict_user_keys: list[str] = []
         self._running = False
         self._loaded = False  # the position came from load_state_dict, and no run has started since
-        self._epoch_owed = False  # mark_epoch_incomplete() was called during this EPOCH_COMPLETED
+        self._epoch_owed = False  # mark_epoch_incomplete() was called in the last EPOCH_COMPLETED
         self._states = AttachedStates()
 
     def _wrap_data(self, data: Iterable[Any]) -> Iterable[Any]:
@@ -613,6 +613,7 @@ class Engine(RunLoop):
             max_epochs = math.ceil(max_iters / epoch_length)
         st.iteration = st.epoch = 0
         st.max_epochs, st.max_iters, st.epoch_length = max_epochs, max_iters, epoch_length
+        self._epoch_owed = False
         self._source = data
         st.dataloader = None if data is None else self._wrap_data(data)
         self._gen = self._iter = self._data_state = None
@@ -689,7 +690,7 @@ class Engine(RunLoop):
             {'epoch_length': 3, 'iteration': 6, 'max_epochs': 2}
         """
         out = engine_state_dict(self.state, self._state_dict_user_keys, self._iter)
-        if self._epoch_completion_pending() or (self._epoch_owed and self.last_event_name is Events.EPOCH_COMPLETED):
+        if self._epoch_completion_pending() or self._epoch_owed:
             out["epoch_completed"] = False  # resumed, the run fires this epoch's EPOCH_COMPLETED first
         attached = self._states.state_dict()
         if attached:
@@ -700,7 +701,8 @@ class Engine(RunLoop):
         """From an EPOCH_COMPLETED handler: a checkpoint taken now makes a resumed run fire this EPOCH_COMPLETED again.
 
         :class:`~ember.handlers.Preemption` calls it when a signal cut the epoch's evaluation short, so
-        the evaluation runs again, whole, after the resume. It holds until the event's handlers are done.
+        the evaluation runs again, whole, after the resume. It holds for every checkpoint taken until the
+        next epoch starts (the save at COMPLETED of a run stopped there included).
 
         Examples:
             >>> from ember import Engine, Events
@@ -743,7 +745,7 @@ class Engine(RunLoop):
             raise RuntimeError("load_state_dict() was called while this engine is running; call it before run().")
         self._data_state = load_engine_state(self.state, state_dict, self._state_dict_user_keys)
         self._states.load_state_dict(state_dict.get("attached", {}))
-        self._loaded = True
+        self._loaded, self._epoch_owed = True, False
         st = self.state
         length = st.epoch_length
         full, pos = divmod(st.iteration, length) if length else (0, 0)

@@ -101,7 +101,6 @@ class RunLoop:
 
     def _fire(self, event: EventEnum, value: int, *extra: Any) -> None:
         self.last_event_name = event
-        self._epoch_owed = False
         d = self._dispatch[event]
         if d.regs:
             d.fire(self, value, *extra)
@@ -141,6 +140,7 @@ class RunLoop:
                     if not self._epoch_open:
                         st.epoch += 1
                         self._epoch_open = True
+                        self._epoch_owed = False
                         self._epoch_pos = 0
                         self._fire(Events.EPOCH_STARTED, st.epoch)
                         if self._signal:

@@ -63,6 +63,12 @@ def load_engine_state(state: State, sd: Mapping[str, Any], user_keys: list[str])
     if missing:
         raise ValueError(f"`state_dict` is missing the user keys {missing} named in state_dict_user_keys.")
     position, limit = _one_of(sd, "iteration", "epoch"), _one_of(sd, "max_epochs", "max_iters")
+    if sd[limit] is None and not sd[position]:  # a fresh engine's state: nothing has run yet
+        state.iteration = state.epoch = 0
+        state.max_epochs = state.max_iters = state.epoch_length = None
+        for k in user_keys:
+            setattr(state, k, sd[k])
+        return sd.get("data")
     epoch_length = None if sd["epoch_length"] is None else _count(sd, "epoch_length", allow_zero=False)
     n = _count(sd, position, allow_zero=True)
     if position == "epoch":
