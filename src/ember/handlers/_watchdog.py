@@ -157,7 +157,7 @@ class ProcessWatchdog:
             except RuntimeError:
                 return [0]
             # without recoverability the runtime aborts this process when the service declares the loss
-            if lost or not jax.config.jax_enable_recoverability or waited >= self.confirm_within:
+            if lost or not jax.config.values.get("jax_enable_recoverability") or waited >= self.confirm_within:
                 return lost
             self._stop.wait(self.poll_every)
             waited += self.poll_every
