@@ -5,6 +5,7 @@ collect_ignore = [
     "training/multidevice_script.py",
     "metrics/multiprocess_script.py",
     "distributed/training_script.py",
+    "distributed/lost_process_script.py",
     "handlers/resume_script.py",
     "faults/kill_script.py",
 ]

@@ -121,7 +121,7 @@ def test_prune_without_a_policy_keeps_everything(tmp_path):
 
 def test_background_saves_copy_cpu_device_arrays_into_reused_host_buffers():
     """Background saves copy CPU device arrays (device_get gives views) into host buffers kept for reuse."""
-    from ember.checkpoint._store import detach
+    from ember.checkpoint._snapshot import detach
 
     pool: list[np.ndarray] = []
     state = {"w": jnp.arange(4.0), "n": np.arange(3), "k": 7}
@@ -140,17 +140,17 @@ def test_device_snapshot_copies_accelerator_arrays_on_the_device(tmp_path, monke
     The CPU backend is the only one here, so the test makes the store treat CPU arrays as accelerator
     arrays: the save must then hand the writer a new device array, not the donated original.
     """
-    from ember.checkpoint import _store
+    from ember.checkpoint import _snapshot
 
-    monkeypatch.setattr(_store, "_on_cpu", lambda x: False)
+    monkeypatch.setattr(_snapshot, "_on_cpu", lambda x: False)
     state = {"w": jnp.arange(4.0), "n": np.arange(3), "k": 7}
     pool: list[np.ndarray] = []
-    snap = _store.detach(state, pool, on_device=True)
+    snap = _snapshot.detach(state, pool, on_device=True)
     assert isinstance(snap["w"], jax.Array)
     assert snap["w"].unsafe_buffer_pointer() != state["w"].unsafe_buffer_pointer()
     assert not np.shares_memory(snap["n"], state["n"])  # NumPy leaves still go to the host pool
     assert len(pool) == 1
-    fetched = _store.detach(state, [], on_device=False)
+    fetched = _snapshot.detach(state, [], on_device=False)
     assert isinstance(fetched["w"], np.ndarray)  # without the option: fetched to the host at once
     del fetched  # on CPU that is a view of the buffer, which would keep the step below from donating it
 

@@ -13,7 +13,8 @@ from flax import serialization
 
 from ember.checkpoint._atomic import TMP_PREFIX, commit, fsync_dir
 from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, new_manifest, write_manifest, wrong_store
-from ember.checkpoint._store import CheckpointInfo, CheckpointStore, flat_leaves
+from ember.checkpoint._snapshot import flat_leaves
+from ember.checkpoint._store import CheckpointInfo, CheckpointStore
 
 ITEM = "state"  # the orbax item inside each checkpoint folder
 
