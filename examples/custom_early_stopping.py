@@ -56,13 +56,15 @@ def loss_fn(model, batch):
 trainer = create_trainer(state, loss_fn)
 evaluator = create_evaluator(trainer, lambda model, b: {"y_pred": model(b["x"]), "y": b["y"]})
 Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
+
+
+@evaluator.on(Events.COMPLETED)  # registered before the stopper, so each epoch's line comes before its verdict
+def report(evaluator: Engine) -> None:
+    print(f"epoch {trainer.state.epoch:2d}  val loss {evaluator.state.metrics['loss']:.4f}")
+
+
 evaluator.add_event_handler(Events.COMPLETED, StopWhenStuck(trainer, patience=2))
-
-
-@trainer.on(Events.EPOCH_COMPLETED)
-def validate(engine: Engine) -> None:
-    evaluator.run(val)
-    print(f"epoch {engine.state.epoch:2d}  val loss {evaluator.state.metrics['loss']:.4f}")
+trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: evaluator.run(val))
 
 
 if __name__ == "__main__":

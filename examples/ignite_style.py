@@ -10,7 +10,6 @@ Run: ``python examples/ignite_style.py``  (needs ``pip install -e ".[examples]"`
 
 from __future__ import annotations
 
-import sys
 import tempfile
 
 import numpy as np
@@ -45,7 +44,7 @@ trainer = create_supervised_trainer(Net(), optax.adam(1e-2), loss_fn)
 per_example = optax.softmax_cross_entropy_with_integer_labels
 evaluator = create_supervised_evaluator(trainer, metrics={"accuracy": Accuracy(), "nll": Loss(per_example)})
 
-ProgressBar(refresh_every=7, stream=sys.stdout, persist=True, ascii=True).attach(trainer, output_keys=["loss"])
+ProgressBar(refresh_every=7, persist=True).attach(trainer, output_keys=["loss"])  # tqdm on stderr, as in Ignite
 
 
 @trainer.on(Events.EPOCH_COMPLETED)

@@ -1,5 +1,7 @@
 import inspect
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,8 @@ import ember.training
 import ember.writers
 from tests.engine import expectations as expect
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 EVENTS_PAGE = (DOCS / "concepts" / "events.md").read_text()
 
 
@@ -127,3 +130,31 @@ def test_every_docs_page_is_in_the_site_navigation():
     nav = (DOCS.parent / "mkdocs.yml").read_text()
     pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
     assert [p for p in pages if p not in nav] == []
+
+
+def _python_blocks(path):
+    text = path.read_text()
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    ("page", "index"),
+    [(page, i) for page in ("README.md", "docs/index.md") for i in range(len(_python_blocks(ROOT / page)))],
+)
+def test_every_python_block_on_the_front_pages_runs_as_written(page, index):
+    """The README's and the docs home's code blocks run as they stand, warnings as errors, in a new interpreter."""
+    code = _python_blocks(ROOT / page)[index]
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    if "# prints" in code:  # a block that says what it prints must print exactly that
+        promised = re.search(r"# prints (.*)$", code, flags=re.MULTILINE).group(1)
+        assert result.stdout.split("\n")[:-1] == re.findall(r'"([^"]*)"', promised)
+
+
+def test_the_readme_names_every_example():
+    """Each script in examples/ appears in the README's list of examples."""
+    readme = (ROOT / "README.md").read_text()
+    missing = [p.name for p in sorted((ROOT / "examples").glob("*.py")) if f"`{p.name}`" not in readme]
+    assert missing == []

@@ -1,12 +1,17 @@
 """The ``ember`` command end to end: the embedded digits run, resume, inspect, plot, errors."""
 
+import io
 import json
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
 from ember import __version__
-from ember.cli import main, train
+from ember.cli import ConfigError, main, train
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +48,30 @@ def test_running_the_same_command_again_resumes_and_finds_nothing_left(default_r
     assert f"{default_run}: this run is already complete; nothing to do." in out
 
 
-def test_a_stopped_run_continues_where_it_stopped(tmp_path, capsys):
+def test_a_changed_config_is_refused_and_a_finished_run_keeps_its_record(tmp_path, capsys):
+    """Relaunching with another config lists what differs and changes nothing; a no-op relaunch keeps the record."""
     config = {"trainer": {"max_epochs": 2}, "handlers": {"progress": False}, "output": str(tmp_path)}
     first = train(config)
     assert (first["epochs"], first["iterations"]) == (2, 44)
-    config["trainer"]["max_epochs"] = 3
-    second = train(config)
-    assert (second["resumed_from"], second["epochs"], second["iterations"]) == (44, 3, 66)
-    assert main(["resume", str(tmp_path)]) == 0  # the saved config now says 3 epochs: complete
-    assert "already complete" in capsys.readouterr().out
+    record = {name: (tmp_path / name).read_text() for name in ("summary.json", "config.yaml")}
+    event_files = sorted(p.name for p in (tmp_path / "tb").iterdir())
+    changed = {**config, "trainer": {"max_epochs": 3}, "optimizer": {"learning_rate": 0.01}}
+    with pytest.raises(ConfigError) as info:
+        train(changed)
+    assert str(info.value) == (
+        f"{tmp_path} holds a run started with another config (optimizer.learning_rate: 0.003 -> 0.01; "
+        "trainer.max_epochs: 2 -> 3). Continuing it with these changes would make one run of two configs. Train "
+        f"into a new folder (set output:), or delete {tmp_path} to start over."
+    )
+    capsys.readouterr()
+    assert main(["resume", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path}: this run is already complete; nothing to do." in out
+    assert re.search(
+        r"^Done: 2 epochs, 44 iterations in [\d.]+ s; best val accuracy 0\.\d{4}\. Run folder: ", out, re.M
+    )
+    assert {name: (tmp_path / name).read_text() for name in record} == record
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == event_files
 
 
 def test_inspect_and_plot(default_run, capsys):
@@ -96,3 +116,19 @@ def test_distributed_launch_reads_all_three_variables_or_none(monkeypatch):
         start_distributed({"EMBER_COORDINATOR": "h:1"})
     with pytest.raises(ValueError, match=re.escape("EMBER_NUM_PROCESSES and EMBER_PROCESS_ID must be ints")):
         start_distributed({"EMBER_COORDINATOR": "h:1", "EMBER_NUM_PROCESSES": "two", "EMBER_PROCESS_ID": "0"})
+
+
+def test_a_model_module_beside_the_config_is_importable(tmp_path, monkeypatch):
+    """model.name "mymodels:Tiny" imports mymodels.py from the config's folder, without PYTHONPATH."""
+    (tmp_path / "mymodels.py").write_text(
+        "from flax import linen as nn\n\n\nclass Tiny(nn.Module):\n    @nn.compact\n"
+        "    def __call__(self, x, train: bool = False):\n        return nn.Dense(10)(x.reshape(x.shape[0], -1))\n"
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"model:\n  name: 'mymodels:Tiny'\ntrainer:\n  max_epochs: 1\nhandlers:\n  progress: false\n"
+        f"output: {tmp_path / 'run'}\n"
+    )
+    monkeypatch.chdir(ROOT)  # not the config's folder
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert train(config, stream=io.StringIO())["iterations"] == 22

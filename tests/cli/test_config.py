@@ -70,3 +70,13 @@ def test_bad_yaml_and_missing_file(tmp_path):
         load_config(bad)
     with pytest.raises(FileNotFoundError, match=re.escape(f"No config file at {tmp_path / 'nope.yaml'}.")):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_numbers_written_as_yaml_strings_are_read_as_numbers(tmp_path):
+    """PyYAML reads 1e-3 (no dot) as a string: number fields take it as the number it spells."""
+    path = tmp_path / "run.yaml"
+    path.write_text("optimizer:\n  learning_rate: 1e-3\ntrainer:\n  max_epochs: '4'\n")
+    config = load_config(path)
+    assert (config.optimizer.learning_rate, config.trainer.max_epochs) == (0.001, 4)
+    with pytest.raises(ConfigError, match=re.escape("optimizer.learning_rate: expected a number, got 'inf' (str).")):
+        load_config({"optimizer": {"learning_rate": "inf"}})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -187,6 +188,8 @@ def _convert(value: Any, t: Any, path: str) -> Any:
         return dict(value)
     if dataclasses.is_dataclass(t):
         return _build(t, value, path)  # type: ignore[arg-type]
+    if t in (int, float) and isinstance(value, str):
+        value = _number(value, t)  # PyYAML reads 1e-3 (no dot) as a string
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),
@@ -204,6 +207,15 @@ def _convert(value: Any, t: Any, path: str) -> Any:
         if not within(value):
             raise ConfigError(f"{path}: expected {expected}, got {value!r}.")
     return value
+
+
+def _number(text: str, t: type) -> Any:
+    """``text`` as a finite number of type ``t`` when it spells one (``"1e-3"``, ``"64"``), else unchanged."""
+    try:
+        number = float(text) if t is float else int(text.strip())
+    except ValueError:
+        return text
+    return number if math.isfinite(number) else text
 
 
 def _build(cls: type[Any], raw: Any, path: str) -> Any:

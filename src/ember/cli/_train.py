@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -12,7 +13,7 @@ import jax
 import optax
 
 from ember import Events
-from ember.cli._config import Config, dump_config, load_config
+from ember.cli._config import Config, ConfigError, dump_config, load_config
 from ember.cli._registry import build_model, build_optimizer, build_schedule, load_data
 from ember.data import ArrayDataset
 from ember.handlers import (
@@ -65,7 +66,10 @@ def train(
 
     The run folder gets ``config.yaml``, ``checkpoints/latest`` and ``checkpoints/best``, TensorBoard
     files under ``tb/``, ``metrics.jsonl``, and ``summary.json``. Running the same config again resumes
-    from the latest checkpoint (a finished run has nothing left to do and says so).
+    from the latest checkpoint (a finished run has nothing left to do, says so, and leaves its record as it
+    was); a config that differs from the one the run was started with is refused, with the differences
+    listed. A model named by an import path (``mymodels:Net``) is looked up in the config file's folder and
+    the working directory too (both are put on ``sys.path``).
 
     Returns:
         The summary: ``{"run_dir", "resumed_from", "epochs", "iterations", "best_accuracy",
@@ -82,9 +86,13 @@ def train(
         (1, 22)
     """
     cfg = config if isinstance(config, Config) else load_config(config)
+    if isinstance(config, str | Path):  # a model given as "mymodels:Net" may sit beside the config file
+        _importable(Path(config).resolve().parent)
+    _importable(Path.cwd())
     out = stream or sys.stdout
     run_dir = Path(cfg.output)
     run_dir.mkdir(parents=True, exist_ok=True)
+    check_same_run(run_dir, cfg)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     started = time.perf_counter()
 
@@ -164,6 +172,11 @@ def train(
         print(f"Resuming {run_dir} from {info.path.name} (iteration {info.step}).", file=out)
     if info is not None and _finished(trainer, cfg, stopper):
         print(f"{run_dir}: this run is already complete; nothing to do.", file=out)
+        writer.close()
+        previous = _saved_summary(run_dir)
+        if previous is not None:  # the record of the run stays as the run left it
+            print(_closing_line(previous), file=out)
+            return previous
     elif cfg.trainer.max_iters is not None:
         trainer.run(data, max_iters=cfg.trainer.max_iters)
     else:
@@ -181,13 +194,74 @@ def train(
         "seconds": round(time.perf_counter() - started, 2),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(
-        f"Done: {summary['epochs']} epochs, {summary['iterations']} iterations in {summary['seconds']} s; "
-        f"best val accuracy {summary['best_accuracy']}. Run folder: {run_dir}",
-        file=out,
-    )
+    print(_closing_line(summary), file=out)
     jax.block_until_ready(trainer.state.train_state)
     return summary
+
+
+def _closing_line(summary: dict[str, Any]) -> str:
+    best = summary["best_accuracy"]
+    shown = "none yet (no evaluation finished)" if best is None else f"{best:.4f}"
+    return (
+        f"Done: {summary['epochs']} epochs, {summary['iterations']} iterations in {summary['seconds']} s; "
+        f"best val accuracy {shown}. Run folder: {summary['run_dir']}"
+    )
+
+
+def _saved_summary(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _importable(folder: Path) -> None:
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+
+#: Config fields a relaunch may change: they do not change what the run computes.
+_COSMETIC = frozenset({"handlers.progress"})
+
+
+def check_same_run(run_dir: Path, config: Config) -> None:
+    """Refuse to continue a run in ``run_dir`` with a config that differs from the one it was started with.
+
+    A run that has written a checkpoint is continued only with its own config (but for the progress bar):
+    another learning rate, schedule length, model or data order would make one record of two runs. The
+    error lists every difference.
+
+    Examples:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from ember.cli import load_config
+        >>> from ember.cli._train import check_same_run
+        >>> check_same_run(Path(tempfile.mkdtemp()), load_config())  # a new folder: nothing to compare
+    """
+    saved_file = run_dir / "config.yaml"
+    latest = run_dir / "checkpoints" / "latest"
+    started = latest.is_dir() and any((c / "manifest.json").exists() for c in latest.iterdir())
+    if not started or not saved_file.exists():
+        return
+    saved = dataclasses.asdict(load_config(saved_file))
+    differences = [
+        f"{path}: {old!r} -> {new!r}"
+        for path, old, new in _differences(saved, dataclasses.asdict(config))
+        if path not in _COSMETIC
+    ]
+    if differences:
+        raise ConfigError(
+            f"{run_dir} holds a run started with another config ({'; '.join(differences)}). Continuing it with "
+            "these changes would make one run of two configs. Train into a new folder (set output:), or "
+            f"delete {run_dir} to start over."
+        )
+
+
+def _differences(old: Any, new: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = list(old) + [k for k in new if k not in old]
+        return [d for k in keys for d in _differences(old.get(k), new.get(k), f"{path}.{k}" if path else k)]
+    return [] if old == new else [(path, old, new)]
 
 
 def _finished(trainer: Any, cfg: Config, stopper: EarlyStopping | None) -> bool:

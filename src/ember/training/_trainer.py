@@ -289,7 +289,11 @@ def create_trainer(
     untouched; nothing is read back to the host unless a handler asks. Batches go straight into the compiled
     call, which transfers them more cheaply than an explicit ``device_put``, unless they are large enough
     (on an accelerator) to gain from being put on device ``prefetch`` steps ahead. The first batch's
-    structure, shapes and dtypes are recorded, and a later batch that differs raises an error showing both.
+    structure, shapes and dtypes are recorded. A shorter last batch (``ArrayDataset``'s default
+    ``drop_remainder=False``) is trained on, at the cost of one more compilation for its shape, as torch's
+    ``DataLoader`` and Keras ``fit`` do; with ``steps_per_call`` > 1, or on several devices when it does not
+    divide over them, it is refused (pass ``drop_remainder=True``). Any other difference raises an error
+    showing both batches.
 
     Args:
         state: the initial :class:`TrainState`, or a function building it from the first batch. Its
@@ -367,7 +371,7 @@ def create_trainer(
             if spec:
                 spec[0].check(batch)
             else:
-                spec.append(BatchSpec(batch))
+                spec.append(BatchSpec(batch, allow_short=True))  # a short last batch: one more compilation
             return call(engine, compile_for(engine, 1, st.train_state, batch), batch)
         feeder: StepGroups = st.dataloader  # type: ignore[assignment]
         if feeder.slot == 0:  # one check per group, on the stacked host batches

@@ -48,17 +48,15 @@ class TensorBoardWriter(Writer):
     """
 
     def __init__(self, logdir: str | os.PathLike[str], *, flush_secs: float = 30) -> None:
-        # imported here: the rest of ember works without loading tensorboardX
-        from tensorboardX.event_file_writer import EventsWriter
-
         if not isinstance(flush_secs, int | float) or isinstance(flush_secs, bool) or flush_secs <= 0:
             raise ValueError(f"`flush_secs` must be a positive number of seconds, got {flush_secs!r}.")
         self.logdir = os.fspath(logdir)
         os.makedirs(self.logdir, exist_ok=True)
         # tensorboardX names files by the second and the host: a second writer opened in the same second
         # (a quick resume) would clobber the first file, so the name also carries the process and a counter.
-        suffix = f".{os.getpid()}.{next(_opened)}"
-        self._events = EventsWriter(os.path.join(self.logdir, "events"), suffix)
+        # The file is opened at the first write, so a run that writes nothing (a relaunch of a finished run)
+        # leaves no empty event file behind.
+        self._events: Any = None
         self.flush_secs = flush_secs
         self._flushed = time.monotonic()
         self._bins: list[float] | None = None
@@ -66,6 +64,12 @@ class TensorBoardWriter(Writer):
     def _write(self, step: int, summary: Any) -> None:
         from tensorboardX.proto.event_pb2 import Event  # pyright: ignore[reportAttributeAccessIssue]  # generated
 
+        if self._events is None:
+            # imported here: the rest of ember works without loading tensorboardX
+            from tensorboardX.event_file_writer import EventsWriter
+
+            suffix = f".{os.getpid()}.{next(_opened)}"
+            self._events = EventsWriter(os.path.join(self.logdir, "events"), suffix)
         self._events.write_event(Event(summary=summary, step=int(step), wall_time=time.time()))
         if time.monotonic() - self._flushed > self.flush_secs:
             self.flush()
@@ -112,9 +116,11 @@ class TensorBoardWriter(Writer):
 
     def flush(self) -> None:
         """Put every event written so far on disk."""
-        self._events.flush()
+        if self._events is not None:
+            self._events.flush()
         self._flushed = time.monotonic()
 
     def close(self) -> None:
         """Flush and close the event file."""
-        self._events.close()
+        if self._events is not None:
+            self._events.close()
