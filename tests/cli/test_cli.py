@@ -132,3 +132,26 @@ def test_a_model_module_beside_the_config_is_importable(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # not the config's folder
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert train(config, stream=io.StringIO())["iterations"] == 22
+
+
+def test_inspect_reads_a_run_folder_as_a_run(default_run, capsys):
+    """`ember inspect RUN` and `ember inspect RUN/checkpoints` show the latest and the best checkpoint, no warning."""
+    for target in (default_run, default_run / "checkpoints"):
+        assert main(["inspect", str(target)]) == 0
+        out = capsys.readouterr()
+        sections = re.findall(r"^(\S+):$", out.out, flags=re.M)
+        assert sections == [str(default_run / "checkpoints" / "best"), str(default_run / "checkpoints" / "latest")]
+        assert re.search(r"^checkpoint step_\d{8}-val_accuracy=0\.9\d{3}$", out.out, flags=re.M)
+        assert out.err == ""
+
+
+def test_plot_gives_the_learning_rate_a_panel_of_its_own(default_run):
+    """The train/lr that `ember train` logs gets a panel of its own in the plot, not the loss's axis."""
+    from ember.cli._plot import panels
+
+    logged = {k for line in (default_run / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
+    assert panels(logged - {"step", "time"}) == {
+        "train": ["train/loss"],
+        "learning rate": ["train/lr"],
+        "val": ["val/accuracy", "val/loss"],
+    }

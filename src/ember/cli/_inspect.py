@@ -19,7 +19,10 @@ def _size(n: float) -> str:
 
 
 def describe_checkpoint(path: str | os.PathLike[str]) -> str:
-    """A readable report of a checkpoint (a folder of one, or of many: the latest).
+    """A readable report of a checkpoint (a folder of one; of many: the latest; a run folder: each store's latest).
+
+    A run folder of ``ember train`` (or its ``checkpoints/``) holds several stores (``latest``, ``best``):
+    each gets a section headed by its folder.
 
     It shows the step, metrics, size, the tree's paths with shapes and dtypes, and the state dicts saved
     beside it.
@@ -42,11 +45,31 @@ def describe_checkpoint(path: str | os.PathLike[str]) -> str:
     if not target.exists():
         raise FileNotFoundError(f"No checkpoint at {target}.")
     if (target / "manifest.json").exists():
-        info: CheckpointInfo | None = open_store(target.parent).verify(target)
-    else:
-        info = open_store(target).latest()
-        if info is None:
-            raise FileNotFoundError(f"No valid checkpoint in {target}.")
+        return _report(open_store(target.parent).verify(target))
+    stores = _stores_in(target)
+    if stores:
+        return "\n\n".join(f"{store}:\n{describe_checkpoint(store)}" for store in stores)
+    info = open_store(target).latest()
+    if info is None:
+        raise FileNotFoundError(f"No valid checkpoint in {target}.")
+    return _report(info)
+
+
+def _holds_checkpoints(folder: Path) -> bool:
+    return any(c.is_dir() and (c / "manifest.json").exists() for c in folder.iterdir())
+
+
+def _stores_in(target: Path) -> list[Path]:
+    """The checkpoint folders inside a run folder (``checkpoints/latest``, ``checkpoints/best``), if it is one."""
+    if _holds_checkpoints(target):
+        return []  # a store itself: its latest checkpoint
+    root = target / "checkpoints" if (target / "checkpoints").is_dir() else target
+    if _holds_checkpoints(root):
+        return [root]
+    return [d for d in sorted(root.iterdir()) if d.is_dir() and _holds_checkpoints(d)]
+
+
+def _report(info: CheckpointInfo) -> str:
     manifest = info.manifest
     tree: dict[str, Any] = manifest.get("tree", {})
     arrays = {p: d for p, d in tree.items() if "shape" in d}

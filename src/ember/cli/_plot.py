@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -11,7 +12,8 @@ def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | N
     """Draw a run's scalars against the step into a PNG; return its path.
 
     Every scalar in ``run_dir/metrics.jsonl`` gets a line, one panel per name prefix (``train/...``,
-    ``val/...``); the PNG is ``run_dir/curves.png`` unless ``output`` says otherwise.
+    ``val/...``) and one for learning rates, whose scale is not the loss's (:func:`panels`); the PNG is
+    ``run_dir/curves.png`` unless ``output`` says otherwise.
 
     Examples:
         >>> import json, tempfile, pathlib
@@ -40,9 +42,7 @@ def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | N
                 series.setdefault(name, []).append((int(row["step"]), float(value)))
     if not series:
         raise ValueError(f"{log} holds no scalars to plot.")
-    groups: dict[str, list[str]] = {}
-    for name in sorted(series):
-        groups.setdefault(name.split("/", 1)[0] if "/" in name else "", []).append(name)
+    groups = panels(series)
     fig = Figure(figsize=(5 * len(groups), 3.5), dpi=100)
     canvas = FigureCanvasAgg(fig)
     for i, (group, names) in enumerate(groups.items(), 1):
@@ -51,9 +51,32 @@ def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | N
             steps, values = zip(*sorted(series[name]), strict=True)
             ax.plot(steps, values, label=name, marker="o" if len(steps) < 30 else None)
         ax.set_xlabel("step")
-        ax.set_title(group or "scalars")
+        ax.set_title(group)
         ax.legend()
     fig.tight_layout()
     path = Path(output) if output is not None else Path(run_dir) / "curves.png"
     canvas.print_png(str(path))
     return path
+
+
+def panels(names: Iterable[str]) -> dict[str, list[str]]:
+    """Which scalars share a panel: one per name prefix (``train``, ``val``), learning rates apart.
+
+    Examples:
+        >>> from ember.cli._plot import panels
+        >>> for title, names in panels(["train/loss", "train/lr", "val/accuracy", "val/loss", "time"]).items():
+        ...     print(title, names)
+        scalars ['time']
+        train ['train/loss']
+        learning rate ['train/lr']
+        val ['val/accuracy', 'val/loss']
+    """
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        last = name.rsplit("/", 1)[-1]
+        if last in ("lr", "learning_rate"):
+            group = "learning rate"
+        else:
+            group = name.split("/", 1)[0] if "/" in name else "scalars"
+        groups.setdefault(group, []).append(name)
+    return groups
