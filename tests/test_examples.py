@@ -35,9 +35,9 @@ def _output(name: str) -> str:
 
 def test_custom_early_stopping_stops_the_run_before_its_end():
     lines = _output("custom_early_stopping.py").splitlines()
-    assert lines[-3].startswith("no improvement for 2 evaluations (best ")  # printed during the evaluation
     epoch = int(lines[-1].split()[3])
-    assert lines[-2].startswith(f"epoch {epoch:2d}  val loss ")
+    assert lines[-3].startswith(f"epoch {epoch:2d}  val loss ")  # the epoch's line, then the verdict on it
+    assert lines[-2].startswith("no improvement for 2 evaluations (best ")
     assert lines[-1] == f"stopped at epoch {epoch} of 50"
     assert epoch < 50
 

@@ -15,8 +15,8 @@ from flax import nnx  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from ember import Events  # noqa: E402
-from ember.metrics import Accuracy, Average, ConfusionMatrix  # noqa: E402
-from ember.training import DataParallel, Pmap, SingleDevice, TrainState, create_trainer  # noqa: E402
+from ember.metrics import Accuracy, Average, ConfusionMatrix, Loss  # noqa: E402
+from ember.training import DataParallel, Pmap, SingleDevice, TrainState, create_evaluator, create_trainer  # noqa: E402
 from tests.training.models import LinenNet, NNXNet, SyncBNNet, batches, classification_loss  # noqa: E402
 
 DATA = batches(6, size=32)
@@ -120,6 +120,25 @@ out["metrics_pmap_equal"] = all(
     a["acc"] == b["acc"] and a["cm"] == b["cm"] and abs(a["loss"] - b["loss"]) < 1e-5
     for a, b in zip(ref_metrics, pm_metrics, strict=True)
 )
+
+
+def eval_metrics(placement):
+    """Accuracy and loss of an evaluator over a batch of 16 and one of 13 (padded to split over 8 devices)."""
+    evaluator = create_evaluator(mlp(), lambda m, b: {"y_pred": m(b["x"]), "y": b["y"]}, placement=placement)
+    Accuracy().attach(evaluator, "acc")
+    Loss(lambda p, y: -jnp.take_along_axis(jax.nn.log_softmax(p), y[:, None], axis=1)[:, 0]).attach(evaluator, "loss")
+    full, short = batches(2, size=16)
+    return dict(evaluator.run([full, {"x": short["x"][:13], "y": short["y"][:13]}]).metrics)
+
+
+ref_eval = eval_metrics(one)
+for name, placement in (("dataparallel", DataParallel()), ("pmap", Pmap())):
+    got = eval_metrics(placement)
+    out[f"eval_padded_{name}_equal"] = got["acc"] == ref_eval["acc"] and abs(got["loss"] - ref_eval["loss"]) < 1e-6
+try:
+    create_evaluator(mlp(), lambda m, b: m(b["x"]), placement=DataParallel()).run([batches(1, size=13)[0]])
+except TypeError as e:
+    out["eval_padded_needs_a_dict"] = str(e)
 
 try:
     train(mlp(), DataParallel(), data=batches(2, size=12))

@@ -63,6 +63,17 @@ def test_metrics_on_8_devices_equal_one_device(eight_devices):
     assert eight_devices["metrics_pmap_equal"] is True
 
 
+def test_an_evaluation_batch_that_does_not_split_is_padded_and_masked(eight_devices):
+    """A batch of 13 on 8 devices: padded to 16, masked; metrics equal one device's, with jit and with pmap."""
+    assert eight_devices["eval_padded_dataparallel_equal"] is True
+    assert eight_devices["eval_padded_pmap_equal"] is True
+    assert eight_devices["eval_padded_needs_a_dict"] == (
+        "A batch was padded to split over 8 devices, so the evaluator's output must be a dict, to carry the mask "
+        'of the real examples under "mask"; got an array. Return a dict, or use an evaluation batch size '
+        "divisible by 8."
+    )
+
+
 def test_a_batch_that_cannot_be_split_names_size_and_devices(eight_devices):
     """A batch of 12 on 8 devices is refused, naming both numbers."""
     assert eight_devices["indivisible_error"].startswith("A batch of size 12 cannot be split over 8 devices")

@@ -15,6 +15,7 @@ from ember.training._batch_spec import BatchSpec
 from ember.training._feed import StepGroups
 from ember.training._flat_tree import flatten_tree, unflatten_like
 from ember.training._fused import FusedMetrics
+from ember.training._padding import PaddedBatches, merge_device_axis, with_mask
 from ember.training._placement import Placement, Pmap, default_placement
 from ember.training._step_output import StepOutput
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
@@ -73,6 +74,8 @@ class TrainingEngine(Engine):
         self._pending_terminate: bool | None = None
         self.can_fuse = True  # the factories turn it off where updates cannot be folded (pmap, debug)
         self._factory: Callable[[Any], Any] | None = None  # builds the train state from a batch (lazy trainers)
+        self.pads_batches = False  # evaluators: pad batches that do not split over the devices, and mask them
+        self._padded: PaddedBatches | None = None
         self._fusion = FusedMetrics()  # the metric updates folded into the compiled step
         if steps_per_call > 1:
             self.add_event_handler(Events.ITERATION_COMPLETED, self._terminate_at_group_end)
@@ -90,6 +93,9 @@ class TrainingEngine(Engine):
             return put(batch, stacked=stacked)
 
         auto = decide if self._prefetch is None else None
+        self._padded = None
+        if self.pads_batches and self.placement.n_devices > 1:
+            data = self._padded = PaddedBatches(data, self.placement.n_devices)
         if self._k > 1:
             return StepGroups(data, self._k, lambda b: place(b, stacked=True), chosen[0], auto)
         return DevicePrefetch(data, place, size=chosen[0], decide=auto)
@@ -446,30 +452,38 @@ def create_evaluator(
     if not isinstance(source, TrainState | Engine):
         raise TypeError(f"`source` must be a TrainState or a trainer Engine, got {type(source).__name__}.")
     step = make_eval_step(eval_fn)
-    compiled: dict[int, Callable[..., Any]] = {}  # by fused-metrics version
+    n = placement.n_devices
+
+    def masked_step(state: Any, padded: Any) -> Any:  # a padded batch: (batch, mask of the real examples)
+        return with_mask(step(state, padded[0]), padded[1], n)
+
+    compiled: dict[tuple[int, bool], Callable[..., Any]] = {}  # by fused-metrics version, padded or not
     spec: list[BatchSpec] = []
 
-    def compile_for(engine: TrainingEngine) -> Callable[..., Any]:
+    def compile_for(engine: TrainingEngine, padded: bool) -> Callable[..., Any]:
         fusion = engine._fusion
-        fn = compiled.get(fusion.version)
+        fn = compiled.get((fusion.version, padded))
         if fn is None:
-            fn = fusion.wrap(lambda state, batch: (state, step(state, batch))) if fusion.metrics else step
-            fn = compiled[fusion.version] = fn if debug else placement.compile_eval(fn)
+            one = masked_step if padded else step
+            fn = fusion.wrap(lambda state, batch: (state, one(state, batch))) if fusion.metrics else one
+            fn = compiled[fusion.version, padded] = fn if debug else placement.compile_eval(fn)
         return fn
 
     def process(engine: TrainingEngine, batch: Any) -> Any:
+        padded = engine._padded is not None and engine._padded.padded.popleft()
+        examples = batch[0] if padded else batch
         if spec:
-            spec[0].check(batch)
+            spec[0].check(examples)
         else:
-            spec.append(BatchSpec(batch, allow_short=True))
+            spec.append(BatchSpec(examples, allow_short=True))
         train_state = engine.state.train_state if isinstance(source, TrainState) else source.state.train_state  # type: ignore[attr-defined]
-        fn = compile_for(engine)
-        if not engine._fusion.metrics:
-            return fn(train_state, batch)
-        return engine._fusion.call(fn, train_state, batch)[1]
+        fn = compile_for(engine, padded)
+        out = fn(train_state, batch) if not engine._fusion.metrics else engine._fusion.call(fn, train_state, batch)[1]
+        return merge_device_axis(out) if isinstance(placement, Pmap) else out
 
     engine = TrainingEngine(process, placement, prefetch, 1)
     engine.can_fuse = not debug and not isinstance(placement, Pmap)
+    engine.pads_batches = True
     if isinstance(source, TrainState):
         engine.state.train_state = placement.put_state(source)
     return engine
