@@ -250,3 +250,38 @@ def test_the_given_state_is_donated_and_a_copy_keeps_it():
         given.params + 1
     assert kept.params.tolist() == [1.0, 1.0]
     assert trainer.state.train_state.params.tolist() == pytest.approx([0.81, 0.81])
+
+
+def test_steps_per_call_compiles_nothing_after_the_first_epoch():
+    """K steps per call over epochs with a short last group: every compilation happens in epoch 1."""
+    from flax import linen as nn
+    from jax import monitoring
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            x = nn.relu(nn.Conv(4, (3, 3))(x))
+            return nn.Dense(3)(x.reshape(x.shape[0], -1))
+
+    rng = np.random.default_rng(0)
+    data = ArrayDataset(
+        {"x": rng.normal(size=(80, 6, 6, 1)).astype(np.float32), "y": rng.integers(0, 3, 80).astype(np.int32)},
+        batch_size=8,
+        shuffle=True,
+        drop_remainder=True,
+    )  # 10 batches: groups of 4, 4 and 2
+    state = TrainState.from_linen(CNN(), np.zeros((1, 6, 6, 1), np.float32), optax.sgd(0.1))
+    trainer = create_trainer(state, classification_loss, steps_per_call=4)
+    compiled_in: list[int] = []
+
+    def count(name, _secs, **_):
+        if name.endswith("backend_compile_duration"):
+            compiled_in.append(trainer.state.epoch)
+
+    monitoring.register_event_duration_secs_listener(count)
+    try:
+        trainer.run(data, max_epochs=3)
+    finally:
+        monitoring.unregister_event_duration_listener(count)
+    assert compiled_in  # the step (groups of 4 and of 2) was compiled
+    assert set(compiled_in) == {1}
