@@ -107,3 +107,23 @@ def test_throughput_benchmark_names_an_unknown_row_or_model():
         "--models", "512", "--rows", "ember + typo"
     )
     assert "--models: expected tiny, 512 or tiny,512, got 'tiny,1024'" in fails("--models", "tiny,1024")
+
+
+def test_workloads_benchmark_runs_both_sides_and_reports_them():
+    """One epoch, one repeat: ember and the hand loop each report seconds and a speed ratio; nothing is timed."""
+    out = run_benchmark("workloads.py", "--epochs", "1", "--repeats", "1", timeout=300)
+    assert re.search(r"^digits \| ember \| [\d.]+ \([\d.]+-[\d.]+\) \| [\d.]+ \([\d.]+-[\d.]+\)$", out, re.M)
+    assert re.search(r"^digits \| hand loop \| [\d.]+ \([\d.]+-[\d.]+\) \| 1\.000 \(1\.000-1\.000\)$", out, re.M)
+
+
+def test_workloads_benchmark_names_an_unknown_workload():
+    """An unknown workload is refused with the list of workloads."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "workloads.py"), "--workloads", "resnet"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "error: unknown workload 'resnet'; the workloads are ['digits']" in done.stderr

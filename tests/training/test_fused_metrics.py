@@ -1,3 +1,5 @@
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -199,3 +201,17 @@ def test_unshared_counts_every_holder_of_a_published_value():
         assert not _unshared(donor, 1, {}, ())  # a leaf, an inner node or the value held elsewhere
         del kept
     assert _unshared(donor, 1, {}, ())
+
+
+def test_the_fused_step_compiles_once_however_often_the_metrics_reset(caplog):
+    """The packed accumulators are placed like the train state, so later calls do not compile the step again."""
+    state = TrainState.create(lambda p, x: x @ p, jnp.zeros((3, 2)), optax.sgd(0.1))
+    trainer = create_trainer(state, lambda m, b: jnp.mean(m(b) ** 2))
+    RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "running")
+    Average(output_transform=lambda o: o["loss"]).attach(trainer, "epoch_loss")  # reset every epoch
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING, logger="jax"):
+        trainer.run([jnp.ones((4, 3))] * 3, max_epochs=3)
+    compiled = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("Finished XLA compilation of jit(fused)")
+    ]
+    assert len(compiled) == 1, compiled
