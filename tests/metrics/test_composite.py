@@ -54,3 +54,20 @@ def test_a_shared_dependency_updates_once_and_reset_resets_it():
     assert repr(double).startswith("MetricsLambda(add")
     with pytest.raises(TypeError, match=r"`fn` must be callable"):
         MetricsLambda(3, total)  # type: ignore[arg-type]
+
+
+def test_removing_a_composite_detaches_the_parts_nothing_else_uses():
+    """The handle of (a + b) stops writing it and detaches a; b stays, for it is attached by name too."""
+    import jax.numpy as jnp
+
+    from ember import Engine
+    from ember.metrics import Sum
+
+    engine = Engine(lambda e, batch: jnp.asarray(batch, jnp.float32))
+    a, b = Sum(), Sum()
+    b.attach(engine, "b")
+    handle = (a + b).attach(engine, "a_plus_b")
+    assert engine.run([[1.0, 2.0]]).metrics == {"b": 3.0, "a_plus_b": 6.0}
+    handle.remove()
+    assert (a.is_attached(engine), b.is_attached(engine, "b")) == (False, True)
+    assert engine.run([[4.0]]).metrics == {"b": 4.0}

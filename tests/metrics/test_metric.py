@@ -260,3 +260,17 @@ def test_load_state_dict_refuses_a_state_that_is_not_this_metrics(saved, error, 
     """Missing keys, a bad count and another metric's structure are refused, saying which."""
     with pytest.raises(error, match=re.escape(match)):
         Average().load_state_dict(saved)
+
+
+def test_attach_returns_a_handle_that_detaches_that_name():
+    """remove() detaches the metric under that name (its value leaves state.metrics); a second remove is a no-op."""
+    engine = Engine(lambda e, b: jnp.asarray(b, jnp.float32))
+    avg = Average()
+    first, second = avg.attach(engine, "a"), avg.attach(engine, "b")
+    first.remove()
+    assert (avg.is_attached(engine, "a"), avg.is_attached(engine, "b")) == (False, True)
+    assert engine.run([[1.0, 3.0]]).metrics == {"b": 2.0}
+    second.remove()
+    second.remove()
+    assert not avg.is_attached(engine)
+    assert engine.run([[5.0]]).metrics == {}

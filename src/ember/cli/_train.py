@@ -28,7 +28,7 @@ from ember.handlers import (
 )
 from ember.metrics import Accuracy, Loss, RunningAverage
 from ember.training import DataParallel, Pmap, SingleDevice, TrainState, create_evaluator, create_trainer
-from ember.writers import AsyncWriter, ConsoleWriter, CsvWriter, JsonlWriter, MultiWriter, TensorBoardWriter, Writer
+from ember.writers import AsyncWriter, create_run_writer
 
 PLACEMENTS = {"single": SingleDevice, "data_parallel": DataParallel, "pmap": Pmap}
 
@@ -42,18 +42,15 @@ def _predict(model: Any, batch: Any) -> Any:
     return {"y_pred": model(batch["x"]), "y": batch["y"]}
 
 
-def _writers(config: Config, run_dir: Path, stream: TextIO | None) -> AsyncWriter:
-    made: list[Writer] = []
-    for kind in config.handlers.writers:
-        if kind == "console":
-            made.append(ConsoleWriter(stream))
-        elif kind == "tensorboard":
-            made.append(TensorBoardWriter(run_dir / "tb"))
-        elif kind == "jsonl":
-            made.append(JsonlWriter(run_dir / "metrics.jsonl"))
-        else:
-            made.append(CsvWriter(run_dir / "metrics.csv"))
-    return AsyncWriter(MultiWriter(made))
+def _writers(config: Config, run_dir: Path, stream: TextIO) -> AsyncWriter:
+    kinds = config.handlers.writers
+    return create_run_writer(
+        run_dir,
+        console=stream if "console" in kinds else False,
+        tensorboard="tensorboard" in kinds,
+        jsonl="jsonl" in kinds,
+        csv="csv" in kinds,
+    )
 
 
 def train(

@@ -13,6 +13,34 @@ if TYPE_CHECKING:
     from ember.metrics._usage import MetricUsage
 
 
+class RemovableHandle:
+    """What attaching a composite metric returns: ``remove()`` undoes the attachment, once.
+
+    Examples:
+        >>> from ember.metrics._composite import RemovableHandle
+        >>> handle = RemovableHandle(lambda: print("removed"))
+        >>> with handle:
+        ...     pass
+        removed
+        >>> handle.remove()  # already removed: nothing happens
+    """
+
+    def __init__(self, undo: Callable[[], None]) -> None:
+        self._undo: Callable[[], None] | None = undo
+
+    def remove(self) -> None:
+        """Undo the attachment; nothing happens the second time."""
+        undo, self._undo = self._undo, None
+        if undo is not None:
+            undo()
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
 class MetricArithmetic:
     """Operators shared by metrics and composite metrics: each builds a :class:`MetricsLambda`."""
 
@@ -92,6 +120,9 @@ class MetricArithmetic:
     def _attach_internal(self, engine: Engine, usage: MetricUsage, key: str) -> None:
         raise NotImplementedError
 
+    def _release_internal(self, engine: Engine) -> None:
+        raise NotImplementedError
+
 
 class MetricsLambda(MetricArithmetic):
     """A metric computed by ``fn`` from other metrics' values (and constants), built by arithmetic.
@@ -111,7 +142,7 @@ class MetricsLambda(MetricArithmetic):
         >>> precision, recall = Precision(), Recall()
         >>> f1 = 2 * precision * recall / (precision + recall)
         >>> engine = Engine(lambda e, batch: batch)
-        >>> f1.attach(engine, "f1")
+        >>> _ = f1.attach(engine, "f1")
         >>> out = {"y_pred": jnp.array([1.0, 1.0, 0.0, 0.0]), "y": jnp.array([1, 0, 1, 1])}
         >>> state = engine.run([out])
         >>> list(state.metrics), round(state.metrics["f1"], 4)
@@ -178,17 +209,21 @@ class MetricsLambda(MetricArithmetic):
         for m in self._dependencies():
             m.update(output)
 
-    def attach(self, engine: Engine, name: str, usage: Any = "epoch_wise") -> None:
-        """Attach the dependencies (unnamed) and write only ``engine.state.metrics[name]``.
+    def attach(self, engine: Engine, name: str, usage: Any = "epoch_wise") -> RemovableHandle:
+        """Attach the dependencies (unnamed) and write only ``engine.state.metrics[name]``; return the handle.
+
+        ``remove()`` on the handle stops writing ``name`` and detaches the dependencies nothing else uses.
 
         Examples:
             >>> import jax.numpy as jnp
             >>> from ember import Engine
             >>> from ember.metrics import Sum
             >>> engine = Engine(lambda e, batch: jnp.asarray(batch, jnp.float32))
-            >>> (Sum() * 10).attach(engine, "tens")
+            >>> handle = (Sum() * 10).attach(engine, "tens")
             >>> engine.run([[1.0, 2.0]]).metrics
             {'tens': 30.0}
+            >>> handle.remove(); engine.state.metrics
+            {}
         """
         from ember.metrics._usage import resolve_usage
 
@@ -198,11 +233,22 @@ class MetricsLambda(MetricArithmetic):
         def completed(engine: Engine) -> None:
             engine.state.metrics[name] = self.compute()
 
-        engine.add_priority_handler(resolved.compute, completed)
+        written = engine.add_priority_handler(resolved.compute, completed)
+
+        def detach() -> None:
+            written.remove()
+            engine.state.metrics.pop(name, None)
+            self._release_internal(engine)
+
+        return RemovableHandle(detach)
 
     def _attach_internal(self, engine: Engine, usage: MetricUsage, key: str) -> None:
         for i, m in enumerate(self._dependencies()):
             m._attach_internal(engine, usage, f"{key}.{i}")
+
+    def _release_internal(self, engine: Engine) -> None:
+        for m in self._dependencies():
+            m._release_internal(engine)
 
     def __repr__(self) -> str:
         return f"MetricsLambda({getattr(self.fn, '__name__', self.fn)!s}, {len(self.args)} args)"

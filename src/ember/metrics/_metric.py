@@ -23,6 +23,40 @@ class _Unfuse:
         self.remove = undo
 
 
+class AttachedMetric:
+    """What :meth:`Metric.attach` returns: ``remove()`` detaches the metric from the engine under that name.
+
+    ``remove()`` is idempotent, and the handle is a context manager that detaches on exit.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from ember import Engine
+        >>> from ember.metrics import Average
+        >>> engine, avg = Engine(lambda engine, batch: jnp.asarray(batch, jnp.float32)), Average()
+        >>> with avg.attach(engine, "mean"):
+        ...     _ = engine.run([[1.0, 3.0]])
+        >>> avg.is_attached(engine)
+        False
+    """
+
+    __slots__ = ("engine", "metric", "name")
+
+    def __init__(self, metric: Any, engine: Engine, name: str) -> None:
+        self.metric, self.engine, self.name = metric, weakref.ref(engine), name
+
+    def remove(self) -> None:
+        """Detach the metric under this name; nothing happens if it is detached already."""
+        engine = self.engine()
+        if engine is not None:
+            self.metric.detach(engine, self.name)
+
+    def __enter__(self) -> AttachedMetric:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
 class _Attachment:
     """One metric on one engine: its names, its usage and its handles."""
 
@@ -305,8 +339,8 @@ class Metric(MetricArithmetic):
 
     # -- attaching -------------------------------------------------------------------------------
 
-    def attach(self, engine: Engine, name: str, usage: str | MetricUsage = EPOCH_WISE) -> None:
-        """Reset, update and compute on ``engine``'s events; write ``engine.state.metrics[name]``.
+    def attach(self, engine: Engine, name: str, usage: str | MetricUsage = EPOCH_WISE) -> AttachedMetric:
+        """Reset, update and compute on ``engine``'s events; write ``engine.state.metrics[name]``; return the handle.
 
         Usages: ``"epoch_wise"`` (default), ``"batch_wise"``, ``"running"``, ``"single_epoch_running"``,
         or :meth:`MetricUsage.filtered`. The metric's handlers run before the engine's other handlers
@@ -317,7 +351,7 @@ class Metric(MetricArithmetic):
             >>> from ember import Engine
             >>> from ember.metrics import Average
             >>> engine = Engine(lambda engine, batch: jnp.asarray(batch, jnp.float32))
-            >>> Average().attach(engine, "mean")
+            >>> _ = Average().attach(engine, "mean")
             >>> engine.run([[1.0, 2.0], [3.0]]).metrics
             {'mean': 2.0}
         """
@@ -330,6 +364,7 @@ class Metric(MetricArithmetic):
             att.names.append(name)
             if len(att.names) == 1 and not att.internal:
                 att.handles.append(engine.add_priority_handler(att.usage.compute, self._completed, att))
+        return AttachedMetric(self, engine, name)
 
     def _attach_to(self, engine: Engine, usage: MetricUsage, key: str) -> _Attachment:
         """This metric's attachment to ``engine``, made on first use; its state is saved under ``key``."""
@@ -412,6 +447,14 @@ class Metric(MetricArithmetic):
         """Attach without a name, for a composite metric that computes from this one."""
         self._attach_to(engine, usage, key).internal += 1
 
+    def _release_internal(self, engine: Engine) -> None:
+        """A composite metric no longer computes from this one; detach it if nothing else uses it."""
+        att = self._attachments.get(engine)
+        if att is not None:
+            att.internal -= 1
+            if not att.internal and not att.names:
+                self.detach(engine)
+
     def _reset_at(self, engine: Engine) -> None:
         """The reset at the usage's event; a state restored from a checkpoint survives a resumed run's STARTED."""
         if self._restored and engine.last_event_name is Events.STARTED and engine.state.iteration > 0:
@@ -436,7 +479,7 @@ class Metric(MetricArithmetic):
             >>> from ember import Engine
             >>> from ember.metrics import Average
             >>> engine, avg = Engine(lambda engine, batch: batch), Average()
-            >>> avg.attach(engine, "a"); avg.detach(engine)
+            >>> _ = avg.attach(engine, "a"); avg.detach(engine)
             >>> avg.is_attached(engine)
             False
         """
@@ -462,7 +505,7 @@ class Metric(MetricArithmetic):
             >>> from ember import Engine
             >>> from ember.metrics import Average
             >>> engine, avg = Engine(lambda engine, batch: batch), Average()
-            >>> avg.attach(engine, "a")
+            >>> _ = avg.attach(engine, "a")
             >>> avg.is_attached(engine), avg.is_attached(engine, "b")
             (True, False)
         """

@@ -8,7 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from ember.engine import Engine, Events
-from ember.metrics._metric import Metric
+from ember.metrics._metric import AttachedMetric, Metric
 from ember.metrics._usage import MetricUsage
 
 #: reset at STARTED, update every iteration, and publish the (device) value every iteration.
@@ -92,7 +92,7 @@ class RunningAverage(Metric):
             return parts[0]
         return (sum(p[0] for p in started) / len(started), started[0][1])
 
-    def attach(self, engine: Engine, name: str, usage: Any = RUNNING_BATCH_WISE) -> None:
+    def attach(self, engine: Engine, name: str, usage: Any = RUNNING_BATCH_WISE) -> AttachedMetric:
         """Attach; by default reset at STARTED and publish the device value every iteration.
 
         Examples:
@@ -100,11 +100,11 @@ class RunningAverage(Metric):
             >>> from ember import Engine
             >>> from ember.metrics import RunningAverage
             >>> engine = Engine(lambda e, batch: {"loss": jnp.array(batch)})
-            >>> RunningAverage(output_transform=lambda out: out["loss"]).attach(engine, "loss")
+            >>> _ = RunningAverage(output_transform=lambda out: out["loss"]).attach(engine, "loss")
             >>> round(float(engine.run([0.0, 1.0]).metrics["loss"]), 4)
             0.02
         """
-        super().attach(engine, name, usage)
+        return super().attach(engine, name, usage)
 
     def _completed(self, engine: Engine, att: Any) -> None:
         if not att.names:

@@ -123,7 +123,7 @@ class TrainingEngine(Engine):
             >>> from ember.training import TrainState, create_trainer
             >>> state = TrainState.create(lambda p, x: x * p, jnp.array(0.0), optax.sgd(0.1))
             >>> trainer = create_trainer(state, lambda m, b: jnp.mean((m(b) - 1.0) ** 2))
-            >>> Average(key="loss").attach(trainer, "loss")
+            >>> _ = Average(key="loss").attach(trainer, "loss")
             >>> len(trainer._fusion.metrics)
             1
             >>> round(trainer.run([jnp.ones(2)] * 3).metrics["loss"], 4)  # (1 + 0.64 + 0.4096) / 3
