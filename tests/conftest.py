@@ -9,3 +9,16 @@ collect_ignore = [
     "handlers/resume_script.py",
     "faults/kill_script.py",
 ]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the relaunch matrix (tests/handlers/test_relaunch.py) for the cells that ran and passed."""
+    import sys
+
+    relaunch = sys.modules.get("tests.handlers.test_relaunch")
+    if relaunch is None or not relaunch.MATRIX:
+        return
+    terminalreporter.write_sep("-", "relaunch matrix: cells that passed")
+    terminalreporter.write_line("checkpoints at | interrupted at | by | launches to complete | same as uninterrupted")
+    for save, point, how, launches in relaunch.MATRIX:
+        terminalreporter.write_line(f"{save} | {point} | {how} | {launches} | yes")

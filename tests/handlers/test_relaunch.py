@@ -125,6 +125,9 @@ def assert_finished_run_stays_finished(folder: Path, save: str) -> None:
     assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == before
 
 
+#: The cells that passed in this run, printed in pytest's terminal summary (tests/conftest.py).
+MATRIX: list[tuple[str, str, str, int]] = []
+
 CELLS = [(save, point) for save in ("epoch", "iteration") for point in POINTS]
 
 
@@ -139,6 +142,7 @@ def test_a_job_interrupted_by_an_exception_completes_as_an_uninterrupted_one(tmp
     assert launches == 2
     assert_same_run(tmp_path, straight)
     assert_finished_run_stays_finished(tmp_path, save)
+    MATRIX.append((save, point, "exception", launches))
 
 
 @pytest.mark.parametrize("how", DAMAGES)
@@ -151,6 +155,7 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_and_the_job_still_completes(
         job(tmp_path, save)
     assert (tmp_path / "checkpoints" / f"corrupt-{bad}").is_dir()  # kept for a person to look at
     assert_same_run(tmp_path, straight)
+    MATRIX.append((save, f"during evaluation, newest checkpoint {how}", "exception", 2))
 
 
 def test_a_relaunch_of_a_finished_run_with_more_epochs_continues(tmp_path, straight):
@@ -193,14 +198,3 @@ def test_a_job_killed_by_a_signal_completes_as_an_uninterrupted_one(tmp_path, st
     assert launches == 2
     assert_same_run(tmp_path, straight)
     MATRIX.append((save, point, kill.name, launches))
-
-
-MATRIX: list[tuple[str, str, str, int]] = []
-
-
-def test_print_the_signal_matrix(capsys):
-    """Print the cells of the signal matrix run so far (all of them with ``-m slow``)."""
-    with capsys.disabled():
-        print("\ncheckpoints at | interrupted at | by | launches to complete | same as uninterrupted")
-        for save, point, kill, launches in MATRIX:
-            print(f"{save} | {point} | {kill} | {launches} | yes")
