@@ -2,9 +2,9 @@
 
 from ember.metrics._classification import Accuracy, Fbeta, Precision, Recall, TopKAccuracy
 from ember.metrics._collect import Collect, Last, RocAuc
-from ember.metrics._composite import MetricsLambda
+from ember.metrics._composite import AttachedMetric, MetricsLambda
 from ember.metrics._confusion import ConfusionMatrix, IoU, mIoU
-from ember.metrics._metric import AttachedMetric, Metric
+from ember.metrics._metric import Metric
 from ember.metrics._moments import R2Score, Std
 from ember.metrics._reductions import Average, Loss, Max, Min, Perplexity, Sum
 from ember.metrics._regression import MeanAbsoluteError, MeanSquaredError, RootMeanSquaredError

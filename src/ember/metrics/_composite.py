@@ -13,28 +13,33 @@ if TYPE_CHECKING:
     from ember.metrics._usage import MetricUsage
 
 
-class RemovableHandle:
-    """What attaching a composite metric returns: ``remove()`` undoes the attachment, once.
+class AttachedMetric:
+    """What attaching a metric returns: ``remove()`` detaches it from the engine under that name.
+
+    ``remove()`` is idempotent, and the handle is a context manager that detaches on exit. For a composite
+    metric it also detaches the parts nothing else uses.
 
     Examples:
-        >>> from ember.metrics._composite import RemovableHandle
-        >>> handle = RemovableHandle(lambda: print("removed"))
-        >>> with handle:
-        ...     pass
-        removed
-        >>> handle.remove()  # already removed: nothing happens
+        >>> import jax.numpy as jnp
+        >>> from ember import Engine
+        >>> from ember.metrics import Average
+        >>> engine, avg = Engine(lambda engine, batch: jnp.asarray(batch, jnp.float32)), Average()
+        >>> with avg.attach(engine, "mean"):
+        ...     _ = engine.run([[1.0, 3.0]])
+        >>> avg.is_attached(engine)
+        False
     """
 
     def __init__(self, undo: Callable[[], None]) -> None:
         self._undo: Callable[[], None] | None = undo
 
     def remove(self) -> None:
-        """Undo the attachment; nothing happens the second time."""
+        """Detach; nothing happens the second time."""
         undo, self._undo = self._undo, None
         if undo is not None:
             undo()
 
-    def __enter__(self) -> RemovableHandle:
+    def __enter__(self) -> AttachedMetric:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -209,7 +214,7 @@ class MetricsLambda(MetricArithmetic):
         for m in self._dependencies():
             m.update(output)
 
-    def attach(self, engine: Engine, name: str, usage: Any = "epoch_wise") -> RemovableHandle:
+    def attach(self, engine: Engine, name: str, usage: Any = "epoch_wise") -> AttachedMetric:
         """Attach the dependencies (unnamed) and write only ``engine.state.metrics[name]``; return the handle.
 
         ``remove()`` on the handle stops writing ``name`` and detaches the dependencies nothing else uses.
@@ -240,7 +245,7 @@ class MetricsLambda(MetricArithmetic):
             engine.state.metrics.pop(name, None)
             self._release_internal(engine)
 
-        return RemovableHandle(detach)
+        return AttachedMetric(detach)
 
     def _attach_internal(self, engine: Engine, usage: MetricUsage, key: str) -> None:
         for i, m in enumerate(self._dependencies()):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
 from ember.engine import Engine, Events, RemovableEventHandle
-from ember.metrics._composite import MetricArithmetic
+from ember.metrics._composite import AttachedMetric, MetricArithmetic
 from ember.metrics._saved import PublishedValues, decode_tree, encode_tree
 from ember.metrics._usage import EPOCH_WISE, MetricUsage, resolve_usage
 
@@ -21,40 +21,6 @@ class _Unfuse:
 
     def __init__(self, undo: Callable[[], None]) -> None:
         self.remove = undo
-
-
-class AttachedMetric:
-    """What :meth:`Metric.attach` returns: ``remove()`` detaches the metric from the engine under that name.
-
-    ``remove()`` is idempotent, and the handle is a context manager that detaches on exit.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from ember import Engine
-        >>> from ember.metrics import Average
-        >>> engine, avg = Engine(lambda engine, batch: jnp.asarray(batch, jnp.float32)), Average()
-        >>> with avg.attach(engine, "mean"):
-        ...     _ = engine.run([[1.0, 3.0]])
-        >>> avg.is_attached(engine)
-        False
-    """
-
-    __slots__ = ("engine", "metric", "name")
-
-    def __init__(self, metric: Any, engine: Engine, name: str) -> None:
-        self.metric, self.engine, self.name = metric, weakref.ref(engine), name
-
-    def remove(self) -> None:
-        """Detach the metric under this name; nothing happens if it is detached already."""
-        engine = self.engine()
-        if engine is not None:
-            self.metric.detach(engine, self.name)
-
-    def __enter__(self) -> AttachedMetric:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
 
 
 class _Attachment:
@@ -364,7 +330,14 @@ class Metric(MetricArithmetic):
             att.names.append(name)
             if len(att.names) == 1 and not att.internal:
                 att.handles.append(engine.add_priority_handler(att.usage.compute, self._completed, att))
-        return AttachedMetric(self, engine, name)
+        ref = weakref.ref(engine)  # the handle keeps neither the engine alive, as engine handles do not
+
+        def detach() -> None:
+            live = ref()
+            if live is not None:
+                self.detach(live, name)
+
+        return AttachedMetric(detach)
 
     def _attach_to(self, engine: Engine, usage: MetricUsage, key: str) -> _Attachment:
         """This metric's attachment to ``engine``, made on first use; its state is saved under ``key``."""

@@ -8,7 +8,8 @@ from typing import Any
 import jax.numpy as jnp
 
 from ember.engine import Engine, Events
-from ember.metrics._metric import AttachedMetric, Metric
+from ember.metrics._composite import AttachedMetric
+from ember.metrics._metric import Metric
 from ember.metrics._usage import MetricUsage
 
 #: reset at STARTED, update every iteration, and publish the (device) value every iteration.
