@@ -110,10 +110,13 @@ def test_throughput_benchmark_names_an_unknown_row_or_model():
 
 
 def test_workloads_benchmark_runs_both_sides_and_reports_them():
-    """One epoch, one repeat: ember and the hand loop each report seconds and a speed ratio; nothing is timed."""
-    out = run_benchmark("workloads.py", "--epochs", "1", "--repeats", "1", timeout=300)
-    assert re.search(r"^digits \| ember \| [\d.]+ \([\d.]+-[\d.]+\) \| [\d.]+ \([\d.]+-[\d.]+\)$", out, re.M)
-    assert re.search(r"^digits \| hand loop \| [\d.]+ \([\d.]+-[\d.]+\) \| 1\.000 \(1\.000-1\.000\)$", out, re.M)
+    """One epoch, one repeat of each workload: both sides report seconds and a speed ratio; nothing is timed."""
+    out = run_benchmark("workloads.py", "--workloads", "digits,chars", "--epochs", "1", "--repeats", "1", timeout=600)
+    for workload in ("digits", "chars"):
+        ember = rf"^{workload} \| 1 \| ember \| [\d.]+ \([\d.]+-[\d.]+\) \| [\d.]+ \([\d.]+-[\d.]+\)$"
+        hand = rf"^{workload} \| 1 \| hand loop \| [\d.]+ \([\d.]+-[\d.]+\) \| 1\.000 \(1\.000-1\.000\)$"
+        assert re.search(ember, out, re.M), out
+        assert re.search(hand, out, re.M), out
 
 
 def test_workloads_benchmark_names_an_unknown_workload():
@@ -126,4 +129,4 @@ def test_workloads_benchmark_names_an_unknown_workload():
         timeout=120,
     )
     assert done.returncode == 2
-    assert "error: unknown workload 'resnet'; the workloads are ['digits']" in done.stderr
+    assert "error: unknown workload 'resnet'; the workloads are ['chars', 'digits']" in done.stderr

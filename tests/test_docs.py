@@ -10,6 +10,7 @@ import ember
 import ember.checkpoint
 import ember.cli
 import ember.data
+import ember.errors
 import ember.handlers
 import ember.metrics
 import ember.training
@@ -51,6 +52,7 @@ MODULES = {
     "ember.handlers": ember.handlers,
     "ember.writers": ember.writers,
     "ember.cli": ember.cli,
+    "ember.errors": ember.errors,
 }
 PUBLIC = [f"{mod}.{name}" for mod, m in MODULES.items() for name in m.__all__ if name != "__version__"]
 

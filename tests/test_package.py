@@ -25,3 +25,49 @@ def test_top_level_reexports_the_engine():
     ]
     assert ember.Engine is ember.engine.Engine
     assert ember.__version__ == "0.1.0.dev0"
+
+
+def test_public_exceptions_live_in_errors_and_subclass_their_builtins():
+    """One class per exception, re-exported where it is raised; each is caught as its builtin."""
+    import ember.checkpoint
+    import ember.cli
+    import ember.errors
+    import ember.handlers
+
+    assert ember.checkpoint.CorruptCheckpointError is ember.errors.CorruptCheckpointError
+    assert ember.cli.ConfigError is ember.errors.ConfigError
+    assert ember.handlers.NonFiniteError is ember.errors.NonFiniteError
+    bases = {name: getattr(ember.errors, name).__bases__ for name in ember.errors.__all__}
+    assert bases == {
+        "ConfigError": (ValueError,),
+        "CorruptCheckpointError": (ValueError,),
+        "NonFiniteError": (FloatingPointError,),
+    }
+
+
+# What each layer may import (docs: ../shared/DESIGN.md, "Layers"); ember.errors and ember._version import
+# nothing and are open to all.
+ALLOWED = {
+    "engine": set(),
+    "data": set(),
+    "checkpoint": set(),
+    "writers": set(),
+    "metrics": {"engine"},
+    "training": {"engine", "data"},
+    "handlers": {"engine", "checkpoint", "writers", "metrics"},
+    "cli": {"", "engine", "training", "data", "metrics", "checkpoint", "handlers", "writers"},
+}
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    """The import arrows follow the design's layer table: no layer reaches up or sideways."""
+    import re
+    from pathlib import Path
+
+    root = Path(ember.__file__).parent
+    found = {}
+    for layer in ALLOWED:
+        text = "\n".join(p.read_text() for p in (root / layer).rglob("*.py"))
+        used = set(re.findall(r"^\s*(?:from|import) ember(?:\.([a-z_]+))?", text, flags=re.M))
+        found[layer] = used - {layer, "errors", "_version"}
+    assert found == {layer: allowed & found[layer] for layer, allowed in ALLOWED.items()}

@@ -1,8 +1,7 @@
 """ember: an event-driven training engine for JAX, in the style of PyTorch Ignite."""
 
+from ember._version import __version__
 from ember.engine import Engine, EventEnum, Events, EventsList, FilteredEvent, RemovableEventHandle, State
-
-__version__ = "0.1.0.dev0"
 
 __all__ = [
     "Engine",

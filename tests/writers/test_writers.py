@@ -9,6 +9,7 @@ import pytest
 
 import ember.writers._async as async_module
 from ember import Engine, Events
+from ember.handlers import attach_writer
 from ember.writers import (
     AsyncWriter,
     ConsoleWriter,
@@ -64,7 +65,7 @@ def test_an_error_on_the_writer_thread_fails_the_run_at_the_next_event():
     """The thread's exception is raised in the training thread, once; the run ends with it; nothing hangs."""
     w = AsyncWriter(Broken())
     engine = Engine(lambda e, b: b)
-    w.attach(engine)
+    attach_writer(w, engine)
     engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: w.write_scalars(e.state.iteration, {"x": 1.0}))
     engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: w.flush())  # make the failure visible at once
     seen = []

@@ -13,22 +13,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from ember._version import __version__
+from ember.errors import CorruptCheckpointError
+
 MANIFEST = "manifest.json"
 FORMAT = 2  # 2: the manifest carries its own checksum; 1 (read only): it does not
-
-
-class CorruptCheckpointError(ValueError):
-    """A checkpoint on disk whose files do not match what its manifest says (or whose manifest is damaged).
-
-    The message names the checkpoint's folder and the file at fault. Stores never return such a
-    checkpoint: :meth:`~ember.checkpoint.CheckpointStore.latest` and the readers move it aside (renamed
-    ``corrupt-<name>``, never deleted) and fall back to the newest valid one.
-
-    Examples:
-        >>> from ember.checkpoint import CorruptCheckpointError
-        >>> issubclass(CorruptCheckpointError, ValueError)
-        True
-    """
 
 
 def describe(leaf: Any) -> dict[str, Any]:
@@ -46,7 +35,7 @@ def new_manifest(
         "format": FORMAT,
         "step": step,
         "wall_time": time.time(),
-        "ember_version": _version(),
+        "ember_version": __version__,
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
         "metadata": dict(metadata or {}),
         "tree": {path: describe(leaf) for path, leaf in leaves.items()},
@@ -124,9 +113,3 @@ def wrong_store(manifest: dict[str, Any], expected: str) -> str:
     """Why a store cannot read a checkpoint written by another kind of store."""
     files = sorted(manifest["files"])
     return f"its manifest lists the files {files}, not {expected!r}; open it with the store that wrote it"
-
-
-def _version() -> str:
-    from ember import __version__
-
-    return __version__

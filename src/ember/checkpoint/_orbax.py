@@ -123,7 +123,18 @@ class OrbaxStore(CheckpointStore):
 
 
 def open_store(root: str | os.PathLike[str]) -> CheckpointStore:
-    """The store for an existing folder: an :class:`OrbaxStore` if its checkpoints were written by orbax."""
+    """The store for a folder: an :class:`OrbaxStore` if orbax wrote its checkpoints, else a :class:`CheckpointStore`.
+
+    Readers, ``ember inspect`` and the ``Checkpoint`` handler open a folder given by path this way.
+
+    Examples:
+        >>> import tempfile, numpy as np
+        >>> from ember.checkpoint import CheckpointStore, open_store
+        >>> folder = tempfile.mkdtemp()
+        >>> _ = CheckpointStore(folder).save({"w": np.zeros(2)}, step=1)
+        >>> type(open_store(folder)).__name__, open_store(folder).latest().step
+        ('CheckpointStore', 1)
+    """
     path = Path(root)
     orbax = path.is_dir() and any((c / ITEM).is_dir() and (c / MANIFEST).exists() for c in path.iterdir())
     return OrbaxStore(path) if orbax else CheckpointStore(path)

@@ -1,58 +1,29 @@
-"""`CheckpointStore`: save, list, find and restore verified checkpoints in one folder."""
+"""`CheckpointStore`: save checkpoints atomically (in the foreground or on a writer thread) into one folder."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import numpy as np
-from flax import serialization, traverse_util
 
 from ember.checkpoint._atomic import TMP_PREFIX, commit, temporary_dir
-from ember.checkpoint._format import lower_thread_priority, read_leaves, write_leaves
+from ember.checkpoint._folder import DATA, CheckpointFolder, CheckpointInfo
+from ember.checkpoint._format import lower_thread_priority, write_leaves
 from ember.checkpoint._manifest import (
-    MANIFEST,
     CorruptCheckpointError,
-    check_structure,
-    corrupt,
     new_manifest,
-    read_manifest,
     write_manifest,
-    wrong_store,
 )
 from ember.checkpoint._snapshot import check_gatherable, detach, flat_leaves, on_host
 
-DATA = "state.msgpack"
-CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, moved aside (never deleted)
 
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """One verified checkpoint on disk: its folder, step, metrics and manifest.
-
-    Examples:
-        >>> import tempfile, numpy as np
-        >>> from ember.checkpoint import CheckpointStore
-        >>> store = CheckpointStore(tempfile.mkdtemp())
-        >>> info = store.save({"w": np.ones(2)}, step=7, metrics={"loss": 0.5})
-        >>> info.step, info.metrics, info.path.name
-        (7, {'loss': 0.5}, 'step_00000007')
-    """
-
-    path: Path
-    step: int
-    metrics: dict[str, float]
-    manifest: dict[str, Any]
-
-
-class CheckpointStore:
+class CheckpointStore(CheckpointFolder):
     """Checkpoints in one folder, each committed atomically and verified before it is ever returned.
 
     A checkpoint is a folder holding ``state.msgpack`` (the tree, streamed leaf by leaf) and
@@ -144,19 +115,22 @@ class CheckpointStore:
         metrics: Mapping[str, float] | None = None,
         metadata: Mapping[str, Any] | None = None,
         name: str | None = None,
+        then: Callable[[], object] | None = None,
     ) -> Future[CheckpointInfo]:
         """Copy ``tree`` now, then serialise and write it on a background thread.
 
         When this returns, training may change the device state freely: what is saved is already a copy of
         its own, on the host (or, with ``device_snapshot=True``, on the device, fetched by the writer). The
         write runs on one background thread; the next save (of either kind) first waits for it, and
-        re-raises its error if it failed, as do :meth:`wait` and :meth:`raise_if_failed`.
+        re-raises its error if it failed, as do :meth:`wait` and :meth:`raise_if_failed`. ``then`` runs on
+        the same thread once the checkpoint is committed (retention: :meth:`prune`), so the training thread
+        waits for neither.
 
         Examples:
             >>> import tempfile, numpy as np
             >>> from ember.checkpoint import CheckpointStore
             >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> future = store.save_in_background({"w": np.ones(2)}, step=1)
+            >>> future = store.save_in_background({"w": np.ones(2)}, step=1, then=lambda: store.prune(keep_latest=1))
             >>> store.wait().step, future.result().path.name
             (1, 'step_00000001')
         """
@@ -172,7 +146,7 @@ class CheckpointStore:
             self._writer = ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="ember-checkpoint", initializer=lower_thread_priority
             )
-        self._pending = self._writer.submit(self._write, *prepared)
+        self._pending = self._writer.submit(_then, self._write, prepared, then)
         return self._pending
 
     #: Whether every process takes part in a save (orbax) or only process 0 writes (this store).
@@ -281,267 +255,10 @@ class CheckpointStore:
             raise
         return CheckpointInfo(self.root / name, manifest["step"], manifest["metrics"], manifest)
 
-    def prune(
-        self,
-        *,
-        keep_latest: int | None = None,
-        keep_best: int | None = None,
-        metric: str | None = None,
-        mode: Literal["min", "max"] = "max",
-        keep_every: int | None = None,
-        prefix: str = "",
-    ) -> list[CheckpointInfo]:
-        """Delete the checkpoints (named with ``prefix``) that no policy keeps; return them.
 
-        The policies combine: a checkpoint stays if it is among the ``keep_latest`` highest steps, or among
-        the ``keep_best`` best by ``metric`` (``mode``), or its step is a multiple of ``keep_every``. So the
-        latest checkpoints are kept beside the best ones (orbax #526). With no policy at all nothing is
-        deleted.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> for step, loss in ((1, 0.1), (2, 0.5), (3, 0.4), (4, 0.3)):
-            ...     _ = store.save({"w": np.zeros(1)}, step=step, metrics={"loss": loss})
-            >>> _ = store.prune(keep_latest=1, keep_best=1, metric="loss", mode="min")
-            >>> [c.step for c in store.checkpoints()]
-            [1, 4]
-        """
-        check_retention(keep_latest, keep_best, keep_every, mode)
-        if keep_best is not None and metric is None:
-            raise ValueError("`keep_best` needs `metric`, the name of the score to rank checkpoints by.")
-        if (keep_latest is None and keep_best is None and keep_every is None) or jax.process_index() != 0:
-            return []  # no policy: keep everything; and only process 0 deletes
-        mine = [c for c in self.checkpoints() if c.path.name.startswith(prefix)]
-        kept: set[Path] = set()
-        if keep_latest:
-            kept |= {c.path for c in sorted(mine, key=_newer)[-keep_latest:]}
-        if keep_best and metric is not None:
-            sign = 1.0 if mode == "max" else -1.0
-            scored = sorted((c for c in mine if metric in c.metrics), key=lambda c: (sign * c.metrics[metric], c.step))
-            kept |= {c.path for c in scored[-keep_best:]}
-        if keep_every:
-            kept |= {c.path for c in mine if c.step % keep_every == 0}
-        doomed = [c for c in mine if c.path not in kept]
-        for c in doomed:
-            self.delete(c)
-        return doomed
-
-    def delete(self, info: CheckpointInfo) -> None:
-        """Remove a checkpoint (renamed to a temporary name first, so a crash never leaves half of one)."""
-        doomed = self.root / f"{TMP_PREFIX}deleting-{info.path.name}"
-        os.replace(info.path, doomed)
-        shutil.rmtree(doomed)
-
-    # -- finding ---------------------------------------------------------------------------------
-
-    def _candidates(self) -> list[Path]:
-        return sorted(
-            p
-            for p in self.root.iterdir()
-            if p.is_dir() and not p.name.startswith(".") and not p.name.startswith(CORRUPT_PREFIX)
-        )
-
-    def verify(self, path: str | os.PathLike[str]) -> CheckpointInfo:
-        """The info of the checkpoint in folder ``path``, once its manifest and file sizes check out.
-
-        Raises:
-            CorruptCheckpointError: the checkpoint is damaged (the message names the folder and the file).
-            ValueError: the folder holds no checkpoint of this store's kind.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> info = store.save({"w": np.zeros(1)}, step=4)
-            >>> store.verify(info.path).step
-            4
-        """
-        path = Path(path)
-        try:
-            manifest = read_manifest(path)
-        except FileNotFoundError:
-            raise ValueError("it has no manifest (it is not a checkpoint, or its write did not finish)") from None
-        self._check_files(path, manifest)
-        return CheckpointInfo(path, manifest["step"], dict(manifest["metrics"]), manifest)
-
-    def _check_files(self, path: Path, manifest: dict[str, Any]) -> None:
-        """Raise unless the checkpoint's data files are all there, whole."""
-        expected = manifest["files"].get(DATA)
-        if not isinstance(expected, dict) or not isinstance(expected.get("bytes"), int):
-            raise ValueError(wrong_store(manifest, DATA))
-        data = path / DATA
-        if not data.exists():
-            raise corrupt(path, DATA, "is missing")
-        size = data.stat().st_size
-        if size != expected["bytes"]:
-            raise corrupt(path, DATA, f"holds {size} bytes, the manifest says {expected['bytes']} (truncated)")
-
-    def set_aside(self, path: Path, why: Exception) -> None:
-        """Move a checkpoint that failed verification out of the way (renamed ``corrupt-<name>``), with a warning.
-
-        Nothing is deleted: the folder stays for a person to inspect. A later save of the same step can
-        then be written. Only process 0 renames; every process warns.
-
-        Examples:
-            >>> import tempfile, warnings, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> info = store.save({"w": np.zeros(1)}, step=1)
-            >>> with warnings.catch_warnings(record=True) as caught:
-            ...     warnings.simplefilter("always")
-            ...     store.set_aside(info.path, ValueError("Checkpoint step_00000001 is damaged."))
-            >>> [p.name for p in store.root.iterdir()]
-            ['corrupt-step_00000001']
-            >>> print(caught[0].message)
-            Checkpoint step_00000001 is damaged. It was moved aside to 'corrupt-step_00000001' and skipped.
-        """
-        moved = self.root / f"{CORRUPT_PREFIX}{path.name}"
-        n = 1
-        while moved.exists():
-            n += 1
-            moved = self.root / f"{CORRUPT_PREFIX}{path.name}.{n}"
-        warnings.warn(f"{why} It was moved aside to {moved.name!r} and skipped.", UserWarning, stacklevel=3)
-        if jax.process_index() == 0 and path.exists():
-            os.replace(path, moved)
-
-    def checkpoints(self) -> list[CheckpointInfo]:
-        """Every checkpoint whose manifest and data size check out, oldest step first (no warnings).
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> for s in (5, 1, 3):
-            ...     _ = store.save({"w": np.zeros(1)}, step=s)
-            >>> [c.step for c in store.checkpoints()]
-            [1, 3, 5]
-        """
-        found = []
-        for path in self._candidates():
-            try:
-                found.append(self.verify(path))
-            except ValueError:
-                continue
-        return sorted(found, key=_newer)
-
-    def ranked(self, metric: str | None = None, mode: Literal["min", "max"] = "max") -> list[CheckpointInfo]:
-        """Valid checkpoints, preferred first: newest step first, or best by ``metric`` first (``mode``).
-
-        Damaged ones are moved aside with a warning (:meth:`set_aside`); with ``metric``, checkpoints
-        without it are left out. Ties go to the later step.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> for step, acc in ((1, 0.7), (2, 0.9), (3, 0.8)):
-            ...     _ = store.save({"w": np.zeros(1)}, step=step, metrics={"acc": acc})
-            >>> [c.step for c in store.ranked()], [c.step for c in store.ranked("acc")]
-            ([3, 2, 1], [2, 3, 1])
-        """
-        if mode not in ("min", "max"):
-            raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
-        found = []
-        for path in self._candidates():
-            try:
-                found.append(self.verify(path))
-            except CorruptCheckpointError as why:
-                self.set_aside(path, why)
-            except ValueError as why:
-                warnings.warn(f"Skipping checkpoint {path.name!r}: {why}.", UserWarning, stacklevel=3)
-        newest_first = sorted(found, key=_newer, reverse=True)
-        if metric is None:
-            return newest_first
-        sign = 1.0 if mode == "max" else -1.0
-        scored = [c for c in newest_first if metric in c.metrics]
-        return sorted(scored, key=lambda c: (sign * c.metrics[metric], c.step), reverse=True)
-
-    def latest(self) -> CheckpointInfo | None:
-        """The valid checkpoint with the highest step, or ``None``; invalid ones are skipped with a warning.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> store.latest() is None
-            True
-        """
-        ranked = self.ranked()
-        return ranked[0] if ranked else None
-
-    def best(self, metric: str, mode: Literal["min", "max"] = "max") -> CheckpointInfo | None:
-        """The valid checkpoint with the best value of ``metric`` (ties: the later step), or ``None``.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> for step, acc in ((1, 0.7), (2, 0.9), (3, 0.8)):
-            ...     _ = store.save({"w": np.zeros(1)}, step=step, metrics={"accuracy": acc})
-            >>> store.best("accuracy").step, store.best("accuracy", mode="min").step
-            (2, 1)
-        """
-        ranked = self.ranked(metric, mode)
-        return ranked[0] if ranked else None
-
-    # -- reading ---------------------------------------------------------------------------------
-
-    def restore(self, target: Any = None, checkpoint: CheckpointInfo | None = None) -> tuple[Any, CheckpointInfo]:
-        """Read a checkpoint (the latest valid one by default), verified against its checksum.
-
-        With ``target``, the tree is restored into its structure (``flax.serialization``), after checking that
-        every path, shape and dtype matches; otherwise a nested dict of NumPy arrays comes back. When the
-        latest checkpoint turns out corrupt, it is skipped with a warning and the next newest one is read.
-
-        Raises:
-            FileNotFoundError: there is no valid checkpoint.
-            ValueError: ``target`` does not match the saved structure (the mismatches are listed), or the
-                checkpoint asked for is corrupt.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> _ = store.save({"w": np.ones(2, np.float32)}, step=1)
-            >>> tree, _ = store.restore(target={"w": np.zeros(2, np.float32)})
-            >>> tree["w"].tolist()
-            [1.0, 1.0]
-        """
-        if checkpoint is not None:
-            return self._read(checkpoint, target), checkpoint
-        for info in self.ranked():
-            try:
-                return self._read(info, target), info
-            except CorruptCheckpointError as why:
-                self.set_aside(info.path, why)
-        raise FileNotFoundError(f"No valid checkpoint in {self.root}.")
-
-    def _read(self, info: CheckpointInfo, target: Any) -> Any:
-        if target is not None:
-            check_structure(info.manifest["tree"], flat_leaves(target))
-        try:
-            with open(info.path / DATA, "rb") as f:
-                leaves, crc = read_leaves(f)
-        except Exception as e:  # truncated or garbled msgpack
-            raise corrupt(info.path, DATA, f"cannot be read ({type(e).__name__}: {e})") from None
-        if crc != info.manifest["files"][DATA].get("crc32"):
-            raise corrupt(info.path, DATA, f"does not match the checksum in {MANIFEST}")
-        nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
-        return nested if target is None else serialization.from_state_dict(target, nested)
-
-
-def _newer(c: CheckpointInfo) -> tuple[int, float, str]:
-    """The order of checkpoints in time: by step, then (two of one step: a resumed run saved it again) write time."""
-    wall_time = c.manifest.get("wall_time")
-    return c.step, wall_time if isinstance(wall_time, float) else 0.0, c.path.name
-
-
-def check_retention(keep_latest: object, keep_best: object, keep_every: object, mode: object) -> None:
-    """Raise unless the counts are positive ints (or None) and ``mode`` is "min" or "max"."""
-    for label, value in (("keep_latest", keep_latest), ("keep_best", keep_best), ("keep_every", keep_every)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"`{label}` must be a positive int or None, got {value!r}.")
-    if mode not in ("min", "max"):
-        raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
+def _then(write: Callable[..., CheckpointInfo], prepared: tuple[Any, ...], then: Callable[[], object] | None) -> Any:
+    """``write(*prepared)``, then ``then()``: one background task, so a failure of either is the save's."""
+    info = write(*prepared)
+    if then is not None:
+        then()
+    return info

@@ -12,18 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-
-class ConfigError(ValueError):
-    """A configuration that does not fit the schema; the message names the field, the value and the choices.
-
-    Examples:
-        >>> from ember.cli import ConfigError, load_config
-        >>> try:
-        ...     load_config({"trainer": {"max_epoch": 3}})
-        ... except ConfigError as e:
-        ...     print(e)  # doctest: +ELLIPSIS
-        trainer.max_epoch: unknown field; did you mean 'max_epochs'? (allowed: eval_every, max_epochs, ...)
-    """
+from ember.errors import ConfigError
 
 
 @dataclass

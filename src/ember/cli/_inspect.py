@@ -6,8 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ember.checkpoint import CheckpointInfo
-from ember.checkpoint._orbax import open_store
+from ember.checkpoint import CheckpointInfo, open_store
 
 
 def _size(n: float) -> str:

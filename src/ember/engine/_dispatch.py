@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from ember.engine._filters import NEVER, EventFilter
 
 if TYPE_CHECKING:
-    from ember.engine._engine import Engine
     from ember.engine._events import EventEnum, EventsList, FilteredEvent
+    from ember.engine._handlers import EventHandlers
 
 HandlerCall = Callable[..., Any]
 
@@ -182,7 +182,7 @@ class RemovableEventHandle:
         self,
         event: EventEnum | FilteredEvent | EventsList | str,
         handler: Callable[..., Any],
-        engine: Engine,
+        engine: EventHandlers,
         regs: list[Registration],
     ) -> None:
         self.event = event

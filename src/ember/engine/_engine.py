@@ -5,37 +5,21 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ember.engine._dispatch import Dispatch, Registration, RemovableEventHandle, check_handler
-from ember.engine._events import EventEnum, Events, EventsList, FilteredEvent, base_event
-from ember.engine._loop import INTERRUPT, PAUSE, RunLoop
-from ember.engine._resume import AttachedStates, engine_state_dict, load_engine_state
+from ember.engine._dispatch import RemovableEventHandle
+from ember.engine._events import EventEnum, FilteredEvent
+from ember.engine._handlers import EventHandlers
+from ember.engine._loop import INTERRUPT, PAUSE
+from ember.engine._resume import ResumableLoop
 from ember.engine._state import State
-from ember.engine._validate import check_run_args
+from ember.engine._validate import already_complete, check_run_args, data_length, same_data
 
 ProcessFn = Callable[["Engine", Any], Any]
 
-# The counter each built-in event's filters see.
-_EVENT_TO_ATTR: dict[EventEnum | str, str] = {
-    Events.STARTED: "epoch",
-    Events.EPOCH_STARTED: "epoch",
-    Events.EPOCH_COMPLETED: "epoch",
-    Events.TERMINATE_SINGLE_EPOCH: "epoch",
-    Events.TERMINATE: "epoch",
-    Events.COMPLETED: "epoch",
-    Events.GET_BATCH_STARTED: "iteration",
-    Events.GET_BATCH_COMPLETED: "iteration",
-    Events.DATALOADER_STOP_ITERATION: "iteration",
-    Events.ITERATION_STARTED: "iteration",
-    Events.ITERATION_COMPLETED: "iteration",
-    Events.INTERRUPT: "iteration",
-    Events.EXCEPTION_RAISED: "iteration",
-}
 
-
-class Engine(RunLoop):
+class Engine(EventHandlers, ResumableLoop):
     """Runs ``process_fn(engine, batch)`` over data, firing :class:`Events` to registered handlers.
 
     The engine owns the loop and the counters (Python ints in :attr:`state`); the process function
@@ -77,43 +61,12 @@ class Engine(RunLoop):
             ) from None
         except ValueError:  # no signature to inspect: trust it
             pass
-        super().__init__(process_fn)
-        self._event_to_attr: dict[EventEnum | str, str] = dict(_EVENT_TO_ATTR)
-        self._state_dict_user_keys: list[str] = []
-        self._running = False
-        self._loaded = False  # the position came from load_state_dict, and no run has started since
-        self._epoch_owed = False  # mark_epoch_incomplete() was called in the last EPOCH_COMPLETED
-        self._states = AttachedStates()
+        ResumableLoop.__init__(self, process_fn)
+        EventHandlers.__init__(self)
 
     def _wrap_data(self, data: Iterable[Any]) -> Iterable[Any]:
         """Hook for subclasses: what the engine iterates for ``data`` (a trainer puts it on device)."""
         return data
-
-    def fuse_step_update(
-        self,
-        update: Any,
-        reset: Any = None,
-        compute: Any = None,
-        *,
-        per_step: bool = False,
-        names: Sequence[str] = (),
-    ) -> Callable[[], None] | None:
-        """Offer an update to be folded into the engine's compiled step; return how to take it out again.
-
-        A plain engine has no compiled step and returns ``None``: the caller then registers an ordinary
-        ITERATION_COMPLETED handler. A training engine folds the update of a metric into its compiled
-        call, so updating costs no extra device dispatch. ``reset`` and ``compute`` name the events at which
-        the update's owner resets and reads it, so an engine can refuse what it cannot fold faithfully;
-        ``per_step`` says the update publishes its value for every step (a running average), so it can be
-        read at every iteration even when one call runs several steps, and ``names`` are the entries of
-        ``state.metrics`` it goes in. Metrics call this; users rarely need it.
-
-        Examples:
-            >>> from ember import Engine
-            >>> Engine(lambda engine, batch: batch).fuse_step_update(object()) is None
-            True
-        """
-        return None
 
     def track_state(self, name: str, obj: Any) -> Callable[[], None]:
         """Save ``obj.state_dict()`` inside this engine's :meth:`state_dict`, and restore it with it.
@@ -137,238 +90,6 @@ class Engine(RunLoop):
         if not isinstance(name, str) or not name:
             raise TypeError(f"`name` must be a non-empty string, got {name!r}.")
         return self._states.add(name, obj)
-
-    # -- handlers --------------------------------------------------------------------------------
-
-    def register_events(
-        self, *events: EventEnum | str, event_to_attr: Mapping[EventEnum | str, str] | None = None
-    ) -> None:
-        """Allow custom events to be fired and handled on this engine.
-
-        Args:
-            *events: :class:`EventEnum` members or plain strings.
-            event_to_attr: for events that take filters, the name of the ``state`` counter the filter
-                reads; the counter is created (at 0) on this engine's state. The mapping belongs to this
-                engine only.
-
-        Raises:
-            TypeError: an event is neither an ``EventEnum`` member nor a string.
-            ValueError: ``event_to_attr`` names an event not being registered.
-
-        Examples:
-            >>> from ember import Engine, EventEnum
-            >>> class TBPTT(EventEnum):
-            ...     TIME_ITERATION_COMPLETED = "time_iteration_completed"
-            >>> engine = Engine(lambda engine, batch: None)
-            >>> engine.register_events(*TBPTT, event_to_attr={TBPTT.TIME_ITERATION_COMPLETED: "time_iteration"})
-            >>> engine.state.time_iteration
-            0
-        """
-        for e in events:
-            if not isinstance(e, EventEnum | str):
-                raise TypeError(f"register_events takes EventEnum members or strings, got {type(e).__name__} {e!r}.")
-            self._dispatch.setdefault(e, Dispatch())
-        for e, attr in (event_to_attr or {}).items():
-            if e not in self._dispatch:
-                raise ValueError(f"`event_to_attr` maps {e!r}, which is not registered; pass it in `events` too.")
-            if not isinstance(attr, str) or not attr.isidentifier():
-                raise TypeError(f"`event_to_attr` values must be attribute names, got {attr!r} for {e!r}.")
-            self._event_to_attr[e] = attr
-            if not hasattr(self.state, attr):
-                setattr(self.state, attr, 0)
-
-    def _dispatch_of(self, event: EventEnum | str) -> Dispatch:
-        try:
-            return self._dispatch[event]
-        except KeyError:
-            raise ValueError(
-                f"{event!r} is not an event of this engine; register it with engine.register_events({event!r})."
-            ) from None
-        except TypeError:
-            raise TypeError(
-                f"Expected an event (Events.X, Events.X(...), or a registered name), got {event!r}."
-            ) from None
-
-    def add_event_handler(
-        self,
-        event: EventEnum | FilteredEvent | EventsList | str,
-        handler: Callable[..., Any],
-        *args: Any,
-        **kwargs: Any,
-    ) -> RemovableEventHandle:
-        """Register ``handler`` to run when ``event`` fires; return a handle that removes it.
-
-        The handler is called as ``handler(engine, *args, **kwargs)``, or ``handler(*args, **kwargs)``
-        if it does not take the engine; on ``EXCEPTION_RAISED`` the exception comes right after the
-        engine. Handlers of one event run in registration order. An :class:`EventsList` registers the
-        handler once per element.
-
-        Args:
-            event: the event, possibly filtered, or an ``EventsList``.
-            handler: the callable to run.
-            *args: extra positional arguments for the handler.
-            **kwargs: extra keyword arguments for the handler.
-
-        Returns:
-            A :class:`RemovableEventHandle`.
-
-        Raises:
-            ValueError: the event is not registered, or is filtered but has no counter.
-            TypeError: the handler cannot be called with what the engine will pass.
-
-        Examples:
-            >>> from ember import Engine, Events
-            >>> engine = Engine(lambda engine, batch: None)
-            >>> handle = engine.add_event_handler(Events.COMPLETED, print, "done")
-            >>> _ = engine.run([1])
-            <ember.engine._engine.Engine object at ...> done
-            >>> handle.remove()
-        """
-        return self._register(event, handler, args, kwargs, priority=False)
-
-    def add_priority_handler(
-        self,
-        event: EventEnum | FilteredEvent | EventsList | str,
-        handler: Callable[..., Any],
-        *args: Any,
-        **kwargs: Any,
-    ) -> RemovableEventHandle:
-        """Like :meth:`add_event_handler`, but the handler runs before the event's ordinary handlers.
-
-        Priority handlers run among themselves in registration order. Metrics use this, so a logger
-        attached before a metric still sees the metric's fresh value.
-
-        Examples:
-            >>> from ember import Engine, Events
-            >>> engine = Engine(lambda engine, batch: None)
-            >>> order = []
-            >>> _ = engine.add_event_handler(Events.COMPLETED, lambda: order.append("logger"))
-            >>> _ = engine.add_priority_handler(Events.COMPLETED, lambda: order.append("metric"))
-            >>> _ = engine.run([1])
-            >>> order
-            ['metric', 'logger']
-        """
-        return self._register(event, handler, args, kwargs, priority=True)
-
-    def _register(
-        self,
-        event: EventEnum | FilteredEvent | EventsList | str,
-        handler: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        priority: bool,
-    ) -> RemovableEventHandle:
-        events = list(event) if isinstance(event, EventsList) else [event]
-        checked = [self._check_registration(e, handler, args, kwargs) for e in events]
-        regs: list[Registration] = []
-        for e, takes_engine in checked:
-            base = base_event(e)
-            filt = e.filter.bind() if isinstance(e, FilteredEvent) else None
-            reg = Registration(base, handler, filt, args, kwargs, takes_engine)
-            reg.priority = priority
-            self._dispatch[base].add(reg)
-            regs.append(reg)
-        return RemovableEventHandle(event, handler, self, regs)
-
-    def _check_registration(
-        self, event: object, handler: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[EventEnum | FilteredEvent | str, bool]:
-        if not isinstance(event, EventEnum | FilteredEvent | str):
-            raise TypeError(f"Expected an event (Events.X, Events.X(...), or a registered name), got {event!r}.")
-        base = base_event(event)
-        self._dispatch_of(base)
-        if isinstance(event, FilteredEvent) and base not in self._event_to_attr:
-            raise ValueError(
-                f"{event!r} has a filter but {base!r} has no counter to filter on; register it with "
-                f"event_to_attr={{{base!r}: 'name'}}."
-            )
-        event_args = (Exception(),) if base is Events.EXCEPTION_RAISED else ()
-        return event, check_handler(handler, event, event_args, args, kwargs)
-
-    def on(self, event: EventEnum | FilteredEvent | EventsList | str, *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        """Decorator form of :meth:`add_event_handler`; returns the function unchanged.
-
-        Examples:
-            >>> from ember import Engine, Events
-            >>> engine = Engine(lambda engine, batch: None)
-            >>> @engine.on(Events.EPOCH_STARTED(once=2))
-            ... def second_epoch(engine):
-            ...     print("epoch", engine.state.epoch)
-            >>> _ = engine.run([1], max_epochs=3)
-            epoch 2
-        """
-
-        def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.add_event_handler(event, fn, *args, **kwargs)
-            return fn
-
-        return decorator
-
-    def has_event_handler(
-        self, handler: Callable[..., Any], event: EventEnum | FilteredEvent | str | None = None
-    ) -> bool:
-        """Whether ``handler`` is registered on ``event`` (with any filter), or on any event if ``None``.
-
-        Examples:
-            >>> from ember import Engine, Events
-            >>> engine = Engine(lambda engine, batch: None)
-            >>> _ = engine.add_event_handler(Events.ITERATION_COMPLETED(every=10), print)
-            >>> engine.has_event_handler(print, Events.ITERATION_COMPLETED)
-            True
-            >>> engine.has_event_handler(print, Events.EPOCH_COMPLETED)
-            False
-        """
-        if event is None:
-            dispatches: Iterable[Dispatch] = self._dispatch.values()
-        else:
-            d = self._dispatch.get(base_event(event))
-            dispatches = [d] if d is not None else []
-        return any(r.handler == handler for d in dispatches for r in d.regs)
-
-    def remove_event_handler(self, handler: Callable[..., Any], event: EventEnum | FilteredEvent | str) -> None:
-        """Remove every registration of ``handler`` on ``event``, whatever filters they had.
-
-        Raises:
-            ValueError: the event is not registered, or the handler is not registered on it.
-
-        Examples:
-            >>> from ember import Engine, Events
-            >>> engine = Engine(lambda engine, batch: None)
-            >>> _ = engine.add_event_handler(Events.COMPLETED, print)
-            >>> engine.remove_event_handler(print, Events.COMPLETED)
-            >>> engine.has_event_handler(print)
-            False
-        """
-        d = self._dispatch_of(base_event(event))
-        found = [r for r in d.regs if r.handler == handler]
-        if not found:
-            raise ValueError(f"Handler {handler!r} is not registered on {event!r}.")
-        for r in found:
-            d.remove(r)
-
-    def fire_event(self, event: EventEnum | str) -> None:
-        """Run the handlers of a registered event now; custom events are fired this way.
-
-        Raises:
-            ValueError: the event is not registered on this engine.
-            TypeError: a filtered event was given; fire its base event.
-
-        Examples:
-            >>> from ember import Engine
-            >>> engine = Engine(lambda engine, batch: None)
-            >>> engine.register_events("checkpoint_saved")
-            >>> _ = engine.add_event_handler("checkpoint_saved", lambda: print("saved"))
-            >>> engine.fire_event("checkpoint_saved")
-            saved
-        """
-        if isinstance(event, FilteredEvent):
-            raise TypeError(f"fire_event takes the base event, not a filtered one: use {event.event!r}.")
-        d = self._dispatch_of(event)
-        attr = self._event_to_attr.get(event)
-        self.last_event_name = event
-        if d.regs:
-            d.fire(self, getattr(self.state, attr) if attr else 0)
 
     # -- control ---------------------------------------------------------------------------------
 
@@ -585,7 +306,7 @@ class Engine(RunLoop):
             self._start_new_run(data, max_epochs, max_iters, epoch_length)
         elif self._gen is None and self._is_done():
             if self._loaded:
-                warnings.warn(_already_complete(st), UserWarning, stacklevel=3)
+                warnings.warn(already_complete(st), UserWarning, stacklevel=3)
                 return False
             self._start_new_run(data, max_epochs, max_iters, epoch_length)
         else:
@@ -606,7 +327,7 @@ class Engine(RunLoop):
         if epoch_length is None:
             if data is None:
                 raise ValueError("`epoch_length` is required when `data` is None: the engine cannot count batches.")
-            epoch_length = _data_length(data)
+            epoch_length = data_length(data)
         if max_iters is None and max_epochs is None:
             max_epochs = 1
         if max_iters is not None and epoch_length is not None:
@@ -647,143 +368,9 @@ class Engine(RunLoop):
         st = self.state
         if data is None and st.dataloader is None and st.epoch_length is None:
             raise ValueError("`epoch_length` is required when `data` is None: the engine cannot count batches.")
-        if data is not None and not _same_data(data, self._source):
+        if data is not None and not same_data(data, self._source):
             if self._iter is None:  # nothing live: position the new data where the run stands
                 self._source = data
                 st.dataloader = self._wrap_data(data)
             else:
                 self.set_data(data)
-
-    def _reset_filters(self) -> None:
-        for d in self._dispatch.values():
-            d.due = -1
-            for r in d.regs:
-                if r.filter is not None:
-                    r.filter.reset()
-
-    # -- state dict ------------------------------------------------------------------------------
-
-    @property
-    def state_dict_user_keys(self) -> list[str]:
-        """Names of ``state`` attributes that :meth:`state_dict` saves too; append to it.
-
-        Examples:
-            >>> from ember import Engine
-            >>> engine = Engine(lambda engine, batch: None)
-            >>> engine.state_dict_user_keys.append("best_loss")
-            >>> engine.state.best_loss = 0.25
-            >>> engine.state_dict()["best_loss"]
-            0.25
-        """
-        return self._state_dict_user_keys
-
-    def state_dict(self) -> dict[str, Any]:
-        """The run's position: ``epoch_length``, ``iteration``, ``max_epochs`` or ``max_iters``, user keys.
-
-        When the data has ``state_dict()``, its position is saved under ``"data"``.
-
-        Examples:
-            >>> from ember import Engine
-            >>> engine = Engine(lambda engine, batch: None)
-            >>> _ = engine.run([1, 2, 3], max_epochs=2)
-            >>> engine.state_dict()
-            {'epoch_length': 3, 'iteration': 6, 'max_epochs': 2}
-        """
-        out = engine_state_dict(self.state, self._state_dict_user_keys, self._iter)
-        if self._epoch_completion_pending() or self._epoch_owed:
-            out["epoch_completed"] = False  # resumed, the run fires this epoch's EPOCH_COMPLETED first
-        attached = self._states.state_dict()
-        if attached:
-            out["attached"] = attached
-        return out
-
-    def mark_epoch_incomplete(self) -> None:
-        """From an EPOCH_COMPLETED handler: a checkpoint taken now makes a resumed run fire this EPOCH_COMPLETED again.
-
-        :class:`~ember.handlers.Preemption` calls it when a signal cut the epoch's evaluation short, so
-        the evaluation runs again, whole, after the resume. It holds for every checkpoint taken until the
-        next epoch starts (the save at COMPLETED of a run stopped there included).
-
-        Examples:
-            >>> from ember import Engine, Events
-            >>> engine = Engine(lambda e, b: b)
-            >>> saved = []
-            >>> @engine.on(Events.EPOCH_COMPLETED)
-            ... def cut_short(engine):
-            ...     engine.mark_epoch_incomplete()
-            ...     saved.append(engine.state_dict())
-            >>> _ = engine.run([1, 2])
-            >>> saved[0]["epoch_completed"]
-            False
-        """
-        if self.last_event_name is not Events.EPOCH_COMPLETED:
-            raise RuntimeError(
-                f"mark_epoch_incomplete() is for EPOCH_COMPLETED handlers; it was called at {self.last_event_name!r}."
-            )
-        self._epoch_owed = True
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore a position saved by :meth:`state_dict`; the next :meth:`run` continues from it.
-
-        ``epoch`` may stand in for ``iteration`` (the start of that epoch's successor). Resuming in the
-        middle of an epoch delivers the batches an uninterrupted run would have seen: data with
-        ``load_state_dict`` restores its own position, other data is skipped through.
-
-        Raises:
-            TypeError: ``state_dict`` is not a mapping.
-            ValueError: a required key is missing, both or neither of a pair are given, or the
-                position lies past the end of the run.
-
-        Examples:
-            >>> from ember import Engine
-            >>> engine = Engine(lambda engine, batch: print(batch, end=" "))
-            >>> engine.load_state_dict({"iteration": 5, "epoch_length": 3, "max_epochs": 3})
-            >>> _ = engine.run(["a", "b", "c"])
-            c a b c
-        """
-        if self._running:
-            raise RuntimeError("load_state_dict() was called while this engine is running; call it before run().")
-        self._data_state = load_engine_state(self.state, state_dict, self._state_dict_user_keys)
-        self._states.load_state_dict(state_dict.get("attached", {}))
-        self._loaded, self._epoch_owed = True, False
-        st = self.state
-        length = st.epoch_length
-        full, pos = divmod(st.iteration, length) if length else (0, 0)
-        if state_dict.get("epoch_completed") is False and length and pos == 0 and full > 0:
-            full, pos = full - 1, length  # the last epoch's EPOCH_COMPLETED is still owed
-        self._epoch_open, self._epoch_pos = pos > 0, pos
-        st.epoch = full + (pos > 0)
-        self._gen = self._iter = None
-        self._reset_filters()
-
-
-def _already_complete(st: State) -> str:
-    end = (
-        f"iteration {st.iteration} of {st.max_iters}"
-        if st.max_iters is not None
-        else (f"epoch {st.epoch} of {st.max_epochs}, iteration {st.iteration}")
-    )
-    return (
-        f"The run loaded by load_state_dict() is already complete ({end}); run() does nothing. Pass a larger "
-        "max_epochs (or max_iters) to train further, or set engine.state.max_epochs = None to start again from zero."
-    )
-
-
-def _same_data(a: object, b: object) -> bool:
-    """Whether ``run(a)`` passes the data the run already has (the same object, or an equal one)."""
-    if a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:  # arrays compare element-wise and refuse bool(): treat as different data
-        return False
-
-
-def _data_length(data: Iterable[Any]) -> int | None:
-    try:
-        n = len(data)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-    if n == 0:
-        raise ValueError("`data` is empty; pass at least one batch.")
-    return n

@@ -58,7 +58,16 @@ class RunLoop:
         self._data_state: Any = None  # a data position from load_state_dict, applied at the next fetch
         self._source: Iterable[Any] | None = None  # the data as given; state.dataloader may wrap it
         self._exhausted = False
-        self._epoch_owed = False
+        self._epoch_owed = False  # mark_epoch_incomplete() was called in the last EPOCH_COMPLETED
+        self._running = False
+        self._loaded = False  # the position came from load_state_dict, and no run has started since
+
+    def _reset_filters(self) -> None:
+        for d in self._dispatch.values():
+            d.due = -1
+            for r in d.regs:
+                if r.filter is not None:
+                    r.filter.reset()
 
     # -- signals ---------------------------------------------------------------------------------
 

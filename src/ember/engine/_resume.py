@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ember.engine._events import Events
+from ember.engine._loop import RunLoop
 from ember.engine._state import State
 
 
@@ -137,3 +139,113 @@ class AttachedStates:
                 self._objects[name].load_state_dict(state)
             else:
                 self._waiting[name] = state
+
+
+class ResumableLoop(RunLoop):
+    """The run loop, plus saving and restoring its position (Ignite's ``Serializable``); ``Engine`` inherits it.
+
+    Examples:
+        >>> from ember import Engine
+        >>> engine = Engine(lambda engine, batch: None)
+        >>> engine.load_state_dict({"iteration": 4, "epoch_length": 2, "max_epochs": 3})
+        >>> engine.state.epoch, engine.run([0, 1]).iteration
+        (2, 6)
+    """
+
+    def __init__(self, process_fn: Callable[[Any, Any], Any]) -> None:
+        super().__init__(process_fn)
+        self._state_dict_user_keys: list[str] = []
+        self._states = AttachedStates()
+
+    @property
+    def state_dict_user_keys(self) -> list[str]:
+        """Names of ``state`` attributes that :meth:`state_dict` saves too; append to it.
+
+        Examples:
+            >>> from ember import Engine
+            >>> engine = Engine(lambda engine, batch: None)
+            >>> engine.state_dict_user_keys.append("best_loss")
+            >>> engine.state.best_loss = 0.25
+            >>> engine.state_dict()["best_loss"]
+            0.25
+        """
+        return self._state_dict_user_keys
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's position: ``epoch_length``, ``iteration``, ``max_epochs`` or ``max_iters``, user keys.
+
+        When the data has ``state_dict()``, its position is saved under ``"data"``.
+
+        Examples:
+            >>> from ember import Engine
+            >>> engine = Engine(lambda engine, batch: None)
+            >>> _ = engine.run([1, 2, 3], max_epochs=2)
+            >>> engine.state_dict()
+            {'epoch_length': 3, 'iteration': 6, 'max_epochs': 2}
+        """
+        out = engine_state_dict(self.state, self._state_dict_user_keys, self._iter)
+        if self._epoch_completion_pending() or self._epoch_owed:
+            out["epoch_completed"] = False  # resumed, the run fires this epoch's EPOCH_COMPLETED first
+        attached = self._states.state_dict()
+        if attached:
+            out["attached"] = attached
+        return out
+
+    def mark_epoch_incomplete(self) -> None:
+        """From an EPOCH_COMPLETED handler: a checkpoint taken now makes a resumed run fire this EPOCH_COMPLETED again.
+
+        :class:`~ember.handlers.Preemption` calls it when a signal cut the epoch's evaluation short, so
+        the evaluation runs again, whole, after the resume. It holds for every checkpoint taken until the
+        next epoch starts (the save at COMPLETED of a run stopped there included).
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> engine = Engine(lambda e, b: b)
+            >>> saved = []
+            >>> @engine.on(Events.EPOCH_COMPLETED)
+            ... def cut_short(engine):
+            ...     engine.mark_epoch_incomplete()
+            ...     saved.append(engine.state_dict())
+            >>> _ = engine.run([1, 2])
+            >>> saved[0]["epoch_completed"]
+            False
+        """
+        if self.last_event_name is not Events.EPOCH_COMPLETED:
+            raise RuntimeError(
+                f"mark_epoch_incomplete() is for EPOCH_COMPLETED handlers; it was called at {self.last_event_name!r}."
+            )
+        self._epoch_owed = True
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a position saved by :meth:`state_dict`; the next :meth:`run` continues from it.
+
+        ``epoch`` may stand in for ``iteration`` (the start of that epoch's successor). Resuming in the
+        middle of an epoch delivers the batches an uninterrupted run would have seen: data with
+        ``load_state_dict`` restores its own position, other data is skipped through.
+
+        Raises:
+            TypeError: ``state_dict`` is not a mapping.
+            ValueError: a required key is missing, both or neither of a pair are given, or the
+                position lies past the end of the run.
+
+        Examples:
+            >>> from ember import Engine
+            >>> engine = Engine(lambda engine, batch: print(batch, end=" "))
+            >>> engine.load_state_dict({"iteration": 5, "epoch_length": 3, "max_epochs": 3})
+            >>> _ = engine.run(["a", "b", "c"])
+            c a b c
+        """
+        if self._running:
+            raise RuntimeError("load_state_dict() was called while this engine is running; call it before run().")
+        self._data_state = load_engine_state(self.state, state_dict, self._state_dict_user_keys)
+        self._states.load_state_dict(state_dict.get("attached", {}))
+        self._loaded, self._epoch_owed = True, False
+        st = self.state
+        length = st.epoch_length
+        full, pos = divmod(st.iteration, length) if length else (0, 0)
+        if state_dict.get("epoch_completed") is False and length and pos == 0 and full > 0:
+            full, pos = full - 1, length  # the last epoch's EPOCH_COMPLETED is still owed
+        self._epoch_open, self._epoch_pos = pos > 0, pos
+        st.epoch = full + (pos > 0)
+        self._gen = self._iter = None
+        self._reset_filters()

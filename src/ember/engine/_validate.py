@@ -1,9 +1,11 @@
-"""Argument checks for `Engine.run`, done before anything changes."""
+"""`Engine.run`'s arguments: checks done before anything changes, and how they meet a run in progress."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+from ember.engine._state import State
 
 
 def check_count(name: str, value: object) -> None:
@@ -36,3 +38,35 @@ def check_run_args(
             f"`max_epochs` and `max_iters` are mutually exclusive; got max_epochs={max_epochs} and "
             f"max_iters={max_iters}. Pass one of them."
         )
+
+
+def already_complete(st: State) -> str:
+    end = (
+        f"iteration {st.iteration} of {st.max_iters}"
+        if st.max_iters is not None
+        else (f"epoch {st.epoch} of {st.max_epochs}, iteration {st.iteration}")
+    )
+    return (
+        f"The run loaded by load_state_dict() is already complete ({end}); run() does nothing. Pass a larger "
+        "max_epochs (or max_iters) to train further, or set engine.state.max_epochs = None to start again from zero."
+    )
+
+
+def same_data(a: object, b: object) -> bool:
+    """Whether ``run(a)`` passes the data the run already has (the same object, or an equal one)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # arrays compare element-wise and refuse bool(): treat as different data
+        return False
+
+
+def data_length(data: Iterable[Any]) -> int | None:
+    try:
+        n = len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if n == 0:
+        raise ValueError("`data` is empty; pass at least one batch.")
+    return n

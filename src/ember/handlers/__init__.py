@@ -4,7 +4,7 @@ from ember.handlers._checkpoint import Checkpoint, global_step_from_engine, load
 from ember.handlers._common import setup_common_training_handlers
 from ember.handlers._early_stopping import EarlyStopping
 from ember.handlers._evaluation import Evaluate
-from ember.handlers._logging import ScalarLogger
+from ember.handlers._logging import ScalarLogger, attach_writer
 from ember.handlers._lr_monitor import LRMonitor
 from ember.handlers._preemption import Preemption
 from ember.handlers._profiler import Profiler
@@ -34,6 +34,7 @@ __all__ = [
     "TerminateOnNan",
     "TimeLimit",
     "Timer",
+    "attach_writer",
     "count_parameters",
     "global_step_from_engine",
     "load_objects",

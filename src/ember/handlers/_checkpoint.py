@@ -8,9 +8,7 @@ import warnings
 from collections.abc import Callable, Generator, Mapping
 from typing import Any, Literal
 
-from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError
-from ember.checkpoint._orbax import open_store
-from ember.checkpoint._store import check_retention
+from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, check_retention, open_store
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
 
 
@@ -132,21 +130,21 @@ class Checkpoint:
         if (name, states) == self._last:
             return  # fired twice at one step with nothing changed (EPOCH_COMPLETED | COMPLETED): saved already
         self._last = (name, states)
-        if self.background and self.store.writing:
-            self._retain()  # the previous save is on disk (its name is taken): now older ones may go
+        if self.store.writing:
+            self._wait()  # the previous save is on disk, older ones pruned: names are settled
         name = self._unused(name)
         trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
         with self._failures():
             if self.background:
                 self.store.save_in_background(
-                    trees, step=step, metrics=metrics, metadata={"state_dicts": states}, name=name
+                    trees, step=step, metrics=metrics, metadata={"state_dicts": states}, name=name, then=self._prune
                 )
             else:
                 self.last_checkpoint = self.store.save(
                     trees, step=step, metrics=metrics, metadata={"state_dicts": states}, name=name
                 )
         if not self.background:
-            self._retain()
+            self._prune()
 
     def _unused(self, name: str) -> str:
         """``name``, or ``name.2``, ``name.3`` ... where a valid checkpoint holds it already.
@@ -195,7 +193,7 @@ class Checkpoint:
             2
         """
         self(engine)
-        self._retain()
+        self._wait()
         if self.last_checkpoint is None:
             raise RuntimeError(f"No checkpoint could be written to {self.store.root}.")
         return self.last_checkpoint
@@ -227,9 +225,13 @@ class Checkpoint:
             raise TypeError(f"`reader` must be a CheckpointReader, got {type(reader).__name__}.")
         return reader.load(self.to_save)
 
-    def _retain(self) -> None:
+    def _wait(self) -> None:
+        """Wait for a background save (and its retention) to finish; it is then the last checkpoint."""
         with self._failures():
             self.last_checkpoint = self.store.wait() or self.last_checkpoint
+
+    def _prune(self) -> None:
+        """Apply the retention policies: after a foreground save, or on the writer thread after a background one."""
         self.store.prune(
             keep_latest=self.keep_latest,
             keep_best=self.keep_best,
@@ -246,16 +248,17 @@ class Checkpoint:
 
     def _finish(self) -> None:
         if self.background:
-            self._retain()
+            self._wait()
 
     def attach(
         self, engine: Engine, event: Events | FilteredEvent | EventsList = Events.EPOCH_COMPLETED
     ) -> RemovableEventHandle:
         """Save on ``event``; surface background errors each iteration; finish writing at COMPLETED.
 
-        With background writes, retention runs when the next save starts waiting for the previous one and
-        at COMPLETED, so a checkpoint is only deleted after its successor is safely on disk. Attached to an
-        evaluator's COMPLETED, each save is therefore finished before the evaluator's run returns.
+        With background writes, retention runs on the writer thread once each save is committed, so a
+        checkpoint is only deleted after its successor is safely on disk and the training thread waits for
+        neither; COMPLETED waits for the last save. Attached to an evaluator's COMPLETED, each save is
+        therefore finished before the evaluator's run returns.
 
         Examples:
             >>> import tempfile

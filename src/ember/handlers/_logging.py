@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -10,6 +11,43 @@ from ember.handlers._values import check_names, pick
 from ember.writers import AsyncWriter, Writer
 
 _async_for: weakref.WeakKeyDictionary[Writer, AsyncWriter] = weakref.WeakKeyDictionary()
+_attached: weakref.WeakKeyDictionary[AsyncWriter, weakref.WeakSet[Engine]] = weakref.WeakKeyDictionary()
+
+
+def attach_writer(writer: AsyncWriter, engine: Engine) -> RemovableEventHandle:
+    """Raise ``writer``'s thread errors at each ITERATION_COMPLETED of ``engine``; flush at COMPLETED and on errors.
+
+    The handlers that write (:class:`ScalarLogger`, :class:`LRMonitor`, ...) do this for the writer they
+    are given, once per engine; call it for an :class:`~ember.writers.AsyncWriter` you write to yourself.
+    Returns the handle that detaches it.
+
+    Examples:
+        >>> import pathlib, tempfile
+        >>> from ember import Engine
+        >>> from ember.handlers import attach_writer
+        >>> from ember.writers import AsyncWriter, CsvWriter
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "m.csv"
+        >>> w = AsyncWriter(CsvWriter(path))
+        >>> trainer = Engine(lambda e, b: w.write_scalars(e.state.iteration, {"x": b}))
+        >>> handle = attach_writer(w, trainer)
+        >>> _ = trainer.run([1.0, 2.0])
+        >>> path.read_text().splitlines()[-1]
+        '2,x,2.0'
+    """
+    if not isinstance(writer, AsyncWriter):
+        raise TypeError(f"`writer` must be an ember.writers.AsyncWriter, got {type(writer).__name__}.")
+
+    def on_event(engine: Engine, *error: BaseException) -> None:
+        if error:  # the run already fails with its own exception: write what is queued, quietly
+            with contextlib.suppress(Exception):
+                writer.flush()
+        elif engine.last_event_name is Events.COMPLETED:
+            writer.flush()
+        else:
+            writer.raise_if_failed()
+
+    _attached.setdefault(writer, weakref.WeakSet()).add(engine)
+    return engine.add_event_handler(Events.ITERATION_COMPLETED | Events.COMPLETED | Events.EXCEPTION_RAISED, on_event)
 
 
 def as_async(writer: Writer, engine: Engine) -> AsyncWriter:
@@ -26,7 +64,8 @@ def as_async(writer: Writer, engine: Engine) -> AsyncWriter:
         if shared is None or shared.closed:
             shared = _async_for[writer] = AsyncWriter(writer)
         writer = shared
-    writer.attach(engine)  # once per engine, however many loggers share the writer
+    if engine not in _attached.get(writer, ()):  # once per engine, however many loggers share the writer
+        attach_writer(writer, engine)
     return writer
 
 

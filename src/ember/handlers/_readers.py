@@ -6,8 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError
-from ember.checkpoint._orbax import open_store
+from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, open_store
 
 
 class CheckpointReader:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from ember.engine import Engine, Events, RemovableEventHandle
+from ember.errors import NonFiniteError
 from ember.handlers._late import OneStepLate
 
 log = logging.getLogger("ember")
@@ -21,16 +22,6 @@ def _all_finite(tree: Any) -> jax.Array:
         jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
     ]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
-
-
-class NonFiniteError(FloatingPointError):
-    """Raised by :class:`TerminateOnNan` with ``action="raise"``: an output was NaN or infinite.
-
-    Examples:
-        >>> from ember.handlers import NonFiniteError
-        >>> issubclass(NonFiniteError, FloatingPointError)
-        True
-    """
 
 
 class TerminateOnNan:

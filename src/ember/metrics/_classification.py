@@ -30,32 +30,6 @@ def _flatten(y_pred: Any, y: Any, mask: Any, label_dims: int) -> tuple[jax.Array
     return y_pred, y, (None if mask is None else jnp.asarray(mask).reshape(n))
 
 
-def _argmax_is(scores: jax.Array, labels: jax.Array) -> jax.Array:
-    """``jnp.argmax(scores, axis=-1) == labels``, exactly (ties to the first index, NaN as the largest), by comparisons.
-
-    An example is correct when no other class beats its label's score: a class before the label beats it
-    with a score ``>=`` or a NaN, a class after it with a score ``>`` or a NaN when the label's score is
-    not NaN. Inside a compiled training step XLA:CPU fuses the comparisons into the fusion that packs
-    the metrics' accumulators, where ``argmax`` is a two-operand reduction of its own: an ``Accuracy``
-    then adds 2.2 µs to a step instead of 3.3 (``benchmarks/metrics_overhead.py``).
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from ember.metrics._classification import _argmax_is
-        >>> scores = jnp.array([[0.1, 0.9, 0.9], [jnp.nan, 2.0, jnp.nan], [0.0, 0.0, 0.0]])
-        >>> _argmax_is(scores, jnp.array([1, 0, 1])).tolist()  # ties and NaN go to the first index
-        [True, True, False]
-    """
-    classes = jnp.arange(scores.shape[-1])
-    labels = labels[..., None]
-    own = jnp.take_along_axis(scores, jnp.clip(labels, 0, scores.shape[-1] - 1), axis=-1)
-    nan, own_nan = jnp.isnan(scores), jnp.isnan(own)
-    before = (classes < labels) & ((scores >= own) | nan)
-    after = (classes > labels) & ((scores > own) | (nan & ~own_nan))
-    in_range = (labels[..., 0] >= 0) & (labels[..., 0] < scores.shape[-1])
-    return in_range & ~jnp.any(before | after, axis=-1)
-
-
 class Accuracy(MeanMetric):
     """The fraction of correct predictions: binary, multiclass or multilabel.
 
@@ -100,7 +74,7 @@ class Accuracy(MeanMetric):
             correct = jnp.all((y_pred > self.threshold) == (y > 0.5), axis=-1)
         elif y_pred.ndim == y.ndim + 1:  # multiclass scores
             y_pred, y, mask = _flatten(y_pred, y, mask, 0)
-            correct = _argmax_is(y_pred, y)
+            correct = jnp.argmax(y_pred, axis=-1) == y  # ties to the first index, NaN as the largest
         elif y_pred.shape == y.shape:  # binary
             y_pred, y, mask = _flatten(y_pred, y, mask, 0)
             correct = (y_pred > self.threshold) == (y > 0.5)

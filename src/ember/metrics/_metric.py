@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -10,36 +9,26 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import multihost_utils
 
-from ember.engine import Engine, Events, RemovableEventHandle
-from ember.metrics._composite import AttachedMetric, MetricArithmetic
-from ember.metrics._saved import PublishedValues, decode_tree, encode_tree
-from ember.metrics._usage import EPOCH_WISE, MetricUsage, resolve_usage
+from ember.metrics._attach import EngineAttachment
+from ember.metrics._composite import MetricArithmetic
+from ember.metrics._saved import decode_tree, encode_tree
 
 
-class _Unfuse:
-    """Takes a fused update out of an engine's compiled step; shaped like a handle."""
-
-    def __init__(self, undo: Callable[[], None]) -> None:
-        self.remove = undo
-
-
-class _Attachment:
-    """One metric on one engine: its names, its usage and its handles."""
-
-    def __init__(self, usage: MetricUsage) -> None:
-        self.usage = usage
-        self.names: list[str] = []
-        self.handles: list[RemovableEventHandle | _Unfuse] = []
-        self.internal = 0  # composite metrics that rely on this one
-
-
-class Metric(MetricArithmetic):
+class Metric(EngineAttachment, MetricArithmetic):
     """Base of ember's metrics: a pytree of device accumulators with a pure, jittable merge.
 
     Subclasses define :meth:`empty` (the zero accumulators), :meth:`batch_state` (one batch's
     accumulators), :meth:`merge` (default: add) and :meth:`finalize` (accumulators to value, with
     ``jnp``). :meth:`update` runs ``merge(state, batch_state(...))`` as one jitted call on device;
     :meth:`compute` is the only host read. Arithmetic between metrics builds a lazy metric.
+
+    Updates inside a compiled step: a training engine (:func:`ember.training.create_trainer`) offers
+    ``engine.fuse_metric(metric, reset=, compute=, per_step=)`` and, when it accepts, runs
+    :meth:`fused_update` inside its compiled step for every batch: :attr:`state` goes in beside the train
+    state (donated: copy an array of it you keep across steps), and the engine hands back the new
+    accumulators, with this step's :meth:`published_value`, through :meth:`set_state`. A metric whose
+    :meth:`update` is the standard merge and whose accumulators exist before the first batch is
+    :attr:`fusable`; others are updated by an ITERATION_COMPLETED handler.
 
     The metric reads ``engine.state.output``. A mapping output must hold the keys the metric names in
     :attr:`keys` (``output_transform`` can pick or rename them); its ``"mask"`` entry, if any, marks the
@@ -68,15 +57,10 @@ class Metric(MetricArithmetic):
         self._output_transform = output_transform
         self.mask_key = mask_key
         self._update_fn = jax.jit(self._merge_batch)
-        self._attachments: weakref.WeakKeyDictionary[Engine, _Attachment] = weakref.WeakKeyDictionary()
-        self._state_value: Any = None
-        # While a training engine runs this metric inside its compiled step, the state lives in the
-        # engine's Carry (training/_fused.py), at ``_carry_index``; ``_carry_read`` is the carry's call
-        # count when ``_state_value`` was last read from it, ``_carry_base`` its count when the state moved in.
-        self._carry: Any = None
-        self._carry_index = self._carry_base = self._carry_read = 0
-        self._own_published: Any = None
-        self._own_updates = 0
+        EngineAttachment.__init__(self)
+        self._state: Any = None
+        self._published: Any = None  # the value the last step published (published_value), on device
+        self._updates = 0
         self.reset()
 
     # -- what subclasses define ------------------------------------------------------------------
@@ -131,6 +115,7 @@ class Metric(MetricArithmetic):
         """
         self._state = _distinct_buffers(self.empty())
         self._updates = 0
+        self._published = None
         self._restored = False
 
     def state_dict(self) -> dict[str, Any]:
@@ -178,6 +163,7 @@ class Metric(MetricArithmetic):
             )
         self._state = _distinct_buffers(state)
         self._updates = updates
+        self._published = None
         self._restored = True
 
     def update(self, output: Any) -> None:
@@ -194,6 +180,7 @@ class Metric(MetricArithmetic):
         args, mask = self.arguments(output)
         self._state = self._update_fn(self._state, args, mask)
         self._updates += 1
+        self._published = None
 
     def compute(self) -> Any:
         """The value: a float for scalars, a NumPy array otherwise. The only host read.
@@ -247,52 +234,6 @@ class Metric(MetricArithmetic):
         return merged
 
     @property
-    def _state(self) -> Any:
-        carry = self._carry
-        if carry is not None and self._carry_read != carry.calls:  # steps ran since we last read our part
-            self._state_value, self._carry_read = carry.read(self._carry_index), carry.calls
-        return self._state_value
-
-    @_state.setter
-    def _state(self, value: Any) -> None:
-        self._leave_carry()
-        self._state_value, self._own_published = value, None
-
-    @property
-    def _updates(self) -> int:
-        """Updates since the last reset (a compiled call of a training engine counts as one)."""
-        carry = self._carry
-        return self._own_updates + (carry.calls - self._carry_base if carry is not None else 0)
-
-    @_updates.setter
-    def _updates(self, value: int) -> None:
-        carry = self._carry
-        self._own_updates = value - (carry.calls - self._carry_base if carry is not None else 0)
-
-    @property
-    def _published(self) -> Any:
-        """The device value published by the current step (:meth:`published_value`), or ``None``."""
-        carry = self._carry
-        if carry is None:
-            return self._own_published
-        value = carry.published[self._carry_index]
-        return value if carry.slot is None or value is None else value[carry.slot]
-
-    def _enter_carry(self, carry: Any, index: int) -> None:
-        """Our state (already packed into ``carry``) now lives there, at ``index``."""
-        value = self._state
-        self._leave_carry()
-        self._state_value, self._own_published = value, None
-        self._carry, self._carry_index, self._carry_base, self._carry_read = carry, index, carry.calls, carry.calls
-
-    def _leave_carry(self) -> None:
-        """Stop reading the state from a carry (the caller sets it), keeping the update count."""
-        carry = self._carry
-        if carry is not None:
-            self._own_updates += carry.calls - self._carry_base
-            self._carry, carry.stale = None, True
-
-    @property
     def state(self) -> Any:
         """The accumulators, on device.
 
@@ -302,72 +243,6 @@ class Metric(MetricArithmetic):
             0.0
         """
         return self._state
-
-    # -- attaching -------------------------------------------------------------------------------
-
-    def attach(self, engine: Engine, name: str, usage: str | MetricUsage = EPOCH_WISE) -> AttachedMetric:
-        """Reset, update and compute on ``engine``'s events; write ``engine.state.metrics[name]``; return the handle.
-
-        Usages: ``"epoch_wise"`` (default), ``"batch_wise"``, ``"running"``, ``"single_epoch_running"``,
-        or :meth:`MetricUsage.filtered`. The metric's handlers run before the engine's other handlers
-        on the same event. Attached under two names, it still updates once per iteration.
-
-        Examples:
-            >>> import jax.numpy as jnp
-            >>> from ember import Engine
-            >>> from ember.metrics import Average
-            >>> engine = Engine(lambda engine, batch: jnp.asarray(batch, jnp.float32))
-            >>> _ = Average().attach(engine, "mean")
-            >>> engine.run([[1.0, 2.0], [3.0]]).metrics
-            {'mean': 2.0}
-        """
-        if not isinstance(engine, Engine):
-            raise TypeError(f"`engine` must be an ember Engine, got {type(engine).__name__}.")
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"`name` must be a non-empty string, got {name!r}.")
-        att = self._attach_to(engine, resolve_usage(usage), name)
-        if name not in att.names:
-            att.names.append(name)
-            if len(att.names) == 1 and not att.internal:
-                att.handles.append(engine.add_priority_handler(att.usage.compute, self._completed, att))
-        ref = weakref.ref(engine)  # the handle keeps neither the engine alive, as engine handles do not
-
-        def detach() -> None:
-            live = ref()
-            if live is not None:
-                self.detach(live, name)
-
-        return AttachedMetric(detach)
-
-    def _attach_to(self, engine: Engine, usage: MetricUsage, key: str) -> _Attachment:
-        """This metric's attachment to ``engine``, made on first use; its state is saved under ``key``."""
-        att = self._attachments.get(engine)
-        if att is not None:
-            if att.usage != usage:
-                raise ValueError(
-                    f"This {type(self).__name__} is attached to the engine with usage {att.usage.name!r}; one "
-                    f"metric object has one usage per engine. Use another instance for {usage.name!r}."
-                )
-            return att
-        att = self._attachments[engine] = _Attachment(usage)
-        # checkpoints of the engine carry our accumulators, and the values metrics published
-        att.handles.append(_Unfuse(engine.track_state(f"metric:{key}", self)))
-        engine.track_state("state.metrics", _published_values(engine))
-        att.handles.append(engine.add_priority_handler(usage.reset, self._reset_at))
-        fuse = self.fusable and usage.update is Events.ITERATION_COMPLETED
-        per_step = type(self).published_value is not Metric.published_value
-        undo = (
-            engine.fuse_step_update(
-                self, usage.reset, usage.compute, per_step=per_step, names=att.names if per_step else ()
-            )
-            if fuse
-            else None
-        )
-        if undo is not None:  # updated inside the engine's compiled step: no dispatch of its own
-            att.handles.append(_Unfuse(undo))
-        else:
-            att.handles.append(engine.add_priority_handler(usage.update, self._updated))
-        return att
 
     @property
     def fusable(self) -> bool:
@@ -386,8 +261,9 @@ class Metric(MetricArithmetic):
     def set_state(self, state: Any, published: Any = None) -> None:
         """Take accumulators updated elsewhere (inside an engine's compiled step) as one more update.
 
-        ``published`` is :meth:`published_value` of ``state``, computed in the same step as a separate
-        output (the accumulators themselves are donated to the next step).
+        A training engine calls this after each compiled call that ran :meth:`fused_update` (the class
+        docstring has the whole contract). ``published`` is :meth:`published_value` of ``state``, computed
+        in the same step as an output of its own (the accumulators are donated to the next step).
 
         Examples:
             >>> import jax.numpy as jnp
@@ -399,7 +275,18 @@ class Metric(MetricArithmetic):
         """
         self._state = state
         self._updates += 1
-        self._own_published = published
+        self._published = published
+
+    @property
+    def publishes_per_step(self) -> bool:
+        """Whether the metric publishes a value every step (it overrides :meth:`published_value`).
+
+        Examples:
+            >>> from ember.metrics import RunningAverage, Sum
+            >>> Sum().publishes_per_step, RunningAverage(output_transform=float).publishes_per_step
+            (False, True)
+        """
+        return type(self).published_value is not Metric.published_value
 
     def published_value(self, state: Any) -> Any:
         """A device value this metric publishes every step, traced into the step; ``None`` for most metrics.
@@ -415,86 +302,6 @@ class Metric(MetricArithmetic):
         """The update as a pure function of the accumulators, traced into a compiled step."""
         args, mask = self.arguments(output)
         return self._merge_batch(state, args, mask)
-
-    def _attach_internal(self, engine: Engine, usage: MetricUsage, key: str) -> None:
-        """Attach without a name, for a composite metric that computes from this one."""
-        self._attach_to(engine, usage, key).internal += 1
-
-    def _release_internal(self, engine: Engine) -> None:
-        """A composite metric no longer computes from this one; detach it if nothing else uses it."""
-        att = self._attachments.get(engine)
-        if att is not None:
-            att.internal -= 1
-            if not att.internal and not att.names:
-                self.detach(engine)
-
-    def _reset_at(self, engine: Engine) -> None:
-        """The reset at the usage's event; a state restored from a checkpoint survives a resumed run's STARTED."""
-        if self._restored and engine.last_event_name is Events.STARTED and engine.state.iteration > 0:
-            self._restored = False  # the run goes on where the checkpoint left it: so do the accumulators
-            return
-        self.reset()
-
-    def _updated(self, engine: Engine) -> None:
-        self.update(engine.state.output)
-
-    def _completed(self, engine: Engine, att: _Attachment) -> None:
-        if not att.names:
-            return
-        value = self.compute()
-        for name in att.names:
-            engine.state.metrics[name] = value
-
-    def detach(self, engine: Engine, name: str | None = None) -> None:
-        """Stop updating on ``engine`` (for ``name`` only, if given); the metric's handlers are removed.
-
-        Examples:
-            >>> from ember import Engine
-            >>> from ember.metrics import Average
-            >>> engine, avg = Engine(lambda engine, batch: batch), Average()
-            >>> _ = avg.attach(engine, "a"); avg.detach(engine)
-            >>> avg.is_attached(engine)
-            False
-        """
-        att = self._attachments.get(engine)
-        if att is None:
-            return
-        if name is not None:
-            if name in att.names:
-                att.names.remove(name)
-                engine.state.metrics.pop(name, None)
-            if att.names or att.internal:
-                return
-        for handle in att.handles:
-            handle.remove()
-        for n in att.names:
-            engine.state.metrics.pop(n, None)
-        del self._attachments[engine]
-
-    def is_attached(self, engine: Engine, name: str | None = None) -> bool:
-        """Whether the metric is attached to ``engine`` (under ``name``, if given).
-
-        Examples:
-            >>> from ember import Engine
-            >>> from ember.metrics import Average
-            >>> engine, avg = Engine(lambda engine, batch: batch), Average()
-            >>> _ = avg.attach(engine, "a")
-            >>> avg.is_attached(engine), avg.is_attached(engine, "b")
-            (True, False)
-        """
-        att = self._attachments.get(engine)
-        return att is not None and (name is None or name in att.names)
-
-
-_PUBLISHED: weakref.WeakKeyDictionary[Engine, PublishedValues] = weakref.WeakKeyDictionary()
-
-
-def _published_values(engine: Engine) -> PublishedValues:
-    """The one saver of ``engine.state.metrics`` that every metric attached to ``engine`` shares."""
-    saver = _PUBLISHED.get(engine)
-    if saver is None:
-        saver = _PUBLISHED[engine] = PublishedValues(engine.state.metrics)
-    return saver
 
 
 def _is_global(state: Any) -> bool:

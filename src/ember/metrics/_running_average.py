@@ -110,9 +110,8 @@ class RunningAverage(Metric):
     def _completed(self, engine: Engine, att: Any) -> None:
         if not att.names:
             return
-        # A value published by the step is the call's own output (the next call writes into its buffer
-        # only if nothing but state.metrics holds it); it is cleared whenever the state changes
-        # otherwise. Either way a device scalar: no host read here.
+        # The value the compiled step published, or (updated by a handler) finalised here: a device
+        # scalar either way, no host read.
         value = self._published
         if value is None:
             value = self.finalize(self._state)

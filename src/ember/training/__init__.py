@@ -5,7 +5,8 @@ from ember.training._step_output import StepOutput
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
 from ember.training._supervised import create_supervised_evaluator, create_supervised_trainer
 from ember.training._train_state import TrainState
-from ember.training._trainer import TrainingEngine, TrainingState, create_evaluator, create_trainer
+from ember.training._trainer import create_evaluator, create_trainer
+from ember.training._training_engine import TrainingEngine, TrainingState
 
 __all__ = [
     "BoundModel",

@@ -12,7 +12,8 @@ from flax import nnx
 from ember.engine import Engine
 from ember.training._steps import BoundModel
 from ember.training._train_state import TrainState
-from ember.training._trainer import TrainingEngine, create_evaluator, create_trainer
+from ember.training._trainer import create_evaluator, create_trainer
+from ember.training._training_engine import TrainingEngine
 
 
 def _unpack(batch: Any) -> tuple[Any, Any]:

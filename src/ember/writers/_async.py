@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from ember.engine import Engine, Events
 from ember.writers._writer import Writer
 
 _STOP = object()
@@ -80,7 +77,6 @@ class AsyncWriter(Writer):
         self._reported = False
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
     def _work(self) -> None:
         while True:
@@ -167,31 +163,3 @@ class AsyncWriter(Writer):
             True
         """
         return self._closed
-
-    def attach(self, engine: Engine) -> None:
-        """Raise thread errors at each ITERATION_COMPLETED; flush at COMPLETED and when an exception is raised.
-
-        Attaching to an engine it is already attached to does nothing.
-
-        Examples:
-            >>> from ember import Engine
-            >>> from ember.writers import AsyncWriter, CsvWriter
-            >>> import tempfile, pathlib
-            >>> path = pathlib.Path(tempfile.mkdtemp()) / "m.csv"
-            >>> w = AsyncWriter(CsvWriter(path))
-            >>> trainer = Engine(lambda e, b: w.write_scalars(e.state.iteration, {"x": b}))
-            >>> w.attach(trainer)
-            >>> _ = trainer.run([1.0, 2.0])
-            >>> path.read_text().splitlines()[-1]
-            '2,x,2.0'
-        """
-        if engine in self._engines:
-            return
-        self._engines.add(engine)
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self.raise_if_failed)
-        engine.add_event_handler(Events.COMPLETED, self.flush)
-        engine.add_event_handler(Events.EXCEPTION_RAISED, self._flush_quietly)
-
-    def _flush_quietly(self, _engine: Engine, _error: BaseException) -> None:
-        with contextlib.suppress(Exception):  # the run already fails with its own exception
-            self.flush()

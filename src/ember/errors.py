@@ -1,0 +1,52 @@
+"""ember's public exceptions, in one place; each subclasses the builtin a caller would catch without knowing ember.
+
+They are also exported where they are raised (``ember.checkpoint.CorruptCheckpointError``, ...). This module
+imports nothing, so every layer may use it.
+
+Examples:
+    >>> from ember.errors import ConfigError, CorruptCheckpointError, NonFiniteError
+    >>> issubclass(ConfigError, ValueError), issubclass(NonFiniteError, FloatingPointError)
+    (True, True)
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration that does not fit the schema; the message names the field, the value and the choices.
+
+    Examples:
+        >>> from ember.cli import ConfigError, load_config
+        >>> try:
+        ...     load_config({"trainer": {"max_epoch": 3}})
+        ... except ConfigError as e:
+        ...     print(e)  # doctest: +ELLIPSIS
+        trainer.max_epoch: unknown field; did you mean 'max_epochs'? (allowed: eval_every, max_epochs, ...)
+    """
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint on disk whose files do not match what its manifest says (or whose manifest is damaged).
+
+    The message names the checkpoint's folder and the file at fault. Stores never return such a
+    checkpoint: :meth:`~ember.checkpoint.CheckpointStore.latest` and the readers move it aside (renamed
+    ``corrupt-<name>``, never deleted) and fall back to the newest valid one.
+
+    Examples:
+        >>> from ember.checkpoint import CorruptCheckpointError
+        >>> issubclass(CorruptCheckpointError, ValueError)
+        True
+    """
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised by :class:`~ember.handlers.TerminateOnNan` with ``action="raise"``: an output was NaN or infinite.
+
+    Examples:
+        >>> from ember.handlers import NonFiniteError
+        >>> issubclass(NonFiniteError, FloatingPointError)
+        True
+    """
+
+
+__all__ = ["ConfigError", "CorruptCheckpointError", "NonFiniteError"]
