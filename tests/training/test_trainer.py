@@ -285,3 +285,32 @@ def test_steps_per_call_compiles_nothing_after_the_first_epoch():
         monitoring.unregister_event_duration_listener(count)
     assert compiled_in  # the step (groups of 4 and of 2) was compiled
     assert set(compiled_in) == {1}
+
+
+def test_k_steps_are_unrolled_on_cpu_only_for_steps_with_convolutions():
+    """The K-step loop is unrolled on the CPU backend only where the step convolves (inside jit and grad too)."""
+    from flax import linen as nn
+
+    from ember.training import Pmap, make_train_step
+    from ember.training._process import _convolves
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(nn.Conv(4, (3, 3))(x).reshape(x.shape[0], -1))
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(x.reshape(x.shape[0], -1))
+
+    group = np.ones((2, 4, 8, 8, 1), np.float32)  # K=2 steps of 4 images
+    found = {}
+    for model in (CNN(), MLP()):
+        state = TrainState.from_linen(model, group[0], optax.sgd(0.1))
+        step = make_train_step(lambda m, b: jnp.mean(m(b) ** 2))
+        found[type(model).__name__] = _convolves(step, SingleDevice(), state, group)
+    pmap_step = make_train_step(lambda m, b: jnp.mean(m(b) ** 2), axis_name="batch")
+    state = TrainState.from_linen(CNN(), group[0], optax.sgd(0.1))
+    found["CNN under pmap"] = _convolves(pmap_step, Pmap(), state, group[None])  # (devices, K, B/n, ...)
+    assert found == {"CNN": True, "MLP": False, "CNN under pmap": True}

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 from jax import lax
+from jax.extend.core import ClosedJaxpr, Jaxpr
 
 from ember.training._batch_spec import BatchSpec
 from ember.training._feed import StepGroups
@@ -46,7 +47,8 @@ class TrainProcess:
         grouped, train_state = self.steps_per_call > 1, engine.state.train_state
         fn = fusion.wrap(self.step) if fusion.metrics else self.step
         if grouped:
-            fn = _scan_k(fn, unroll=_platform(train_state) == "cpu")
+            unroll = _platform(train_state) == "cpu" and _convolves(self.step, self.placement, train_state, batch)
+            fn = _scan_k(fn, unroll=unroll)
             if fusion.metrics:
                 fn = fusion.split_published(fn, size)
         if not self.debug:
@@ -141,18 +143,40 @@ def _platform(train_state: Any) -> str:
 
 
 def _scan_k(step: Callable[..., Any], *, unroll: bool) -> Callable[..., Any]:
-    """K steps in one call; outputs come back stacked, and each step's view slices only what is read.
+    """K steps in one call (``lax.scan``); outputs come back stacked, and each step's view slices only what is read.
 
-    ``unroll`` (the CPU backend): XLA:CPU runs convolutions inside a loop about 10x slower than outside
-    one; the digits CNN of ``ember train`` took 1.33 s an epoch with 10 steps per call in a loop, 0.12 s
-    with one step per call, and as little unrolled (at about 5 s more compilation). Accelerators keep the
-    loop, which compiles once whatever K is.
+    ``unroll``: on the CPU backend, for a step with convolutions. XLA:CPU runs convolutions inside a loop
+    about 10x slower than outside one (the digits CNN of ``ember train`` with 10 steps per call: 1.33 s an
+    epoch looped, 0.12 s unrolled), while unrolling costs compilation about K times over (the char
+    transformer's 3-epoch run: 10.6 s unrolled, 4.2 s looped, almost all of it compiling). Everything
+    else, and every accelerator, keeps the loop.
     """
 
     def multi(state: Any, group: Any) -> Any:
         return lax.scan(step, state, group, unroll=unroll)
 
     return multi
+
+
+def _convolves(step: Callable[..., Any], placement: Placement, state: Any, group: Any) -> bool:
+    """Whether ``step`` on one step of the stacked ``group`` contains a convolution (traced; nothing runs)."""
+
+    def found(jaxpr: Any) -> bool:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "conv_general_dilated":
+                return True
+            for value in eqn.params.values():  # the bodies of jit, remat, custom_vjp, cond, scan ...
+                for sub in value if isinstance(value, tuple | list) else (value,):
+                    if isinstance(sub, ClosedJaxpr | Jaxpr) and found(getattr(sub, "jaxpr", sub)):
+                        return True
+        return False
+
+    if isinstance(placement, Pmap):  # (devices, K, B/devices, ...): one step's per-device batches, vmapped
+        one = jax.tree.map(lambda x: x[:, 0], group)
+        step = jax.vmap(step, in_axes=(None, 0), axis_name=placement.axis_name)
+    else:
+        one = jax.tree.map(lambda x: x[0], group)
+    return found(jax.make_jaxpr(step)(state, one).jaxpr)
 
 
 def _example_output(

@@ -60,9 +60,9 @@ def create_trainer(
         loss_fn: ``loss_fn(model, batch) -> loss | (loss, aux)``; see :func:`make_train_step`.
         placement: :class:`SingleDevice`, :class:`DataParallel` or :class:`Pmap`; by default data
             parallel when several devices are visible.
-        steps_per_call: run K steps per compiled call (``lax.scan`` over K stacked batches; unrolled on the
-            CPU backend, where XLA:CPU runs convolutions inside a loop about 10x slower, so compilation
-            takes about K times longer there).
+        steps_per_call: run K steps per compiled call (``lax.scan`` over K stacked batches). On the CPU
+            backend a step with convolutions is unrolled instead (XLA:CPU runs convolutions inside a loop
+            about 10x slower), which takes about K times longer to compile.
         accumulate_steps: micro-batches per optimizer update.
         extras: in-step values for handlers (``"grad_norm"``, ``"update_norm"``, ``"param_norm"``, ``"lr"``).
         lr_schedule: the optimizer's schedule, for the ``"lr"`` extra.
