@@ -3,6 +3,7 @@
 # Scripts that tests run in subprocesses (8 simulated devices; two jax.distributed processes), never imported here.
 collect_ignore = [
     "training/multidevice_script.py",
+    "training/sharded_script.py",
     "metrics/multiprocess_script.py",
     "distributed/training_script.py",
     "distributed/lost_process_script.py",

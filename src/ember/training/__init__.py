@@ -1,6 +1,7 @@
 """Training: `TrainState`, compiled steps from a loss function, placement on devices, trainers."""
 
 from ember.training._placement import DataParallel, Placement, Pmap, SingleDevice, default_placement
+from ember.training._sharded import Sharded, fsdp
 from ember.training._step_output import StepOutput
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
 from ember.training._supervised import create_supervised_evaluator, create_supervised_trainer
@@ -13,6 +14,7 @@ __all__ = [
     "DataParallel",
     "Placement",
     "Pmap",
+    "Sharded",
     "SingleDevice",
     "StepOutput",
     "TrainState",
@@ -23,6 +25,7 @@ __all__ = [
     "create_supervised_trainer",
     "create_trainer",
     "default_placement",
+    "fsdp",
     "make_eval_step",
     "make_train_step",
 ]

@@ -19,6 +19,7 @@ from ember.training._models import (
     nnx_split,
     plain_apply_fn,
 )
+from ember.training._partition import model_names
 
 
 def _check_tx(tx: object) -> None:
@@ -47,6 +48,8 @@ class TrainState(struct.PyTreeNode):
         apply_fn: ``apply_fn(params, model_state, key, train, *args, **kwargs) -> (out, model_state)``.
         tx: the optax optimizer.
         graphdef: for a state built :meth:`from_nnx`, the module's graph definition.
+        partitioning: the partition names the model put on its parameters (``nn.with_logical_partitioning``,
+            ``nnx.with_partitioning``), as ``((path, names), ...)``; a :class:`Sharded` placement reads them.
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -65,6 +68,7 @@ class TrainState(struct.PyTreeNode):
     apply_fn: ApplyFn = struct.field(pytree_node=False)
     tx: optax.GradientTransformation = struct.field(pytree_node=False)
     graphdef: Any = struct.field(pytree_node=False, default=None)
+    partitioning: tuple[tuple[str, tuple[Any, ...]], ...] = struct.field(pytree_node=False, default=())
 
     def apply_gradients(self, grads: Any, model_state: Any = None) -> TrainState:
         """One optimizer update: new params, optimizer state and step (and model state, if given).
@@ -101,7 +105,14 @@ class TrainState(struct.PyTreeNode):
 
     @classmethod
     def _build(
-        cls, apply_fn: ApplyFn, params: Any, model_state: Any, tx: Any, rng: jax.Array, graphdef: Any = None
+        cls,
+        apply_fn: ApplyFn,
+        params: Any,
+        model_state: Any,
+        tx: Any,
+        rng: jax.Array,
+        graphdef: Any = None,
+        partitioning: tuple[tuple[str, tuple[Any, ...]], ...] = (),
     ) -> TrainState:
         _check_tx(tx)
         return cls(
@@ -113,6 +124,7 @@ class TrainState(struct.PyTreeNode):
             apply_fn=apply_fn,
             tx=tx,
             graphdef=graphdef,
+            partitioning=partitioning,
         )
 
     @classmethod
@@ -149,8 +161,13 @@ class TrainState(struct.PyTreeNode):
         seed: int = 0,
         rngs: Sequence[str] = (),
         train_arg: str | None = "train",
+        placement: Any = None,
     ) -> TrainState:
         """Initialise a Flax linen module; ``params`` apart, the other collections become ``model_state``.
+
+        Partition annotations (``nn.with_logical_partitioning``) are recorded in :attr:`partitioning` and
+        the arrays unboxed. With a :class:`Sharded` ``placement`` the state is built already sharded
+        (``jax.eval_shape``, then one ``jit`` with ``out_shardings``): it never exists whole on one device.
 
         Args:
             module: the linen module.
@@ -159,6 +176,8 @@ class TrainState(struct.PyTreeNode):
             seed: seeds both initialisation and the per-step RNG.
             rngs: names of the RNG streams the model draws from when training, e.g. ``("dropout",)``.
             train_arg: the name of the module's boolean training flag; passed when ``__call__`` takes it.
+            placement: a :class:`Sharded` placement to build the state sharded on; others are ignored
+                here (the trainer places the state).
 
         Examples:
             >>> import jax.numpy as jnp, optax
@@ -179,15 +198,41 @@ class TrainState(struct.PyTreeNode):
         if isinstance(rngs, str) or not all(isinstance(r, str) for r in rngs):
             raise TypeError(f"`rngs` must be a sequence of stream names such as ('dropout',), got {rngs!r}.")
         init_key, step_key = jax.random.split(jax.random.PRNGKey(seed))
+        apply_fn = linen_apply_fn(module, tuple(rngs), train_arg)
+
+        def build(names: Any) -> TrainState:
+            params, model_state = linen_init(module, sample_input, init_key, rngs, train_arg)
+            return cls._build(apply_fn, nn.unbox(params), nn.unbox(model_state), tx, step_key, partitioning=names)
+
+        if hasattr(placement, "init_state"):  # Sharded: the names from the shapes alone, then a sharded build
+            names = model_names(jax.eval_shape(lambda: linen_init(module, sample_input, init_key, rngs, train_arg)[0]))
+            return placement.init_state(lambda: build(names))
         params, model_state = linen_init(module, sample_input, init_key, rngs, train_arg)
-        return cls._build(linen_apply_fn(module, tuple(rngs), train_arg), params, model_state, tx, step_key)
+        names = model_names(params)
+        return cls._build(apply_fn, nn.unbox(params), nn.unbox(model_state), tx, step_key, partitioning=names)
 
     @classmethod
-    def from_nnx(cls, model: nnx.Module, tx: optax.GradientTransformation, *, seed: int = 0) -> TrainState:
+    def from_nnx(
+        cls,
+        model: nnx.Module | Callable[[], nnx.Module],
+        tx: optax.GradientTransformation,
+        *,
+        seed: int = 0,
+        placement: Any = None,
+    ) -> TrainState:
         """Split a Flax NNX module into graph definition, params and the rest; train it functionally.
 
         The module's RNG streams are reseeded every step from ``fold_in(rng, step)``, so dropout differs
-        per step and a resumed run draws the same numbers. :meth:`to_nnx` merges a state back.
+        per step and a resumed run draws the same numbers. :meth:`to_nnx` merges a state back. Partition
+        annotations (``nnx.with_partitioning``) are recorded in :attr:`partitioning`. With a
+        :class:`Sharded` ``placement`` and ``model`` given as a function that builds the module, the
+        module is built already sharded, under the placement's mesh (``nnx.eval_shape``, then one ``jit``).
+
+        Args:
+            model: the module, or a function of no arguments that builds it.
+            tx: the optax optimizer.
+            seed: seeds the per-step RNG.
+            placement: a :class:`Sharded` placement to build the state sharded on.
 
         Examples:
             >>> import jax.numpy as jnp, optax
@@ -197,8 +242,22 @@ class TrainState(struct.PyTreeNode):
             >>> sorted(state.params)
             ['bias', 'kernel']
         """
-        if not isinstance(model, nnx.Module):
-            raise TypeError(f"`model` must be a flax.nnx.Module, got {type(model).__name__}.")
+        if not isinstance(model, nnx.Module) and not callable(model):
+            raise TypeError(f"`model` must be an nnx.Module or a function building one, got {type(model).__name__}.")
         _check_seed(seed)
-        graphdef, params, model_state = nnx_split(model)
-        return cls._build(nnx_apply_fn(graphdef), params, model_state, tx, jax.random.PRNGKey(seed), graphdef)
+        key = jax.random.PRNGKey(seed)
+
+        def build(module: Any, names: Any) -> TrainState:
+            if not isinstance(module, nnx.Module):
+                raise TypeError(f"`model()` must build a flax.nnx.Module, got {type(module).__name__}.")
+            graphdef, params, model_state = nnx_split(module)
+            return cls._build(nnx_apply_fn(graphdef), params, model_state, tx, key, graphdef, partitioning=names)
+
+        if hasattr(placement, "init_state") and not isinstance(model, nnx.Module):
+            factory: Callable[[], nnx.Module] = model
+            with jax.set_mesh(placement.mesh):
+                abstract = nnx.eval_shape(factory)
+            names = model_names(nnx_split(abstract)[1])
+            return placement.init_state(lambda: build(factory(), names))
+        module = model if isinstance(model, nnx.Module) else model()
+        return build(module, model_names(nnx_split(module)[1]))

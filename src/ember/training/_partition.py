@@ -1,0 +1,192 @@
+"""Where each array of a train state goes on a mesh: the model's own names, then rules, then automatic FSDP."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+#: A sequence of ``(regex, PartitionSpec)`` pairs, matched with ``re.search`` against a leaf's dotted path
+#: (``params.Dense_0.kernel``); the first match wins, as in Keras 3's ``LayoutMap``.
+Rules = Sequence[tuple[str, P]]
+
+
+def dotted(path: Any) -> str:
+    """``params.Dense_0.kernel`` for a JAX key path (the names checkpoints use too)."""
+    parts = []
+    for key in path:
+        name = getattr(key, "key", getattr(key, "name", getattr(key, "idx", key)))
+        parts.append(str(name))
+    if parts and parts[-1] == "value" and type(path[-1]).__name__ == "GetAttrKey":
+        parts.pop()  # an NNX variable's value: the variable's own path
+    return ".".join(parts)
+
+
+def model_names(params: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """The partition names a model put on its parameters, as ``((path, names), ...)`` (hashable).
+
+    Linen's ``nn.with_logical_partitioning`` / ``nn.with_partitioning`` boxes, and NNX variables with
+    ``out_sharding`` (or ``sharding``) metadata. Paths are relative to ``params``.
+    """
+    from flax import linen as nn
+    from flax import nnx
+
+    def names_of(leaf: Any) -> tuple[Any, ...] | None:
+        if isinstance(leaf, nn.Partitioned):
+            return tuple(leaf.names)
+        if isinstance(leaf, nnx.Variable):
+            meta = leaf.get_metadata()
+            found = meta.get("out_sharding") or meta.get("sharding")
+            return tuple(found) if found is not None else None
+        return None
+
+    boxed = lambda x: isinstance(x, nn.Partitioned | nnx.Variable)  # noqa: E731
+    found = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params, is_leaf=boxed)[0]:
+        names = names_of(leaf)
+        if names is not None:
+            found.append((dotted(path), names))
+    return tuple(found)
+
+
+class Partitioner:
+    """Resolves a :class:`PartitionSpec` for every leaf of a train state on ``mesh``.
+
+    Args:
+        mesh: the device mesh.
+        rules: ``(regex, PartitionSpec)`` pairs on the leaf's dotted path; first match wins.
+        logical_rules: maps a model's logical axis names to mesh axes (Flax's ``(("embed", "fsdp"),
+            ("mlp", "model"), ...)``); names the mesh has map to themselves.
+        fsdp_axis: the mesh axis the automatic rule shards over (``None``: no automatic rule).
+        min_size: parameters with fewer elements stay replicated under the automatic rule.
+
+    Examples:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> from ember.training._partition import Partitioner
+        >>> mesh = Mesh(np.array(jax.devices()[:1]), ("fsdp",))
+        >>> p = Partitioner(mesh, fsdp_axis="fsdp", min_size=4)
+        >>> p.spec("params.w", (6, 8), ()), p.spec("params.b", (2,), ())
+        (P(None, 'fsdp'), P())
+    """
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        *,
+        rules: Rules = (),
+        logical_rules: Sequence[tuple[str, Any]] = (),
+        fsdp_axis: str | None = None,
+        min_size: int = 2**14,
+    ) -> None:
+        self.mesh = mesh
+        self.rules = [(re.compile(pattern), spec) for pattern, spec in rules]
+        self.logical = dict(logical_rules)
+        self.fsdp_axis = fsdp_axis
+        self.min_size = min_size
+        self.notes: list[str] = []  # what the automatic rule left replicated, and why
+        for pattern, spec in rules:
+            self._check_axes(spec, f"The rule {pattern!r}")
+        for logical, axes in self.logical.items():
+            self._check_axes(P(axes), f"`logical_rules`[{logical!r}]")
+
+    def _check_axes(self, spec: P, where: str) -> None:
+        for entry in spec:
+            for axis in entry if isinstance(entry, tuple) else (entry,):
+                if axis is not None and axis not in self.mesh.axis_names:
+                    raise ValueError(
+                        f"{where} names the mesh axis {axis!r}, but the mesh has only the axes {self.mesh.axis_names}."
+                    )
+
+    def _from_names(self, path: str, names: tuple[Any, ...]) -> P:
+        axes = []
+        for name in names:
+            if name is None or name in self.mesh.axis_names:
+                axes.append(name)
+            elif name in self.logical:
+                axes.append(self.logical[name])
+            else:
+                raise ValueError(
+                    f"The model partitions {path} over {name!r}, which is neither an axis of the mesh "
+                    f"{self.mesh.axis_names} nor a name in logical_rules {sorted(self.logical)}."
+                )
+        return P(*axes)
+
+    def _check_fits(self, path: str, shape: tuple[int, ...], spec: P, where: str) -> None:
+        if len(spec) > len(shape):
+            raise ValueError(f"{where} gives {path} of shape {shape} the spec {spec}, with more axes than it has.")
+        for dim, entry in zip(shape, spec, strict=False):
+            axes = entry if isinstance(entry, tuple) else (entry,)
+            size = math.prod(self.mesh.shape[a] for a in axes if a is not None)
+            if dim % size:
+                raise ValueError(
+                    f"{where} splits {path} (shape {shape}) over {entry!r} of size {size}, which does not divide "
+                    f"its dimension of {dim}."
+                )
+
+    def spec(self, path: str, shape: tuple[int, ...], model_names: tuple[Any, ...] | None) -> P:
+        """The spec of the leaf at ``path``: the model's names, else the first matching rule, else automatic."""
+        if model_names:
+            spec = self._from_names(path, model_names)
+            self._check_fits(path, shape, spec, "The model's partitioning")
+            return spec
+        for pattern, spec in self.rules:
+            if pattern.search(path):
+                self._check_fits(path, shape, spec, f"The rule {pattern.pattern!r}")
+                return spec
+        return self._automatic(path, shape)
+
+    def _automatic(self, path: str, shape: tuple[int, ...]) -> P:
+        axis = self.fsdp_axis
+        if axis is None or not shape:
+            return P()
+        size = int(self.mesh.shape[axis])
+        if math.prod(shape) < self.min_size:
+            return P()
+        fits = [d for d in range(len(shape)) if shape[d] % size == 0]
+        if not fits:
+            self.notes.append(f"{path} {shape}: no dimension divisible by {axis!r} ({size}); replicated")
+            return P()
+        largest = max(fits, key=lambda d: (shape[d], -d))
+        return P(*[axis if d == largest else None for d in range(len(shape))])
+
+    def shardings(self, abstract: Any, names: Mapping[str, tuple[Any, ...]]) -> Any:
+        """A ``NamedSharding`` for every leaf of the train state ``abstract`` (shapes suffice).
+
+        ``params`` and ``model_state`` get :meth:`spec`; the optimizer state follows its parameters
+        (``optax.tree_map_params``: moments sharded like their parameter, counts replicated); ``step`` and
+        ``rng`` are replicated.
+        """
+        replicated = NamedSharding(self.mesh, P())
+
+        def resolve(prefix: str, tree: Any, names: Mapping[str, tuple[Any, ...]]) -> Any:
+            def one(path: Any, leaf: Any) -> NamedSharding:
+                where = dotted(path)
+                spec = self.spec(f"{prefix}.{where}", tuple(np.shape(leaf)), names.get(where))
+                return NamedSharding(self.mesh, spec)
+
+            return jax.tree_util.tree_map_with_path(one, tree)
+
+        params = resolve("params", abstract.params, names)
+        opt_state = optax.tree_map_params(
+            abstract.tx,
+            lambda _, sharding: sharding,
+            abstract.opt_state,
+            params,
+            transform_non_params=lambda _: replicated,
+            is_leaf=lambda x: isinstance(x, NamedSharding),
+        )
+        return abstract.replace(
+            step=replicated,
+            params=params,
+            opt_state=opt_state,
+            model_state=resolve("model_state", abstract.model_state, {}),
+            rng=jax.tree.map(lambda _: replicated, abstract.rng),
+        )

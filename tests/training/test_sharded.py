@@ -1,0 +1,155 @@
+"""Sharded training (``Sharded``, ``fsdp``) on 8 simulated CPU devices, against one device."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from ember.training import Sharded, TrainState, fsdp
+
+SCRIPT = Path(__file__).with_name("sharded_script.py")
+
+
+@pytest.fixture(scope="module")
+def eight_devices() -> dict:
+    """The results of the sharded script, run once with 8 simulated CPU devices."""
+    flags = "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=300"
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("model", ["linen", "nnx"])
+@pytest.mark.parametrize("steps", ["k1", "k4_acc2"])
+def test_fsdp_on_8_devices_equals_one_device(eight_devices, model, steps):
+    """20 steps with dropout and batch norm: SGD with momentum to 1e-5; Adam within one device's own spread."""
+    assert eight_devices["devices"] == 8
+    key = f"{model}_momentum_{steps}"
+    for part in ("params", "opt_state", "model_state"):
+        assert eight_devices[f"{key}_{part}"] < 1e-5, (part, eight_devices[f"{key}_{part}"])
+    assert eight_devices[f"{key}_norms"] < 1e-5  # grad, param and update norms, reduced across shards in the step
+    one, sharded = eight_devices[f"{key}_metrics"]
+    assert sharded == pytest.approx(one, rel=1e-5)
+    # Adam divides by sqrt(v): tiny gradients amplify rounding. The spread is 1 device against the same run
+    # data parallel on 8 (the same sums, reduced in another order).
+    spread = eight_devices[f"{model}_adam_spread"]
+    assert 0 < spread < 1e-2
+    assert eight_devices[f"{model}_adam_{steps}_params"] <= 2 * spread
+    assert eight_devices[f"{model}_adam_{steps}_opt_state"] < 1e-5  # moments of sharded params, exactly placed
+
+
+def test_fsdp_shards_the_model_annotations_first_then_the_automatic_rule(eight_devices):
+    """NNX's own annotation wins (dense2: P(None, 'fsdp')); elsewhere the largest divisible dimension is split."""
+    assert eight_devices["nnx_specs"] == {
+        "['bn']['bias'].value": "P()",
+        "['bn']['scale'].value": "P()",
+        "['dense1']['bias'].value": "P()",
+        "['dense1']['kernel'].value": "P(None, 'fsdp')",
+        "['dense2']['bias'].value": "P()",
+        "['dense2']['kernel'].value": "P(None, 'fsdp')",
+        "['dense3']['bias'].value": "P()",
+        "['dense3']['kernel'].value": "P('fsdp',)",
+    }
+    assert eight_devices["linen_specs"]["['Dense_1']['kernel']"] == "P('fsdp',)"  # (256, 256): the first of two
+
+
+@pytest.mark.parametrize("model", ["linen", "nnx"])
+def test_fsdp_holds_an_eighth_of_params_and_optimizer_state_per_device(eight_devices, model):
+    """Per device, params + optimizer state (summed over addressable shards) <= 1.25 x total / 8."""
+    held = eight_devices[f"{model}_bytes"]
+    assert held["devices"] == 8
+    ratio = held["per_device_max"] / (held["total"] / 8)
+    assert ratio <= 1.25, f"{held['per_device_max']} bytes on one device, {held['total']} in all: {ratio:.3f} x 1/8"
+
+
+def test_an_evaluator_on_a_sharded_trainer_matches_one_device(eight_devices):
+    assert eight_devices["eval_accuracy"][0] == eight_devices["eval_accuracy"][1]
+
+
+def test_tensor_parallel_2x4_transformer_block_equals_one_device(eight_devices):
+    """Attention heads and the MLP's hidden units split over 'model', the batch over 'data': equal to 1e-5."""
+    assert eight_devices["tp_params"] < 1e-5
+    assert eight_devices["tp_batch_axes"] == ["data"]
+    specs = eight_devices["tp_specs"]
+    assert specs["['attention']['query']['kernel']"] == "P(None, 'model')"
+    assert specs["['attention']['out']['kernel']"] == "P('model',)"
+    assert specs["['mlp_in']['kernel']"] == "P(None, 'model')"
+    assert specs["['mlp_out']['kernel']"] == "P('model',)"
+    assert specs["['LayerNorm_0']['scale']"] == "P()"  # no rule, no automatic rule: replicated
+
+
+def test_sharded_bad_input_is_named_before_the_first_step(eight_devices):
+    assert eight_devices["errors"] == {
+        "rule_axis": "ValueError: The rule 'kernel' names the mesh axis 'model', but the mesh has only the axes "
+        "('fsdp',).",
+        "rule_divisible": "ValueError: The rule 'params\\\\.w' splits params.w (shape (3, 5)) over 'fsdp' of size 8, "
+        "which does not divide its dimension of 3.",
+        "fsdp_axis": "ValueError: `fsdp_axis`='data' is not an axis of the mesh, whose axes are ('fsdp',).",
+        "batch": "ValueError: A batch of size 12 cannot be split over 8 devices; use a batch size divisible by 8 "
+        "(drop_remainder=True drops a short last batch), or fewer devices.",
+        "logical": "ValueError: The model partitions params.kernel over 'mlp', which is neither an axis of the mesh "
+        "('fsdp',) nor a name in logical_rules ['embed'].",
+    }
+    assert eight_devices["auto_summary"] == (
+        "Sharded: mesh {'fsdp': 8}, batch over ('fsdp',)\n  params.w (3, 5): no dimension divisible by 'fsdp' (8); "
+        "replicated"
+    )
+
+
+def test_sharded_argument_checks_in_process():
+    """Wrong types and names fail at construction, naming the argument."""
+    mesh = Mesh(np.array(jax.devices()[:1]), ("fsdp",))
+    with pytest.raises(TypeError, match=r"`mesh` must be a jax.sharding.Mesh, got list\."):
+        Sharded([1])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"`rules` must hold \(regex, PartitionSpec\) pairs, got \('w', 'fsdp'\)\."):
+        Sharded(mesh, rules=(("w", "fsdp"),))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`batch_axes` names 'data', but the mesh has only the axes \('fsdp',\)\."):
+        Sharded(mesh, batch_axes=("data",))
+    with pytest.raises(ValueError, match=r"`min_size` must be a non-negative int, got -1\."):
+        fsdp(min_size=-1)
+
+
+def test_rules_match_the_dotted_path_first_match_wins():
+    """On a one-device mesh the specs are resolved all the same: first matching rule, then the automatic one."""
+    mesh = Mesh(np.array(jax.devices()[:1]), ("fsdp",))
+    rules = ((r"params\.w", P("fsdp", None)), (r"params\.[vw]", P(None, "fsdp")))
+    placement = Sharded(mesh, rules=rules, fsdp_axis="fsdp", min_size=1)
+    params = {"w": jnp.zeros((4, 2)), "v": jnp.zeros((4, 2)), "b": jnp.zeros(3)}
+    state = TrainState.create(lambda p, x: x, params, optax.adam(1e-3))
+    shardings = placement.state_shardings(state)
+    specs = {k: s.spec for k, s in shardings.params.items()}
+    assert specs == {"w": P("fsdp", None), "v": P(None, "fsdp"), "b": P("fsdp")}  # b: the automatic rule
+    assert shardings.opt_state[0].mu["w"].spec == P("fsdp", None)  # moments follow their parameter
+    assert shardings.opt_state[0].count.spec == P()
+    assert shardings.step.spec == P()
+    too_many = Sharded(mesh, rules=((r"params\.b", P(None, "fsdp")),))
+    with pytest.raises(ValueError, match=r"gives params\.b of shape \(3,\) the spec P\(None, 'fsdp'\), with more"):
+        too_many.state_shardings(state)
+
+
+def test_sharded_resume_on_the_same_mesh_is_bit_exact(eight_devices):
+    """FSDP on 8: 8 steps, an orbax checkpoint, a new trainer resumes and trains 12 more = 20 straight, bit for bit."""
+    assert eight_devices["resume_step"] == 8
+    assert eight_devices["resume_bit_exact"] == 0.0
+    assert eight_devices["resume_sharding_kept"] == "P('fsdp',)"
+
+
+def test_a_sharded_checkpoint_restores_onto_another_mesh(eight_devices):
+    """Saved with FSDP on 8 devices; restored on 4, on 1 and on a 2x4 (data x model) mesh: equal, and trains on."""
+    assert eight_devices["elastic"] == {
+        "fsdp4": {"equal": 0.0, "spec": "P('fsdp', None)", "devices": 4, "trained_on": 4},
+        "one": {"equal": 0.0, "spec": "one device", "devices": 1, "trained_on": 4},
+        "tp2x4": {"equal": 0.0, "spec": "P(None, 'model')", "devices": 8, "trained_on": 4},
+    }
