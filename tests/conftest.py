@@ -4,6 +4,7 @@
 collect_ignore = [
     "training/multidevice_script.py",
     "training/sharded_script.py",
+    "distributed/sharded_script.py",
     "metrics/multiprocess_script.py",
     "distributed/training_script.py",
     "distributed/lost_process_script.py",

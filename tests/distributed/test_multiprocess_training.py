@@ -1,43 +1,18 @@
 """Training on jax.distributed: 2 processes x 2 CPU devices against 1 process x 4 devices (Gloo, localhost)."""
 
 import json
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.distributed.launch import launch
+
 SCRIPT = Path(__file__).with_name("training_script.py")
-ROOT = SCRIPT.parents[2]
-
-
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return str(s.getsockname()[1])
 
 
 def _run(nproc: int, workdir: Path, *extra: str) -> list[dict]:
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(pid), str(nproc), port, str(workdir), *extra],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for pid in range(nproc)
-    ]
-    results = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=240)  # a hang fails here instead of blocking the suite
-        assert proc.returncode == 0, stderr[-3000:]
-        line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
-        results.append(json.loads(line[len("RESULT ") :]))
-    return results
+    return launch(SCRIPT, nproc, workdir, *extra)
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,27 @@ def test_bad_arguments_are_rejected_with_clear_errors():
         TypeError, match=r"`rngs` must be a sequence of stream names such as \('dropout',\), got 'dropout'"
     ):
         TrainState.from_linen(LinenNet(), jnp.ones((1, 4)), optax.sgd(0.1), rngs="dropout")
-    with pytest.raises(TypeError, match=r"`model` must be a flax.nnx.Module, got LinenNet"):
+    with pytest.raises(TypeError, match=r"`model` must be an nnx.Module or a function building one, got LinenNet\."):
         TrainState.from_nnx(LinenNet(), optax.sgd(0.1))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"to_nnx\(\) needs a state built with TrainState.from_nnx"):
         TrainState.create(lambda p, x: x, jnp.ones(1), optax.sgd(0.1)).to_nnx()
+
+
+def test_from_nnx_takes_a_function_that_builds_the_module():
+    """``from_nnx(lambda: Model(...), tx)`` builds it; a function returning something else is named."""
+    state = TrainState.from_nnx(lambda: nnx.Linear(3, 2, rngs=nnx.Rngs(0)), optax.sgd(0.1))
+    assert sorted(state.params) == ["bias", "kernel"]
+    assert state.partitioning == ()
+    with pytest.raises(TypeError, match=r"`model\(\)` must build a flax.nnx.Module, got int\."):
+        TrainState.from_nnx(lambda: 3, optax.sgd(0.1))
+
+
+def test_linen_partition_annotations_are_recorded_and_unboxed():
+    """``nn.with_logical_partitioning`` names land in ``partitioning``; the params are plain arrays."""
+    from flax import linen as nn
+
+    dense = nn.Dense(4, kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp")))
+    state = TrainState.from_linen(dense, np.ones((1, 3), np.float32), optax.adam(1e-3))
+    assert state.partitioning == (("kernel", ("embed", "mlp")),)
+    assert type(state.params["kernel"]).__name__ == "ArrayImpl"
+    assert sorted(state.params) == ["bias", "kernel"]

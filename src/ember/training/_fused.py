@@ -16,6 +16,8 @@ from typing import Any
 
 import jax
 
+from ember.training._placement import place
+
 
 class FusedMetrics:
     """The metrics whose updates a training engine runs inside its compiled step.
@@ -115,13 +117,14 @@ class FusedMetrics:
 
 
 def _placed_like(states: tuple[Any, ...], state: Any) -> tuple[Any, ...]:
-    """``states`` placed as the train state is, so the step's first and later calls compile once.
+    """``states`` placed as the train state's first leaf (its replicated step counter) is.
 
     Fresh accumulators are uncommitted arrays and the step's outputs are not: without this the step
     would compile a second time for its second call (about a second for the digits CNN on CPU). Across
-    processes the compiled step places them itself.
+    processes they become global arrays, replicated on the train state's mesh.
     """
     leaves = jax.tree.leaves(state)
-    if leaves and isinstance(leaves[0], jax.Array) and leaves[0].is_fully_addressable:
-        return jax.device_put(states, leaves[0].sharding)
-    return states
+    if not leaves or not isinstance(leaves[0], jax.Array):
+        return states
+    sharding = leaves[0].sharding
+    return jax.tree.map(lambda x: place(x, sharding), states)

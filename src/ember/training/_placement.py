@@ -51,6 +51,16 @@ def one_call_at_a_time(fn: Callable[..., Any], devices: Sequence[Any]) -> Callab
     return awaited
 
 
+def place(value: Any, sharding: Any) -> Any:
+    """``value`` with ``sharding``: kept if it has it, else placed (across processes, from the full value)."""
+    if isinstance(value, jax.Array) and value.committed and value.sharding.is_equivalent_to(sharding, value.ndim):
+        return value  # (an uncommitted array is placed: a step compiles again when its inputs' commitment changes)
+    if jax.process_count() == 1:
+        return jax.device_put(value, sharding)
+    host = np.asarray(jax.device_get(value))
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 class Placement:
     """Base of the placement policies; see :class:`SingleDevice`, :class:`DataParallel`, :class:`Pmap`.
 

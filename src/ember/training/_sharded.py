@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ember.training._partition import Partitioner, Rules
-from ember.training._placement import Placement, check_divisible, one_call_at_a_time
+from ember.training._placement import Placement, check_divisible, one_call_at_a_time, place
 
 #: Mesh axes that split a model's tensors rather than the batch (tensor parallelism).
 MODEL_AXES = ("model", "tensor")
@@ -105,10 +105,7 @@ class Sharded(Placement):
 
     def put_state(self, state: Any) -> Any:
         """Place ``state`` by :meth:`state_shardings` (arrays already placed so stay where they are)."""
-        shardings = self.state_shardings(state)
-        if jax.process_count() > 1:
-            return jax.tree.map(_global_array, state, shardings)
-        return jax.device_put(state, shardings)
+        return jax.tree.map(place, state, self.state_shardings(state))
 
     def init_state(self, make: Callable[[], Any]) -> Any:
         """Build the train state ``make()`` already sharded: shapes by ``jax.eval_shape``, then one ``jit``.
@@ -189,11 +186,3 @@ def fsdp(devices: Sequence[Any] | None = None, *, min_size: int = 2**14, rules: 
     """
     mesh = Mesh(np.array(list(devices) if devices is not None else jax.devices()), ("fsdp",))
     return Sharded(mesh, rules=rules, fsdp_axis="fsdp", min_size=min_size)
-
-
-def _global_array(value: Any, sharding: NamedSharding) -> Any:
-    """One global array from a value every process holds in full (each keeps only its shards)."""
-    host = np.asarray(jax.device_get(value))
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-
-

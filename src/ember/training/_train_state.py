@@ -242,7 +242,7 @@ class TrainState(struct.PyTreeNode):
             >>> sorted(state.params)
             ['bias', 'kernel']
         """
-        if not isinstance(model, nnx.Module) and not callable(model):
+        if not isinstance(model, nnx.Module) and (not callable(model) or isinstance(model, nn.Module)):
             raise TypeError(f"`model` must be an nnx.Module or a function building one, got {type(model).__name__}.")
         _check_seed(seed)
         key = jax.random.PRNGKey(seed)
