@@ -71,3 +71,19 @@ def test_char_transformer_learns_the_standard_library():
     assert len(perplexities) == 8
     assert perplexities[-1] < min(perplexities[:4])
     assert perplexities[-1] < 10
+
+
+def test_the_sharded_transformer_splits_its_kernels_by_their_logical_names():
+    """On 8 simulated CPU devices: a 4 x 2 (fsdp x model) mesh, kernels split by their names, perplexity falls."""
+    lines = _output("sharded_transformer.py").splitlines()
+    assert lines[0] == "Sharded(mesh={'fsdp': 4, 'model': 2}, batch_axes=('fsdp',)) over 8 cpu devices"
+    specs = {line.split()[0]: line.split(maxsplit=2)[2].rsplit("P(", 1)[1] for line in lines if line.startswith("  [")}
+    assert specs["['Block_0']['Dense_0']['kernel']"] == "'fsdp', 'model')"  # (embed, mlp)
+    assert specs["['Block_0']['MultiHeadDotProductAttention_0']['query']['kernel']"] == "'fsdp', 'model', None)"
+    assert specs["['Embed_0']['embedding']"] == "None, 'fsdp')"  # (vocab, embed)
+    held = next(line for line in lines if line.startswith("params + optimizer state:"))
+    total, one = (int(x.replace(",", "")) for x in held.split(":")[1].replace(" bytes; at most", "").split()[:2])
+    assert one < total / 4
+    perplexities = [float(line.split()[-1]) for line in lines if line.startswith("epoch ")]
+    assert len(perplexities) == 2
+    assert perplexities[1] < perplexities[0] < 256

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.distributed.test_multiprocess_training import _free_port
+from tests.distributed.launch import free_port
 
 SCRIPT = Path(__file__).with_name("lost_process_script.py")
 ROOT = SCRIPT.parents[2]
 
 
 def _launch(workdir: Path, *extra: str) -> list[subprocess.Popen[str]]:
-    port = _free_port()
+    port = free_port()
     return [
         subprocess.Popen(
             [sys.executable, str(SCRIPT), str(pid), port, str(workdir), *extra],
