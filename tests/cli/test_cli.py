@@ -93,7 +93,7 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert main(["train", str(bad)]) == 2
     assert capsys.readouterr().err == (
         "ember: error: trainer.max_epoch: unknown field; did you mean 'max_epochs'? "
-        "(allowed: eval_every, max_epochs, max_iters, placement, seed, steps_per_call)\n"
+        "(allowed: eval_every, max_epochs, max_iters, mesh, placement, rules, seed, steps_per_call)\n"
     )
     assert main(["inspect", str(tmp_path / "none")]) == 2
     assert f"No checkpoint at {tmp_path / 'none'}." in capsys.readouterr().err
@@ -159,12 +159,26 @@ def test_plot_gives_the_learning_rate_a_panel_of_its_own(default_run):
     }
 
 
-@pytest.mark.parametrize(("devices", "placement"), [(2, "auto"), (8, "auto"), (1, "pmap"), (2, "pmap")])
+PLACEMENTS = {
+    "auto": "placement: auto",
+    "pmap": "placement: pmap",
+    "fsdp": "placement: fsdp",
+    "sharded": "placement: sharded\n  mesh: {fsdp: 4, model: 2}\n  rules: [['Dense_0\\.kernel', null, model]]",
+}
+
+
+@pytest.mark.parametrize(
+    ("devices", "placement"), [(2, "auto"), (8, "auto"), (1, "pmap"), (2, "pmap"), (8, "fsdp"), (8, "sharded")]
+)
 def test_the_main_job_runs_unchanged_on_any_number_of_devices(tmp_path, devices, placement):
-    """The validation set's batch of 359 is padded and masked on 2 and 8 devices; pmap works on 1 and 2."""
+    """The main job on 1 to 8 devices, with every placement.
+
+    The validation set's batch of 359 is padded and masked on 2 and 8 devices; pmap works on 1 and 2; the
+    state shards with ``fsdp`` and on a ``sharded`` 4 x 2 mesh with a tensor-parallel rule.
+    """
     config = tmp_path / "run.yaml"
     config.write_text(
-        f"trainer:\n  max_epochs: 1\n  placement: {placement}\nhandlers:\n  progress: false\n"
+        f"trainer:\n  max_epochs: 1\n  {PLACEMENTS[placement]}\nhandlers:\n  progress: false\n"
         f"output: {tmp_path / 'run'}\n"
     )
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
@@ -180,3 +194,27 @@ def test_the_main_job_runs_unchanged_on_any_number_of_devices(tmp_path, devices,
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["iterations"], summary["best_accuracy"] > 0.5) == (22, True)
+
+
+def test_sharded_placement_config_errors_name_the_field():
+    """A mesh whose sizes do not multiply to the devices, a mesh without ``sharded``, a malformed rule."""
+    from ember.cli import load_config
+    from ember.cli._registry import build_placement
+
+    def error(trainer):
+        with pytest.raises(ConfigError) as info:
+            build_placement(load_config({"trainer": trainer}).trainer)
+        return str(info.value)
+
+    assert error({"placement": "sharded", "mesh": {"fsdp": 2, "model": 4}}) == (
+        "trainer.mesh: the sizes {'fsdp': 2, 'model': 4} multiply to 8, but there are 1 devices."
+    )
+    assert error({"placement": "fsdp", "mesh": {"fsdp": 1}}) == (
+        "trainer.mesh: only placement 'sharded' takes a mesh; placement is 'fsdp'."
+    )
+    assert error({"placement": "sharded", "mesh": {"fsdp": 0}}) == (
+        "trainer.mesh: expected axis names with positive int sizes, got {'fsdp': 0}."
+    )
+    assert error({"placement": "fsdp", "rules": [["kernel"]]}) == (
+        "trainer.rules[0]: expected [regex, axis or null, ...], got ['kernel']."
+    )

@@ -11,7 +11,7 @@ from ember.cli import Config, ConfigError, dump_config, load_config
         (
             {"trainer": {"max_epoch": 3}},
             "trainer.max_epoch: unknown field; did you mean 'max_epochs'? "
-            "(allowed: eval_every, max_epochs, max_iters, placement, seed, steps_per_call)",
+            "(allowed: eval_every, max_epochs, max_iters, mesh, placement, rules, seed, steps_per_call)",
         ),
         ({"optimiser": {}}, "optimiser: unknown field; did you mean 'optimizer'? "),
         (

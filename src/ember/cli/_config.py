@@ -53,9 +53,14 @@ class TrainerConfig:
     max_epochs: int = 15
     max_iters: int | None = None
     steps_per_call: int = 1
-    placement: Literal["auto", "single", "data_parallel", "pmap"] = "auto"
+    placement: Literal["auto", "single", "data_parallel", "pmap", "fsdp", "sharded"] = "auto"
     seed: int = 0
     eval_every: int = 1
+    #: for ``placement: sharded``: mesh axis -> size, in order (``{fsdp: 2, model: 4}``); sizes multiply to the
+    #: device count. An axis named ``fsdp`` gets the automatic FSDP rule.
+    mesh: dict[str, int] | None = None
+    #: for ``fsdp`` and ``sharded``: ``[regex, axis or null, ...]`` per rule, matched on parameter paths.
+    rules: list[list[str | None]] = field(default_factory=list)
 
 
 @dataclass

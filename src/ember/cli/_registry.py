@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +11,7 @@ import numpy as np
 import optax
 from flax import linen as nn
 
-from ember.cli._config import ConfigError, DataConfig, ModelConfig, OptimizerConfig
+from ember.cli._config import ConfigError, DataConfig, ModelConfig, OptimizerConfig, TrainerConfig
 
 
 class DigitsCNN(nn.Module):
@@ -123,3 +124,43 @@ def load_data(config: DataConfig) -> tuple[dict[str, np.ndarray], dict[str, np.n
     y = target[order].astype(np.int32)
     n_val = round(len(y) * config.val_fraction)
     return {"x": x[n_val:], "y": y[n_val:]}, {"x": x[:n_val], "y": y[:n_val]}
+
+
+def build_placement(config: TrainerConfig) -> Any:
+    """The placement ``trainer.placement`` names (``None`` for ``auto``), with its ``mesh`` and ``rules``.
+
+    Examples:
+        >>> from ember.cli import load_config
+        >>> from ember.cli._registry import build_placement
+        >>> build_placement(load_config({"trainer": {"placement": "fsdp"}}).trainer).batch_axes
+        ('fsdp',)
+    """
+    import jax
+    from jax.sharding import Mesh, PartitionSpec
+
+    from ember.training import DataParallel, Pmap, Sharded, SingleDevice, fsdp
+
+    rules = []
+    for i, rule in enumerate(config.rules):
+        if len(rule) < 2 or not isinstance(rule[0], str):
+            raise ConfigError(f"trainer.rules[{i}]: expected [regex, axis or null, ...], got {rule!r}.")
+        rules.append((rule[0], PartitionSpec(*rule[1:])))
+    if config.mesh is not None and config.placement != "sharded":
+        raise ConfigError(f"trainer.mesh: only placement 'sharded' takes a mesh; placement is {config.placement!r}.")
+    if config.placement == "auto":
+        return None
+    if config.placement == "fsdp":
+        return fsdp(rules=rules)
+    if config.placement == "sharded":
+        sizes = config.mesh or {}
+        if not sizes or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in sizes.values()):
+            raise ConfigError(f"trainer.mesh: expected axis names with positive int sizes, got {config.mesh!r}.")
+        devices = jax.devices()
+        if math.prod(sizes.values()) != len(devices):
+            raise ConfigError(
+                f"trainer.mesh: the sizes {dict(sizes)} multiply to {math.prod(sizes.values())}, but there are "
+                f"{len(devices)} devices."
+            )
+        mesh = Mesh(np.array(devices).reshape(tuple(sizes.values())), tuple(sizes))
+        return Sharded(mesh, rules=rules, fsdp_axis="fsdp" if "fsdp" in sizes else None)
+    return {"single": SingleDevice, "data_parallel": DataParallel, "pmap": Pmap}[config.placement]()

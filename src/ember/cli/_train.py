@@ -14,7 +14,7 @@ import optax
 
 from ember import Events
 from ember.cli._config import Config, ConfigError, dump_config, load_config
-from ember.cli._registry import build_model, build_optimizer, build_schedule, load_data
+from ember.cli._registry import build_model, build_optimizer, build_placement, build_schedule, load_data
 from ember.data import ArrayDataset
 from ember.handlers import (
     Checkpoint,
@@ -27,10 +27,8 @@ from ember.handlers import (
     global_step_from_engine,
 )
 from ember.metrics import Accuracy, Loss, RunningAverage
-from ember.training import DataParallel, Pmap, SingleDevice, TrainState, create_evaluator, create_trainer
+from ember.training import TrainState, create_evaluator, create_trainer
 from ember.writers import AsyncWriter, create_run_writer
-
-PLACEMENTS = {"single": SingleDevice, "data_parallel": DataParallel, "pmap": Pmap}
 
 
 def _loss(model: Any, batch: Any) -> Any:
@@ -102,10 +100,15 @@ def train(
     total = cfg.trainer.max_iters or cfg.trainer.max_epochs * steps_per_epoch
     schedule = build_schedule(cfg.optimizer, total)
     model = build_model(cfg.model)
+    placement = build_placement(cfg.trainer)
     state = TrainState.from_linen(
-        model, train_arrays["x"][:1], build_optimizer(cfg.optimizer, schedule), seed=cfg.trainer.seed, rngs=("dropout",)
+        model,
+        train_arrays["x"][:1],
+        build_optimizer(cfg.optimizer, schedule),
+        seed=cfg.trainer.seed,
+        rngs=("dropout",),
+        placement=placement,  # a sharded placement builds the state sharded
     )
-    placement = None if cfg.trainer.placement == "auto" else PLACEMENTS[cfg.trainer.placement]()
     trainer = create_trainer(state, _loss, placement=placement, steps_per_call=cfg.trainer.steps_per_call)
     evaluator = create_evaluator(trainer, _predict, placement=trainer.placement)
     Accuracy().attach(evaluator, "accuracy")
