@@ -130,3 +130,12 @@ def test_workloads_benchmark_names_an_unknown_workload():
     )
     assert done.returncode == 2
     assert "error: unknown workload 'resnet'; the workloads are ['chars', 'digits']" in done.stderr
+
+
+def test_sharded_benchmark_runs_both_sides_and_the_memory_table():
+    """Two steps, one repeat, on 8 simulated devices: both sides and both placements reported; nothing timed."""
+    out = run_benchmark("sharded.py", "--steps", "2", "--repeats", "1", timeout=600)
+    assert "8 cpu devices" in out.splitlines()[0]
+    assert re.search(r"^ember fsdp\(\) +[\d.]+ steps/s +[\d.]+ x hand", out, re.M), out
+    fullest = dict(re.findall(r"^(replicated|FSDP).* ([\d.]+) MiB on the fullest device$", out, re.M))
+    assert float(fullest["FSDP"]) < float(fullest["replicated"]) / 4
