@@ -20,7 +20,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from ember import Events  # noqa: E402
 from ember.checkpoint import OrbaxStore  # noqa: E402
-from ember.handlers import Checkpoint  # noqa: E402
+from ember.handlers import (  # noqa: E402
+    Checkpoint,
+    EarlyStopping,
+    GradientSpikeMonitor,
+    ParamStats,
+    TerminateOnNan,
+)
 from ember.metrics import Accuracy, Average  # noqa: E402
 from ember.training import DataParallel, Sharded, SingleDevice, TrainState, create_evaluator, create_trainer, fsdp  # noqa: E402
 from tests.training.models import batches  # noqa: E402
@@ -262,5 +268,29 @@ with tempfile.TemporaryDirectory() as tmp:
         trainer.run(DATA[8:12], max_epochs=1)  # training continues on the new mesh
         elastic[name]["trained_on"] = trainer.state.iteration
     out["elastic"] = elastic
+
+# Stock handlers and iterate() on a sharded trainer: they read only what they need, no parameter gathered.
+watched = create_trainer(linen_state(optax.adam(1e-3), eight), loss, placement=eight, extras=("grad_norm",))
+spikes = GradientSpikeMonitor(factor=100.0)
+spikes.attach(watched)
+TerminateOnNan(lambda o: o["loss"]).attach(watched)
+counted = ParamStats()
+counted.attach(watched)
+checker = create_evaluator(watched, lambda m, b: {"y_pred": m(b["x"]), "y": b["y"]}, placement=eight)
+Accuracy().attach(checker, "accuracy")
+stopper = EarlyStopping(1, lambda e: e.state.metrics["accuracy"], watched, mode="max")
+checker.add_event_handler(Events.COMPLETED, stopper)
+watched.add_event_handler(Events.EPOCH_COMPLETED, lambda e: checker.run(DATA[:2]))
+watched.run(DATA[:4], max_epochs=3)
+seen = [
+    s.iteration
+    for s in watched.iterate(DATA[:4], Events.ITERATION_COMPLETED(every=2), max_epochs=watched.state.epoch + 1)
+]
+out["handlers"] = {
+    "params": counted.count,
+    "spikes": spikes.spikes,
+    "iterate": seen,
+    "nan": watched.state.iteration > 0,
+}
 
 print(json.dumps(out))

@@ -153,3 +153,8 @@ def test_a_sharded_checkpoint_restores_onto_another_mesh(eight_devices):
         "one": {"equal": 0.0, "spec": "one device", "devices": 1, "trained_on": 4},
         "tp2x4": {"equal": 0.0, "spec": "P(None, 'model')", "devices": 8, "trained_on": 4},
     }
+
+
+def test_stock_handlers_and_iterate_work_on_a_sharded_trainer(eight_devices):
+    """ParamStats counts from shapes, the spike monitor and NaN check read device flags, evaluation stops early."""
+    assert eight_devices["handlers"] == {"params": 76808, "spikes": [], "iterate": [14, 16]}
