@@ -290,7 +290,6 @@ out["handlers"] = {
     "params": counted.count,
     "spikes": spikes.spikes,
     "iterate": seen,
-    "nan": watched.state.iteration > 0,
 }
 
 print(json.dumps(out))
