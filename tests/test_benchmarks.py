@@ -139,3 +139,13 @@ def test_sharded_benchmark_runs_both_sides_and_the_memory_table():
     assert re.search(r"^ember fsdp\(\) +[\d.]+ steps/s +[\d.]+ x hand", out, re.M), out
     fullest = dict(re.findall(r"^(replicated|FSDP).* ([\d.]+) MiB on the fullest device$", out, re.M))
     assert float(fullest["FSDP"]) < float(fullest["replicated"]) / 4
+
+
+def test_host_cost_benchmark_reports_the_added_microseconds():
+    """A few hundred steps, one repeat: the three rows and ember's added microseconds; nothing is timed."""
+    out = run_benchmark("host_cost.py", "--steps", "200", "--repeats", "1", timeout=300)
+    assert re.search(r"^hand loop +[\d.]+ us/step \(best\) +[\d.]+ \(median\)$", out, re.M), out
+    for row in ("ember", r"ember \+ handlers"):
+        assert re.search(
+            rf"^{row} +[\d.]+ us/step .* added: [+-][\d.]+ \(best\) / [+-][\d.]+ \(median\) us$", out, re.M
+        )
