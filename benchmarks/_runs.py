@@ -1,4 +1,4 @@
-"""What the benchmarks share: the benchmark metric set, and timing a whole run of an ember trainer."""
+"""What the benchmarks share: the benchmark metric set, timing a whole run, and interleaving the sides."""
 
 from __future__ import annotations
 
@@ -42,3 +42,12 @@ def attach_metrics(trainer: Any, names: str = "LAR") -> None:
         Accuracy().attach(trainer, "accuracy")
     if "R" in names:
         RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running_loss")
+
+
+def interleaved(sides: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Each side's measurements over ``repeats`` rounds; the order alternates from one round to the next."""
+    results: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(repeats):
+        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
+            results[name].append(sides[name]())
+    return results

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _runs import attach_metrics, interleaved
 
 from ember.handlers import ProgressBar
-from ember.metrics import Average, RunningAverage
 from ember.training import TrainState, create_trainer
 
 
@@ -37,9 +37,8 @@ def make_trainer(handlers: bool) -> Any:
     state = TrainState.create(lambda p, x: x @ p, jnp.zeros(3), optax.sgd(1e-3))
     trainer = create_trainer(state, loss_fn)
     if handlers:
-        RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "running")
-        Average(key="loss").attach(trainer, "loss")
-        ProgressBar(refresh_every=100, stream=io.StringIO()).attach(trainer, metric_names=["running"])
+        attach_metrics(trainer, "LR")
+        ProgressBar(refresh_every=100, stream=io.StringIO()).attach(trainer, metric_names=["running_loss"])
     return trainer
 
 
@@ -86,10 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.steps)
     ]
     sides = {"hand loop": hand_side(data), "ember": ember_side(data, False), "ember + handlers": ember_side(data, True)}
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for r in range(args.repeats):
-        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
-            times[name].append(sides[name]())
+    times = interleaved(sides, args.repeats)
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {args.steps} steps, {args.repeats} repeats")
     hand = times["hand loop"]
     base_best, base_median = 1e6 * min(hand), 1e6 * statistics.median(hand)

@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 import optax
+from _runs import interleaved
 from flax import linen as nn
 
 from ember.training import DataParallel, TrainState, create_trainer, fsdp
@@ -127,10 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"jax {jax.__version__}, {len(devices)} {devices[0].platform} devices, MLP {DEPTH}x{WIDTH}, batch {BATCH}")
     batches = data(args.steps)
     sides = {"hand jit + NamedSharding": hand_side(batches), "ember fsdp()": ember_side(batches)}
-    rates: dict[str, list[float]] = {name: [] for name in sides}
-    for r in range(args.repeats):
-        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
-            rates[name].append(sides[name]())
+    rates = interleaved(sides, args.repeats)
     hand = rates["hand jit + NamedSharding"]
     for name, values in rates.items():
         ratios = [v / h for v, h in zip(values, hand, strict=True)]

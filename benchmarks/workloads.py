@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _runs import interleaved
 
 from ember.cli import load_config, train
 from ember.cli._registry import build_model, build_optimizer, build_schedule, load_data
@@ -49,19 +50,24 @@ def config(epochs: int, output: Path) -> dict[str, Any]:
     return {"trainer": {"max_epochs": epochs}, "handlers": {"early_stopping": None}, "output": str(output)}
 
 
+def timed_in_folder(work: Callable[[Path], object]) -> float:
+    """The seconds ``work(folder)`` takes, in a fresh temporary folder removed afterwards."""
+    folder = Path(tempfile.mkdtemp())
+    try:
+        start = time.perf_counter()
+        work(folder)
+        return time.perf_counter() - start
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def ember_digits(epochs: int) -> Callable[[], float]:
     """``ember train`` with the default handlers, in a fresh run folder; returns the seconds it took."""
 
-    def run() -> float:
-        folder = Path(tempfile.mkdtemp())
-        try:
-            start = time.perf_counter()
-            train(config(epochs, folder / "run"), stream=io.StringIO(), progress_stream=io.StringIO())
-            return time.perf_counter() - start
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+    def work(folder: Path) -> None:
+        train(config(epochs, folder / "run"), stream=io.StringIO(), progress_stream=io.StringIO())
 
-    return run
+    return lambda: timed_in_folder(work)
 
 
 def _save(folder: Path, tree: Any) -> None:
@@ -74,17 +80,11 @@ def hand_digits(epochs: int) -> Callable[[], float]:
     from tensorboardX import SummaryWriter
     from tqdm import tqdm
 
-    def run() -> float:
-        folder = Path(tempfile.mkdtemp())
-        try:
-            start = time.perf_counter()
-            seconds = _hand_run(epochs, folder, SummaryWriter, tqdm)
-            assert seconds > 0
-            return time.perf_counter() - start
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+    def work(folder: Path) -> None:
+        best = _hand_run(epochs, folder, SummaryWriter, tqdm)
+        assert best > 0  # it trained: some validation accuracy
 
-    return run
+    return lambda: timed_in_folder(work)
 
 
 def _hand_run(epochs: int, folder: Path, summary_writer: Any, progress: Any) -> float:
@@ -190,48 +190,33 @@ def ember_chars(epochs: int) -> Callable[[], float]:
 
     ex = _char_example()
 
-    def run() -> float:
-        folder = Path(tempfile.mkdtemp())
-        try:
-            start = time.perf_counter()
-            tx = optax.adamw(3e-3, weight_decay=0.01)
-            state = TrainState.from_linen(ex.CharLM(), ex.windows[:1, :-1], tx, seed=0)
-            trainer = create_trainer(state, ex.loss_fn, steps_per_call=10)
-            RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "loss")
-            evaluator = create_evaluator(trainer, lambda model, b: {"token_loss": ex.token_losses(model, b)})
-            Perplexity(key="token_loss").attach(evaluator, "perplexity")
-            saver = Checkpoint({"trainer": trainer, "data": ex.train}, folder / "latest", keep_latest=2)
-            log = io.StringIO()
+    def work(folder: Path) -> None:
+        tx = optax.adamw(3e-3, weight_decay=0.01)
+        state = TrainState.from_linen(ex.CharLM(), ex.windows[:1, :-1], tx, seed=0)
+        trainer = create_trainer(state, ex.loss_fn, steps_per_call=10)
+        RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "loss")
+        evaluator = create_evaluator(trainer, lambda model, b: {"token_loss": ex.token_losses(model, b)})
+        Perplexity(key="token_loss").attach(evaluator, "perplexity")
+        saver = Checkpoint({"trainer": trainer, "data": ex.train}, folder / "latest", keep_latest=2)
+        log = io.StringIO()
 
-            @trainer.on(Events.EPOCH_COMPLETED)
-            def validate(engine: Any) -> None:
-                evaluator.run(ex.val)
-                ppl, loss = evaluator.state.metrics["perplexity"], float(engine.state.metrics["loss"])
-                print(f"epoch {engine.state.epoch} loss {loss:.4f} val perplexity {ppl:.2f}", file=log)
+        @trainer.on(Events.EPOCH_COMPLETED)
+        def validate(engine: Any) -> None:
+            evaluator.run(ex.val)
+            ppl, loss = evaluator.state.metrics["perplexity"], float(engine.state.metrics["loss"])
+            print(f"epoch {engine.state.epoch} loss {loss:.4f} val perplexity {ppl:.2f}", file=log)
 
-            saver.attach(trainer, Events.EPOCH_COMPLETED)
-            trainer.run(ex.train, max_epochs=epochs)
-            return time.perf_counter() - start
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        saver.attach(trainer, Events.EPOCH_COMPLETED)
+        trainer.run(ex.train, max_epochs=epochs)
 
-    return run
+    return lambda: timed_in_folder(work)
 
 
 def hand_chars(epochs: int) -> Callable[[], float]:
     """The same run by hand: a jitted 10-step ``lax.scan``, a jitted evaluation, ``np.savez`` on a thread."""
     ex = _char_example()
 
-    def run() -> float:
-        folder = Path(tempfile.mkdtemp())
-        try:
-            start = time.perf_counter()
-            _hand_chars(ex, epochs, folder)
-            return time.perf_counter() - start
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-
-    return run
+    return lambda: timed_in_folder(lambda folder: _hand_chars(ex, epochs, folder))
 
 
 def _hand_chars(ex: Any, epochs: int, folder: Path) -> None:
@@ -302,12 +287,7 @@ def measure(workload: str, epochs: int, repeats: int) -> dict[str, list[float]]:
     sides = {name: make(epochs) for name, make in WORKLOADS[workload].items()}
     for run in sides.values():  # warm-up: imports, first compilations of library code
         run()
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for r in range(repeats):
-        names = list(sides) if r % 2 == 0 else list(reversed(sides))
-        for name in names:
-            times[name].append(sides[name]())
-    return times
+    return interleaved(sides, repeats)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -91,7 +91,7 @@ class Partitioner:
         self.logical = dict(logical_rules)
         self.fsdp_axis = fsdp_axis
         self.min_size = min_size
-        self.notes: list[str] = []  # what the automatic rule left replicated, and why
+        self.notes: dict[str, str] = {}  # by path: what the automatic rule left replicated, and why
         for pattern, spec in rules:
             self._check_axes(spec, f"The rule {pattern!r}")
         for logical, axes in self.logical.items():
@@ -152,7 +152,7 @@ class Partitioner:
             return P()
         fits = [d for d in range(len(shape)) if shape[d] % size == 0]
         if not fits:
-            self.notes.append(f"{path} {shape}: no dimension divisible by {axis!r} ({size}); replicated")
+            self.notes[path] = f"{path} {shape}: no dimension divisible by {axis!r} ({size}); replicated"
             return P()
         largest = max(fits, key=lambda d: (shape[d], -d))
         return P(*[axis if d == largest else None for d in range(len(shape))])

@@ -61,6 +61,19 @@ def place(value: Any, sharding: Any) -> Any:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+def local_batch_ways(mesh: Mesh, batch_ways: int) -> int:
+    """How many ways this process's part of a batch splits: its devices' share of the batch's ``batch_ways``."""
+    devices = list(mesh.devices.flat)
+    local = sum(d.process_index == jax.process_index() for d in devices)
+    return max(1, batch_ways * local // len(devices))
+
+
+def global_batch(batch: Any, sharding: Any, local_ways: int, *, stacked: bool) -> Any:
+    """Each process's part of the global batch (``ArrayDataset``'s default shard) made one global array."""
+    check_divisible(batch, local_ways, stacked=stacked)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
+
+
 class Placement:
     """Base of the placement policies; see :class:`SingleDevice`, :class:`DataParallel`, :class:`Pmap`.
 
@@ -173,6 +186,7 @@ class DataParallel(Placement):
         self.replicated = NamedSharding(self.mesh, P())
         self._batch = NamedSharding(self.mesh, P(axis))
         self._stacked = NamedSharding(self.mesh, P(None, axis))
+        self._local_ways = local_batch_ways(self.mesh, self.n_devices)  # (the processes do not change)
 
     def put_state(self, state: Any) -> Any:
         if jax.process_count() > 1:  # every process holds the same values: they become one global array
@@ -183,12 +197,7 @@ class DataParallel(Placement):
         if jax.process_count() == 1:
             check_divisible(batch, self.n_devices, stacked=stacked)
             return batch
-        # Many processes: each holds its part of the global batch (ArrayDataset's default shard); the parts
-        # become one global array sharded over every process's devices.
-        local = len([d for d in self.mesh.devices.flat if d.process_index == jax.process_index()])
-        check_divisible(batch, local, stacked=stacked)
-        sharding = self.batch_sharding(stacked)
-        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
+        return global_batch(batch, self.batch_sharding(stacked), self._local_ways, stacked=stacked)
 
     def put_batch(self, batch: Any, *, stacked: bool = False) -> Any:
         prepared = self.prepare_batch(batch, stacked=stacked)

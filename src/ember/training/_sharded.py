@@ -12,7 +12,14 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ember.training._partition import Partitioner, Rules
-from ember.training._placement import Placement, check_divisible, one_call_at_a_time, place
+from ember.training._placement import (
+    Placement,
+    check_divisible,
+    global_batch,
+    local_batch_ways,
+    one_call_at_a_time,
+    place,
+)
 
 #: Mesh axes that split a model's tensors rather than the batch (tensor parallelism).
 MODEL_AXES = ("model", "tensor")
@@ -86,6 +93,7 @@ class Sharded(Placement):
         self._batch = NamedSharding(mesh, P(axes or None))
         self._stacked = NamedSharding(mesh, P(None, axes or None))
         self._devices = list(mesh.devices.flat)
+        self._local_ways = local_batch_ways(mesh, self.n_devices)  # (the processes do not change)
 
     # -- the state -------------------------------------------------------------------------------
 
@@ -128,7 +136,7 @@ class Sharded(Placement):
             Sharded: mesh {'fsdp': 1}, batch over ('fsdp',)
         """
         head = f"Sharded: mesh {dict(self.mesh.shape)}, batch over {self.batch_axes}"
-        return "\n".join([head, *(f"  {note}" for note in self.partitioner.notes)])
+        return "\n".join([head, *(f"  {note}" for note in self.partitioner.notes.values())])
 
     # -- batches and steps -----------------------------------------------------------------------
 
@@ -137,9 +145,7 @@ class Sharded(Placement):
         if jax.process_count() == 1:
             check_divisible(batch, self.n_devices, stacked=stacked)
             return jax.device_put(batch, sharding)
-        local = len({d for d in self._devices if d.process_index == jax.process_index()})
-        check_divisible(batch, max(1, self.n_devices * local // len(self._devices)), stacked=stacked)
-        return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
+        return global_batch(batch, sharding, self._local_ways, stacked=stacked)
 
     def put_batch(self, batch: Any, *, stacked: bool = False) -> Any:
         return self.prepare_batch(batch, stacked=stacked)

@@ -200,16 +200,17 @@ class TrainState(struct.PyTreeNode):
         init_key, step_key = jax.random.split(jax.random.PRNGKey(seed))
         apply_fn = linen_apply_fn(module, tuple(rngs), train_arg)
 
-        def build(names: Any) -> TrainState:
-            params, model_state = linen_init(module, sample_input, init_key, rngs, train_arg)
+        def init() -> tuple[Any, Any]:
+            return linen_init(module, sample_input, init_key, rngs, train_arg)
+
+        def build(params: Any, model_state: Any, names: Any) -> TrainState:
             return cls._build(apply_fn, nn.unbox(params), nn.unbox(model_state), tx, step_key, partitioning=names)
 
         if hasattr(placement, "init_state"):  # Sharded: the names from the shapes alone, then a sharded build
-            names = model_names(jax.eval_shape(lambda: linen_init(module, sample_input, init_key, rngs, train_arg)[0]))
-            return placement.init_state(lambda: build(names))
-        params, model_state = linen_init(module, sample_input, init_key, rngs, train_arg)
-        names = model_names(params)
-        return cls._build(apply_fn, nn.unbox(params), nn.unbox(model_state), tx, step_key, partitioning=names)
+            names = model_names(jax.eval_shape(init)[0])
+            return placement.init_state(lambda: build(*init(), names))
+        params, model_state = init()
+        return build(params, model_state, model_names(params))
 
     @classmethod
     def from_nnx(

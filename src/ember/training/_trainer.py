@@ -58,8 +58,8 @@ def create_trainer(
             arrays are donated to the compiled step (deleted after the first step); the current state
             is ``engine.state.train_state``. Pass ``jax.tree.map(jnp.copy, state)`` to keep yours.
         loss_fn: ``loss_fn(model, batch) -> loss | (loss, aux)``; see :func:`make_train_step`.
-        placement: :class:`SingleDevice`, :class:`DataParallel` or :class:`Pmap`; by default data
-            parallel when several devices are visible.
+        placement: :class:`SingleDevice`, :class:`DataParallel`, :class:`Pmap` or :class:`Sharded`; by
+            default data parallel when several devices are visible.
         steps_per_call: run K steps per compiled call (``lax.scan`` over K stacked batches). On the CPU
             backend a step with convolutions is unrolled instead (XLA:CPU runs convolutions inside a loop
             about 10x slower), which takes about K times longer to compile.
@@ -98,8 +98,8 @@ def create_trainer(
     )
     if not callable(state) and not isinstance(state, TrainState):
         raise TypeError(f"`state` must be a TrainState or a function of the first batch, got {type(state).__name__}.")
-    engine = TrainingEngine(TrainProcess(step, placement, steps_per_call, debug), placement, prefetch, steps_per_call)
-    engine._can_fuse = not debug and not isinstance(placement, Pmap)
+    process = TrainProcess(step, placement, steps_per_call, debug)
+    engine = TrainingEngine(process, placement, prefetch, steps_per_call, debug=debug)
     if isinstance(state, TrainState):
         engine.state.train_state = placement.put_state(state)
     else:
@@ -139,8 +139,8 @@ def create_evaluator(
     if not isinstance(source, TrainState | Engine):
         raise TypeError(f"`source` must be a TrainState or a trainer Engine, got {type(source).__name__}.")
     trainer = None if isinstance(source, TrainState) else source
-    engine = TrainingEngine(EvalProcess(make_eval_step(eval_fn), placement, trainer, debug), placement, prefetch, 1)
-    engine._can_fuse = not debug and not isinstance(placement, Pmap)
+    process = EvalProcess(make_eval_step(eval_fn), placement, trainer, debug)
+    engine = TrainingEngine(process, placement, prefetch, 1, debug=debug)
     engine.pads_batches = True
     if isinstance(source, TrainState):
         engine.state.train_state = placement.put_state(source)

@@ -14,7 +14,7 @@ from ember.training._feed import StepGroups
 from ember.training._flat_tree import flatten_tree, unflatten_like
 from ember.training._fused import FusedMetrics
 from ember.training._padding import PaddedBatches
-from ember.training._placement import Placement
+from ember.training._placement import Placement, Pmap
 from ember.training._train_state import TrainState
 
 
@@ -60,6 +60,8 @@ class TrainingEngine(Engine):
         placement: Placement,
         prefetch: int | None,
         steps_per_call: int,
+        *,
+        debug: bool = False,
     ) -> None:
         super().__init__(process_fn)
         self.state = TrainingState()
@@ -68,7 +70,7 @@ class TrainingEngine(Engine):
         self._k = steps_per_call
         self._group_end = True
         self._pending_terminate: bool | None = None
-        self._can_fuse = True  # the factories turn it off where updates cannot be folded (pmap, debug)
+        self._can_fuse = not debug and not isinstance(placement, Pmap)  # where updates can be folded into the step
         self._factory: Callable[[Any], Any] | None = None  # builds the train state from a batch (lazy trainers)
         self.pads_batches = False  # evaluators: pad batches that do not split over the devices, and mask them
         self._padded: PaddedBatches | None = None
