@@ -142,7 +142,7 @@ def measure_training(
     savers = []
     for key in ("host", "snap"):
         store = CheckpointStore(root / f"train_{key}", device_snapshot=key == "snap")
-        savers.append(Checkpoint({"trainer": trainers[key]}, store, keep_latest=1))
+        savers.append(Checkpoint({"trainer": trainers[key]}, store, n_saved=1))
         savers[-1].attach(trainers[key], Events.ITERATION_COMPLETED(every=every))
     for trainer in trainers.values():  # compile outside the timing
         trainer.run(data[:1])

@@ -197,7 +197,7 @@ def ember_chars(epochs: int) -> Callable[[], float]:
         RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "loss")
         evaluator = create_evaluator(trainer, lambda model, b: {"token_loss": ex.token_losses(model, b)})
         Perplexity(key="token_loss").attach(evaluator, "perplexity")
-        saver = Checkpoint({"trainer": trainer, "data": ex.train}, folder / "latest", keep_latest=2)
+        saver = Checkpoint({"trainer": trainer}, folder / "latest", n_saved=2)
         log = io.StringIO()
 
         @trainer.on(Events.EPOCH_COMPLETED)

@@ -58,11 +58,10 @@ EarlyStopping(3, lambda e: -e.state.metrics["nll"], trainer).attach(evaluator)
 best = Checkpoint(
     {"trainer": trainer},
     tempfile.mkdtemp(),
-    keep_best=1,
-    keep_latest=None,
-    score_fn=lambda e: e.state.metrics["accuracy"],
+    n_saved=1,
+    score_function=lambda e: e.state.metrics["accuracy"],
     score_name="val_accuracy",
-    step_fn=global_step_from_engine(trainer),
+    global_step_transform=global_step_from_engine(trainer),
 )
 best.attach(evaluator, Events.COMPLETED)
 

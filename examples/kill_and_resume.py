@@ -48,7 +48,7 @@ def run(folder: Path | None, out: Path) -> None:
     state = TrainState.from_linen(Net(), arrays["x"][:1], optax.adam(1e-2), seed=0, rngs=("dropout",))
     trainer = create_trainer(state, loss_fn)
     if folder is not None:
-        saver = Checkpoint({"trainer": trainer, "data": data}, folder, keep_latest=2)
+        saver = Checkpoint({"trainer": trainer}, folder, n_saved=2)
         saver.attach(trainer, Events.ITERATION_COMPLETED(every=5))
         info = saver.resume()
         print(f"resumed at iteration {info.step}" if info else "starting from scratch", flush=True)

@@ -28,8 +28,26 @@ def test_a_batch_that_differs_from_the_first():
         "This batch differs from the first one, so the compiled step cannot take it.\n"
         "  first batch: PyTreeDef(*) with leaves [float32[2, 3]]\n"
         "  this batch:  PyTreeDef(*) with leaves [int32[2, 3]]\n"
+        "  first difference: the batch: expected float32[2, 3], got int32[2, 3]\n"
         "Give every batch the same structure, shapes and dtypes (drop_remainder=True drops a short last batch)."
     )
+
+
+def test_a_loader_whose_batches_change_mid_run_names_the_first_differing_leaf():
+    def trainer():
+        return create_trainer(
+            TrainState.create(lambda p, x: x @ p, jnp.zeros((3,)), optax.sgd(0.1)),
+            lambda m, b: jnp.mean(m(b["x"]) ** 2) + b["w"].sum(),
+        )
+
+    batches = [
+        {"x": np.ones((2, 3), np.float32), "w": np.ones((2,), np.float32)},
+        {"x": np.ones((2, 3), np.float32), "w": np.ones((4,), np.float32)},
+    ]
+    with pytest.raises(ValueError, match=re.escape("  first difference: ['w']: expected float32[2], got float32[4]\n")):
+        trainer().run(batches)
+    with pytest.raises(ValueError, match=re.escape("  first difference: ['z'] is new (got float32[2])\n")):
+        trainer().run([batches[0], {**batches[0], "z": np.ones((2,), np.float32)}])
 
 
 def test_a_batch_that_cannot_be_split_over_the_devices():

@@ -50,3 +50,25 @@ class NonFiniteError(FloatingPointError):
 
 
 __all__ = ["ConfigError", "CorruptCheckpointError", "NonFiniteError"]
+
+
+class RecordError(ValueError):
+    """A data source could not produce one record; :attr:`index` names it, the message the original error.
+
+    Raised by ember's sources (:class:`~ember.data.NpySource`, and any source passed to
+    :class:`~ember.data.GrainPipeline`) in place of the error reading the record raised, so the run fails
+    naming the record, even when a worker process read it.
+
+    Examples:
+        >>> from ember.errors import RecordError
+        >>> e = RecordError("record 13 of NpySource('x.npy') could not be read: OSError('bad block')", index=13)
+        >>> e.index, isinstance(e, ValueError)
+        (13, True)
+    """
+
+    def __init__(self, message: str, index: int) -> None:
+        super().__init__(message)
+        self.index = index
+
+    def __reduce__(self) -> tuple[type[RecordError], tuple[str, int]]:  # crosses to and from worker processes
+        return RecordError, (str(self), self.index)

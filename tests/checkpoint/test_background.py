@@ -111,7 +111,7 @@ def test_prune_arguments_are_checked(tmp_path):
 
 
 def test_prune_without_a_policy_keeps_everything(tmp_path):
-    """No policy means no deletion: `Checkpoint(keep_latest=None)` keeps every checkpoint it writes."""
+    """No policy means no deletion: `Checkpoint(n_saved=None)` keeps every checkpoint it writes."""
     store = CheckpointStore(tmp_path)
     for step in (1, 2, 3):
         store.save({"w": np.zeros(1)}, step=step)

@@ -8,10 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ember import __version__
-from ember.cli import ConfigError, main, train
+from ember.cli import ConfigError, load_config, main, train
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -218,3 +219,41 @@ def test_sharded_placement_config_errors_name_the_field():
     assert error({"placement": "fsdp", "rules": [["kernel"]]}) == (
         "trainer.rules[0]: expected [regex, axis or null, ...], got ['kernel']."
     )
+
+
+def test_your_own_data_from_a_folder_of_npy_files_and_from_a_grain_function(tmp_path, monkeypatch):
+    """data.name npy reads x.npy/y.npy from disk; data.name grain imports package.module:function; both train."""
+    from ember.cli._registry import load_data
+
+    arrays, _ = load_data(load_config({}).data)  # the digits, as a user's own arrays on disk
+    folder = tmp_path / "digits_npy"
+    folder.mkdir()
+    for name, array in arrays.items():
+        np.save(folder / f"{name}.npy", array)
+    base = {"trainer": {"max_epochs": 2}, "handlers": {"progress": False}}
+    npy = train(
+        {**base, "data": {"name": "npy", "path": str(folder), "batch_size": 64}, "output": str(tmp_path / "npy")},
+        stream=io.StringIO(),
+    )
+    per_epoch = (len(arrays["y"]) - round(len(arrays["y"]) * 0.2)) // 64
+    assert (npy["epochs"], npy["iterations"]) == (2, 2 * per_epoch)
+    assert npy["best_accuracy"] > 0.5
+
+    (tmp_path / "mydata.py").write_text(
+        "import numpy as np\nfrom ember.data import GrainPipeline\n\n\n"
+        "def make(batch_size, seed):\n"
+        f"    x = np.load({str(folder / 'x.npy')!r})\n    y = np.load({str(folder / 'y.npy')!r})\n"
+        "    records = [{'x': a, 'y': b} for a, b in zip(x, y)]\n"
+        "    return GrainPipeline(records[200:], batch_size=batch_size, shuffle=True, seed=seed), "
+        "[{'x': x[:200], 'y': y[:200]}]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    own = train(
+        {**base, "data": {"name": "grain", "path": "mydata:make", "batch_size": 32}, "output": str(tmp_path / "own")},
+        stream=io.StringIO(),
+    )
+    assert (own["epochs"], own["iterations"]) == (2, 2 * ((len(arrays["y"]) - 200) // 32))
+    with pytest.raises(ConfigError, match=re.escape("data.path: data 'npy' needs a path, and none was given.")):
+        train({**base, "data": {"name": "npy"}, "output": str(tmp_path / "bad")}, stream=io.StringIO())
+    with pytest.raises(ConfigError, match=re.escape("data.path: expected 'package.module:function', got 'nowhere:f'")):
+        train({**base, "data": {"name": "grain", "path": "nowhere:f"}, "output": str(tmp_path / "bad2")})

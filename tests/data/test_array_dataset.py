@@ -38,17 +38,17 @@ def test_shuffling_is_seeded_and_differs_per_pass():
 
 
 def test_position_round_trips_mid_pass():
-    """A dataset restored from state_dict() continues with exactly the batches the original would give."""
+    """An iterator set to a saved position continues with exactly the batches the original would give."""
     data = ArrayDataset({"x": np.arange(12)}, batch_size=3, shuffle=True, seed=1)
     list(data)
     it = iter(data)
     next(it)
-    saved = data.state_dict()
-    rest = [b["x"].tolist() for b in it] + xs(data)
-    restored = ArrayDataset({"x": np.arange(12)}, batch_size=3, shuffle=True, seed=1)
-    restored.load_state_dict(saved)
-    assert saved == {"epoch": 1, "position": 1}
-    assert xs(restored) + xs(restored) == rest
+    saved = it.get_state()
+    rest = [b["x"].tolist() for b in it]
+    restored = iter(ArrayDataset({"x": np.arange(12)}, batch_size=3, shuffle=True, seed=1))
+    restored.set_state(saved)
+    assert saved == {"epoch": 1, "position": 1, "examples": 12, "batch_size": 3, "shuffle": True, "seed": 1}
+    assert [b["x"].tolist() for b in restored] == rest
 
 
 def test_invalid_arguments():
@@ -64,10 +64,11 @@ def test_invalid_arguments():
     with pytest.raises(ValueError, match=r"`arrays` holds no arrays"):
         ArrayDataset({}, batch_size=2)
     data = ArrayDataset(np.arange(6), batch_size=2)
+    it = iter(data)
     with pytest.raises(ValueError, match=r"position 9 is outside this dataset's 3 batches per pass"):
-        data.load_state_dict({"epoch": 0, "position": 9})
+        it.set_state({**it.get_state(), "position": 9})
     with pytest.raises(ValueError, match=r"must hold int 'epoch' and 'position'"):
-        data.load_state_dict({"epoch": 0})
+        it.set_state({"epoch": 0})
     assert repr(data) == "ArrayDataset(6 examples, batch_size=2, shuffle=False, seed=0, drop_remainder=False)"
 
 
@@ -111,7 +112,7 @@ def test_set_epoch_picks_the_pass_of_the_next_iteration():
 
 
 def test_each_iterator_reports_its_own_position():
-    """Two iterators over one dataset each know where they are; the dataset reports the latest batch's."""
+    """Two iterators over one dataset each know where they are."""
     data = ArrayDataset(np.arange(8), batch_size=2, shuffle=True)
     first = iter(data)
     next(first)
@@ -119,9 +120,20 @@ def test_each_iterator_reports_its_own_position():
     second = iter(data)
     next(second), next(second), next(second)
     next(first)
-    assert first.state_dict() == {"epoch": 0, "position": 2}
-    assert second.state_dict() == {"epoch": 5, "position": 3}
-    assert data.state_dict() == {"epoch": 0, "position": 2}
+    assert (first.get_state()["epoch"], first.get_state()["position"]) == (0, 2)
+    assert (second.get_state()["epoch"], second.get_state()["position"]) == (5, 3)
+
+
+def test_a_position_saved_for_other_data_is_refused():
+    """Restoring onto data with another seed, batch size or length names what differs."""
+    it = iter(ArrayDataset(np.arange(8), batch_size=2, shuffle=True, seed=1))
+    next(it)
+    saved = it.get_state()
+    other = iter(ArrayDataset(np.arange(10), batch_size=2, shuffle=True, seed=2))
+    with pytest.raises(
+        ValueError, match=re.escape("The saved position is for other data: examples 8 (now 10), seed 1 (now 2).")
+    ):
+        other.set_state(saved)
 
 
 def _trainer_batches(data, *, evaluate_every=None, resume_at=None):
@@ -144,7 +156,7 @@ def test_an_evaluator_over_the_training_data_does_not_change_the_trainers_order(
     shared = ArrayDataset(np.arange(12), batch_size=3, shuffle=True, seed=1)
     with_eval, saved = _trainer_batches(shared, evaluate_every=3, resume_at=6)
     assert with_eval == alone
-    assert saved[0]["data"] == {"epoch": 1, "position": 2}  # the trainer's, not the evaluator's
+    assert (saved[0]["data"]["epoch"], saved[0]["data"]["position"]) == (1, 2)  # the trainer's, not the evaluator's
     resumed = Engine(lambda e, b: b.tolist())
     resumed.load_state_dict(saved[0])
     rest: list[list[int]] = []

@@ -41,21 +41,23 @@ def test_decide_sets_the_size_from_the_first_batch_of_each_pass():
 
 def test_position_reports_what_was_handed_out_not_read_ahead():
     """The saved position is the one after the batches handed out; resuming from it is exact."""
-    source = ArrayDataset(np.arange(10), batch_size=1)
-    data = DevicePrefetch(source, put=lambda b: b, size=3)
+    data = DevicePrefetch(ArrayDataset(np.arange(10), batch_size=1), put=lambda b: b, size=3)
     it = iter(data)
     got = [int(next(it)[0]) for _ in range(4)]
-    assert source.state_dict() == {"epoch": 0, "position": 7}
-    assert data.state_dict() == {"epoch": 0, "position": 4}
-    resumed = DevicePrefetch(ArrayDataset(np.arange(10), batch_size=1), put=lambda b: b, size=3)
-    resumed.load_state_dict(data.state_dict())
+    assert it._it.get_state()["position"] == 7  # the source's iterator has read three ahead
+    assert it.get_state()["position"] == 4
+    resumed = iter(DevicePrefetch(ArrayDataset(np.arange(10), batch_size=1), put=lambda b: b, size=3))
+    resumed.set_state(it.get_state())
     assert got + [int(b[0]) for b in resumed] == list(range(10))
 
 
 def test_sources_without_a_position_report_none():
-    """A plain list has no position to save; state_dict() says None and len() still works."""
+    """A plain list has no position to save; get_state() says None, set_state() refuses, len() still works."""
     data = DevicePrefetch([1, 2], put=lambda b: b)
-    assert data.state_dict() is None
+    it = iter(data)
+    assert it.get_state() is None
+    with pytest.raises(TypeError, match=r"This data's iterator \(list_iterator\) has no set_state\(\) to restore"):
+        it.set_state({"position": 1})
     assert len(data) == 2
     with pytest.raises(ValueError, match=r"`size` must be a non-negative int, got -1"):
         DevicePrefetch([1], put=lambda b: b, size=-1)

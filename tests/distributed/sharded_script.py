@@ -65,7 +65,7 @@ def new_trainer():
 trainer = new_trainer()
 data = ArrayDataset(ARRAYS, batch_size=16, shuffle=True, seed=3, drop_remainder=True)  # each process its part
 store = OrbaxStore(os.path.join(workdir, "ckpt"))
-Checkpoint({"trainer": trainer, "data": data}, store, keep_latest=2).attach(trainer, Events.EPOCH_COMPLETED)
+Checkpoint({"trainer": trainer}, store, n_saved=2).attach(trainer, Events.EPOCH_COMPLETED)
 state = trainer.run(data, max_epochs=3)
 store.close()
 
@@ -76,7 +76,7 @@ total = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
 
 again = new_trainer()
 again_data = ArrayDataset(ARRAYS, batch_size=16, shuffle=True, seed=3, drop_remainder=True)
-info = Checkpoint({"trainer": again, "data": again_data}, OrbaxStore(os.path.join(workdir, "ckpt"))).resume()
+info = Checkpoint({"trainer": again}, OrbaxStore(os.path.join(workdir, "ckpt"))).resume()
 restored_equal = all(
     bool(
         np.array_equal(

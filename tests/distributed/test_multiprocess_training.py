@@ -29,6 +29,16 @@ def test_both_processes_end_with_the_parameters_of_a_4_device_run(runs):
     assert (p0["local_batch"], p1["local_batch"], ref["local_batch"]) == (8, 8, 16)
 
 
+def test_a_grain_pipeline_per_process_trains_as_one_process_on_the_same_global_batches(runs, tmp_path):
+    """Each process reads its part of every batch through Grain workers; the result is the 4-device run's."""
+    (ref,) = runs["one"]
+    p0, p1 = _run(2, tmp_path, "grain")
+    assert p0["params"] == p1["params"]
+    for a, b in zip(ref["params"], p0["params"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert (p0["local_batch"], p1["local_batch"]) == (8, 8)
+
+
 def test_metrics_are_global_on_every_process(runs):
     (ref,), (p0, p1) = runs["one"], runs["two"]
     assert p0["metrics"] == p1["metrics"]

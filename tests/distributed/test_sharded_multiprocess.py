@@ -39,4 +39,4 @@ def test_a_checkpoint_written_by_both_processes_is_restored_by_both(runs):
     for p in (p0, p1, ref):
         assert p["restored_step"] == 12
         assert p["restored_equal"] is True
-        assert p["checkpoints"] == ["step_00000008", "step_00000012"]  # keep_latest=2, one set of folders
+        assert p["checkpoints"] == ["step_00000008", "step_00000012"]  # n_saved=2, one set of folders

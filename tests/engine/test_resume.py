@@ -9,25 +9,36 @@ from tests.engine.recording import batches_seen
 
 
 class Positioned:
-    """A re-iterable that reports and restores its own position, and counts how it was iterated."""
+    """A re-iterable whose iterators report and restore their position (Grain's protocol) and count fetches."""
 
     def __init__(self, items: list[str]) -> None:
         self.items = items
-        self.pos = 0
         self.fetched = 0
+        self.closed: list[int] = []  # the position of each iterator closed
 
     def __iter__(self) -> Iterator[str]:
-        while self.pos < len(self.items):
-            self.pos += 1
-            self.fetched += 1
-            yield self.items[self.pos - 1]
-        self.pos = 0
+        return _Cursor(self)
 
-    def state_dict(self) -> dict[str, int]:
+
+class _Cursor(Iterator[str]):
+    def __init__(self, data: Positioned) -> None:
+        self.data, self.pos = data, 0
+
+    def __next__(self) -> str:
+        if self.pos >= len(self.data.items):
+            raise StopIteration
+        self.pos += 1
+        self.data.fetched += 1
+        return self.data.items[self.pos - 1]
+
+    def get_state(self) -> dict[str, int]:
         return {"pos": self.pos}
 
-    def load_state_dict(self, sd: dict[str, int]) -> None:
-        self.pos = sd["pos"]
+    def set_state(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+    def close(self) -> None:
+        self.data.closed.append(self.pos)
 
 
 def test_state_dict_holds_ignite_keys():
@@ -91,11 +102,12 @@ def test_resume_at_an_epoch_boundary_starts_the_next_epoch():
 
 
 def test_data_with_its_own_position_is_restored_not_skipped():
-    """Data that saves its position is restored through load_state_dict, without fetching skipped batches."""
+    """An iterator with get_state/set_state is restored from the state dict, without fetching skipped batches."""
     data = Positioned(["a", "b", "c", "d"])
     first = Engine(lambda e, b: b)
     first.add_event_handler(Events.ITERATION_COMPLETED(once=6), lambda e: e.terminate())
     first.run(data, max_epochs=2)
+    assert data.closed == [2]  # the run stopped: the iterator was closed, its position kept
     sd = first.state_dict()
     assert sd == {"epoch_length": 4, "iteration": 6, "max_epochs": 2, "data": {"pos": 2}}
 
@@ -106,6 +118,31 @@ def test_data_with_its_own_position_is_restored_not_skipped():
     second.run(fresh)
     assert [b for _, _, b in seen] == ["c", "d"]
     assert fresh.fetched == 2
+    assert fresh.closed == [4]  # closed at COMPLETED
+
+
+def test_a_stopped_run_reopens_its_data_where_it_stood():
+    """terminate() closes the iterator (its workers stop); run() again reopens the data at the kept position."""
+    data = Positioned(["a", "b", "c"])
+    engine = Engine(lambda e, b: b)
+    seen = batches_seen(engine)
+    engine.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda e: e.terminate())
+    engine.run(data, max_epochs=2)
+    assert data.closed == [2]
+    engine.run(data)
+    assert [b for _, _, b in seen] == ["a", "b", "c", "a", "b", "c"]
+    assert data.closed == [2, 3]
+    assert data.fetched == 6
+
+
+def test_a_saved_position_needs_data_that_can_take_it():
+    """Resuming a position saved from positioned data onto a plain list is an error, not a silent restart."""
+    engine = Engine(lambda e, b: b)
+    engine.load_state_dict({"epoch_length": 4, "iteration": 2, "max_epochs": 1, "data": {"pos": 2}})
+    with pytest.raises(
+        ValueError, match=r"holds a saved position in its data, but the iterator of this data \(list_iterator\) has no"
+    ):
+        engine.run(["a", "b", "c", "d"])
 
 
 def test_resume_straight_equals_uninterrupted_run():

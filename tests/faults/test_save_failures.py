@@ -25,7 +25,7 @@ def failing_at(monkeypatch, step, error):
 
 def run(tmp_path, on_error):
     trainer = Engine(lambda e, b: b)
-    saver = Checkpoint({"trainer": trainer}, tmp_path, keep_latest=None, on_error=on_error)
+    saver = Checkpoint({"trainer": trainer}, tmp_path, n_saved=None, on_error=on_error)
     saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
     seen = []
     trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.iteration))

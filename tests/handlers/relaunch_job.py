@@ -89,7 +89,7 @@ def job(folder: Path, save: str, interrupt: str | None = None, on_point: Any = N
         }
         history_file.write_text(json.dumps(history, indent=1))
 
-    saver = Checkpoint({"trainer": trainer}, folder / "checkpoints", keep_latest=2)
+    saver = Checkpoint({"trainer": trainer}, folder / "checkpoints", n_saved=2)
     event = Events.EPOCH_COMPLETED if save == "epoch" else Events.ITERATION_COMPLETED(every=2) | Events.COMPLETED
     saver.attach(trainer, event)
     preemption = Preemption(saver)

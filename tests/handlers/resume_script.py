@@ -40,10 +40,10 @@ def build(model: str, early_stopping: bool = True):
     data = ArrayDataset(ARRAYS, batch_size=16, shuffle=True, seed=3)
     evaluator = create_evaluator(trainer, lambda m, b: {"loss": classification_loss(m, b)[0]})
     Average(key="loss").attach(evaluator, "loss")
-    to_save = {"trainer": trainer, "data": data}
+    to_save = {"trainer": trainer}
     Evaluate(evaluator, [{"x": ARRAYS["x"][:16], "y": ARRAYS["y"][:16]}]).attach(trainer)
     if early_stopping:  # no validation loss ever improves by 10: stops after 3 evaluations past the first
-        stop = EarlyStopping(3, lambda e: e.state.metrics["loss"], trainer, min_delta=10.0, mode="min")
+        stop = EarlyStopping(3, lambda e: e.state.metrics["loss"], trainer, threshold=10.0, mode="min")
         stop.attach(evaluator)
         to_save["early_stopping"] = stop
     return trainer, data, evaluator, to_save
@@ -85,7 +85,7 @@ def wait_for_signal(preemption: Preemption, message: str) -> None:
 
 def sigterm(workdir: Path, during: str) -> None:
     trainer, data, evaluator, to_save = build("linen", early_stopping=False)
-    saver = Checkpoint(to_save, workdir / f"ckpt-{during}-sigterm", keep_latest=None)
+    saver = Checkpoint(to_save, workdir / f"ckpt-{during}-sigterm", n_saved=None)
     saver.attach(trainer, Events.ITERATION_COMPLETED(every=100))
     preemption = Preemption(saver)
     preemption.attach(trainer, [evaluator])

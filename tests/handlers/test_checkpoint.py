@@ -30,14 +30,14 @@ def test_saving_and_loading_resumes_exactly(tmp_path, stop_at):
     straight.run(data, max_epochs=3)
 
     first, data = new_trainer()
-    saver = Checkpoint({"trainer": first, "data": data}, tmp_path, keep_latest=2)
+    saver = Checkpoint({"trainer": first}, tmp_path, n_saved=2)
     saver.attach(first, Events.ITERATION_COMPLETED(every=2))
     first.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
     first.run(data, max_epochs=3)
     assert [c.step for c in saver.store.checkpoints()] == [stop_at - 2, stop_at]
 
     second, fresh_data = new_trainer()
-    info = load_objects({"trainer": second, "data": fresh_data}, tmp_path)
+    info = load_objects({"trainer": second}, tmp_path)
     assert info.step == stop_at
     second.run(fresh_data)
     assert second.state.iteration == 12
@@ -47,26 +47,90 @@ def test_saving_and_loading_resumes_exactly(tmp_path, stop_at):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_best_and_latest_are_kept_together_with_scores_in_names(tmp_path):
-    """On an evaluator with a score and the trainer's step, the best and the latest both survive."""
+def test_ignites_checkpoint_on_an_evaluator_keeps_the_best_named_by_the_trainers_epoch(tmp_path):
+    """Ignite's arguments, positionally: the n_saved best by score_function, named by the trainer's epoch."""
     trainer = Engine(lambda e, b: b)
     evaluator = Engine(lambda e, b: b)
     scores = iter([0.5, 0.9, 0.7, 0.6])
     saver = Checkpoint(
-        {"trainer": trainer},
-        tmp_path,
-        keep_latest=1,
-        keep_best=1,
-        score_fn=lambda e: next(scores),
-        score_name="acc",
-        step_fn=global_step_from_engine(trainer),
+        {"trainer": trainer}, tmp_path, "mnist", lambda e: next(scores), "acc", 2, global_step_from_engine(trainer)
     )
     saver.attach(evaluator, Events.COMPLETED)
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run([0]))
     trainer.run([1, 2], max_epochs=4)
     saver.store.wait()
-    assert [c.path.name for c in saver.store.checkpoints()] == ["step_00000004-acc=0.9000", "step_00000008-acc=0.6000"]
-    assert saver.store.best("acc").step == 4
+    names = [c.path.name for c in saver.store.checkpoints()]
+    assert names == ["mnist_step_00000002-acc=0.9000", "mnist_step_00000003-acc=0.7000"]
+    assert saver.store.best("acc").step == 2
+
+
+def test_a_step_function_of_ignites_shape_gets_the_event_and_old_names_still_work_for_one_release(tmp_path):
+    """global_step_transform(engine, event_name) as Ignite calls it; keep_latest/keep_best/score_fn/step_fn warn."""
+    trainer = Engine(lambda e, b: b)
+    seen = []
+    saver = Checkpoint(
+        {"trainer": trainer},
+        tmp_path / "ignite",
+        global_step_transform=lambda engine, event_name: seen.append(event_name) or engine.state.iteration * 10,
+        background=False,
+    )
+    saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
+    trainer.run([1, 2])
+    assert seen == [Events.ITERATION_COMPLETED]
+    assert [c.step for c in saver.store.checkpoints()] == [20]
+    evaluator = Engine(lambda e, b: b)
+    scores = iter([0.5, 0.9, 0.7, 0.6])
+    with pytest.warns(DeprecationWarning, match=r"is deprecated") as caught:
+        old = Checkpoint(
+            {"trainer": trainer},
+            store=tmp_path / "old",
+            keep_latest=1,
+            keep_best=1,
+            score_fn=lambda e: next(scores),
+            score_name="acc",
+            step_fn=lambda e: trainer.state.iteration,
+        )
+    assert sorted(str(w.message).split("(")[1].split("=")[0] for w in caught) == [
+        "keep_latest",
+        "score_fn",
+        "step_fn",
+        "store",
+    ]
+    old.attach(evaluator, Events.COMPLETED)  # the old union of newest and best, for this release
+    trainer.state.max_epochs = None
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run([0]))
+    trainer.run([1, 2], max_epochs=4)
+    old.store.wait()
+    assert [c.path.name for c in old.store.checkpoints()] == ["step_00000004-acc=0.9000", "step_00000008-acc=0.6000"]
+
+
+def test_load_objects_takes_one_checkpoints_folder_as_ignites_resume_from_passes_it(tmp_path):
+    """load_objects(..., "<dir>/step_00000002") loads that checkpoint, not the folder's latest."""
+    trainer = Engine(lambda e, b: b)
+    Checkpoint({"trainer": trainer}, tmp_path, n_saved=None, background=False).attach(
+        trainer, Events.ITERATION_COMPLETED
+    )
+    trainer.run([1, 2, 3])
+    fresh = Engine(lambda e, b: b)
+    assert load_objects({"trainer": fresh}, tmp_path / "step_00000002").step == 2
+    assert fresh.state.iteration == 2
+    assert load_objects({"trainer": fresh}, str(tmp_path)).step == 3
+
+
+def test_n_saved_keeps_the_best_with_a_score_the_newest_without_and_none_keeps_all(tmp_path):
+    """Ignite's n_saved: ranked by score_function when given, else by step; None deletes nothing."""
+    scores = {2: 0.5, 4: 0.9, 6: 0.7, 8: 0.6}
+    cases = [("best", 2, lambda e: scores[e.state.iteration]), ("newest", 2, None), ("all", None, None)]
+    kept = {}
+    for folder, n_saved, score in cases:
+        trainer = Engine(lambda e, b: b)
+        saver = Checkpoint(
+            {"trainer": trainer}, tmp_path / folder, score_function=score, n_saved=n_saved, background=False
+        )
+        saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
+        trainer.run(range(8))
+        kept[folder] = [c.step for c in saver.store.checkpoints()]
+    assert kept == {"best": [4, 6], "newest": [6, 8], "all": [2, 4, 6, 8]}
 
 
 def test_a_failed_background_write_stops_the_run(tmp_path, monkeypatch):
@@ -105,10 +169,10 @@ def test_checkpoint_and_load_objects_errors(tmp_path):
     """Bad to_save entries and policies, missing state and an empty store fail clearly."""
     with pytest.raises(TypeError, match=r"`to_save\['model'\]` must have state_dict\(\)/load_state_dict\(\)"):
         Checkpoint({"model": object()}, tmp_path)
-    with pytest.raises(ValueError, match=r"`keep_best` needs `score_fn`"):
-        Checkpoint({"t": Engine(lambda e, b: b)}, tmp_path, keep_best=2)
     with pytest.raises(ValueError, match=r"`keep_latest` must be a positive int or None, got 0"):
-        Checkpoint({"t": Engine(lambda e, b: b)}, tmp_path, keep_latest=0)
+        Checkpoint({"t": Engine(lambda e, b: b)}, tmp_path, n_saved=0)
+    with pytest.raises(TypeError, match=re.escape("`save_handler` must be a folder, a CheckpointStore or a DiskSaver")):
+        Checkpoint({"t": Engine(lambda e, b: b)}, 3)  # type: ignore[arg-type]
     with pytest.raises(FileNotFoundError, match=r"No valid checkpoint in .* to load from"):
         load_objects({"t": Engine(lambda e, b: b)}, tmp_path / "empty")
     engine = Engine(lambda e, b: b)
@@ -120,7 +184,7 @@ def test_checkpoint_and_load_objects_errors(tmp_path):
 
 def test_keep_latest_none_keeps_every_checkpoint(tmp_path):
     trainer = Engine(lambda e, b: b)
-    Checkpoint({"trainer": trainer}, tmp_path, keep_latest=None).attach(trainer, Events.ITERATION_COMPLETED(every=2))
+    Checkpoint({"trainer": trainer}, tmp_path, n_saved=None).attach(trainer, Events.ITERATION_COMPLETED(every=2))
     trainer.run(range(6))
     assert [c.step for c in CheckpointStore(tmp_path).checkpoints()] == [2, 4, 6]
 
@@ -128,7 +192,7 @@ def test_keep_latest_none_keeps_every_checkpoint(tmp_path):
 def test_firing_twice_at_one_step_saves_once(tmp_path):
     """EPOCH_COMPLETED | COMPLETED both fire after the last iteration: one checkpoint, no error."""
     trainer = Engine(lambda e, b: b)
-    saver = Checkpoint({"trainer": trainer}, tmp_path, keep_latest=None)
+    saver = Checkpoint({"trainer": trainer}, tmp_path, n_saved=None)
     saver.attach(trainer, Events.EPOCH_COMPLETED | Events.COMPLETED)
     trainer.run([1, 2], max_epochs=2)
     assert [c.step for c in saver.store.checkpoints()] == [2, 4]
@@ -137,7 +201,7 @@ def test_firing_twice_at_one_step_saves_once(tmp_path):
 
 def _saved_trainer(folder, steps=(2, 4)):
     trainer = Engine(lambda e, b: b)
-    saver = Checkpoint({"trainer": trainer}, folder, keep_latest=None, background=False)
+    saver = Checkpoint({"trainer": trainer}, folder, n_saved=None, background=False)
     saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
     trainer.run(range(max(steps)))
     return saver
@@ -167,7 +231,7 @@ def test_a_run_resumed_before_a_truncated_checkpoint_saves_that_step_again(tmp_p
     data = tmp_path / "step_00000004" / "state.msgpack"
     data.write_bytes(data.read_bytes()[:-3])
     trainer = Engine(lambda e, b: b)
-    saver = Checkpoint({"trainer": trainer}, tmp_path, keep_latest=None, background=False)
+    saver = Checkpoint({"trainer": trainer}, tmp_path, n_saved=None, background=False)
     saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
     with pytest.warns(UserWarning, match=r"state.msgpack holds \d+ bytes, the manifest says \d+ \(truncated\)"):
         saver.resume()
@@ -181,7 +245,7 @@ def test_a_second_save_of_one_step_is_skipped_if_unchanged_and_kept_beside_it_if
     trainer = Engine(lambda e, b: b)
     trainer.state_dict_user_keys.append("note")
     trainer.state.note = "first"
-    saver = Checkpoint({"trainer": trainer}, tmp_path, keep_latest=None, background=False)
+    saver = Checkpoint({"trainer": trainer}, tmp_path, n_saved=None, background=False)
     saver.attach(trainer, Events.EPOCH_COMPLETED | Events.COMPLETED)
     trainer.run([1, 2])
     assert [p.name for p in tmp_path.iterdir()] == ["step_00000002"]
@@ -189,3 +253,29 @@ def test_a_second_save_of_one_step_is_skipped_if_unchanged_and_kept_beside_it_if
     saver(trainer)
     assert [c.path.name for c in saver.store.checkpoints()] == ["step_00000002", "step_00000002.2"]
     assert saver.store.latest().manifest["metadata"]["state_dicts"]["trainer"]["note"] == "second"
+
+
+def test_ignites_disk_saver_and_model_checkpoint(tmp_path):
+    """DiskSaver refuses a used folder unless told; ModelCheckpoint saves what it is handed, as Ignite's mnist.py."""
+    from ember.handlers import DiskSaver, ModelCheckpoint
+
+    trainer = Engine(lambda e, b: b)
+    scores = iter([0.2, 0.9, 0.5])
+    handler = ModelCheckpoint(tmp_path, "mnist", score_function=lambda e: next(scores), score_name="acc", n_saved=2)
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, handler, {"trainer": trainer})
+    trainer.run([1, 2], max_epochs=3)
+    assert [c.path.name for c in handler.store.checkpoints()] == [
+        "mnist_step_00000004-acc=0.9000",
+        "mnist_step_00000006-acc=0.5000",
+    ]
+    fresh = Engine(lambda e, b: b)
+    assert Checkpoint.load_objects({"trainer": fresh}, tmp_path / "mnist_step_00000004-acc=0.9000").step == 4
+    with pytest.raises(ValueError, match=r"already holds checkpoints \(mnist_step_00000004-acc=0.9000, "):
+        DiskSaver(tmp_path)
+    assert DiskSaver(tmp_path, require_empty=False).store.root == tmp_path
+    with pytest.raises(ValueError, match=re.escape("`atomic` must be True: ember writes every checkpoint atomically")):
+        DiskSaver(tmp_path / "new", atomic=False)
+    with pytest.raises(FileNotFoundError, match=r"does not exist, and create_dir=False"):
+        DiskSaver(tmp_path / "missing", create_dir=False)
+    with pytest.raises(TypeError, match=r"ModelCheckpoint saves what it is given: add it with"):
+        ModelCheckpoint(tmp_path / "other")(trainer)

@@ -35,12 +35,15 @@ def test_evaluator_scores_stop_a_ten_epoch_trainer_at_epoch_seven():
 @pytest.mark.parametrize(
     ("kwargs", "scores", "calls_until_stop"),
     [
-        ({"min_delta": 0.1}, [1.0, 1.05, 1.15, 1.2], 3),  # 1.15 is not 0.1 over the best, 1.05
-        ({"min_delta": 0.1, "cumulative_delta": True}, [1.0, 1.05, 1.15, 1.2], None),  # 1.15 is over 1.0 + 0.1
+        ({"threshold": 0.1}, [1.0, 1.05, 1.15, 1.2], 3),  # 1.15 is not 0.1 over the best, 1.05
+        ({"threshold": 0.1, "cumulative": True}, [1.0, 1.05, 1.15, 1.2], None),  # 1.15 is over 1.0 + 0.1
         ({"mode": "min"}, [1.0, 0.9, 0.95, 0.99], 4),
+        ({"threshold": 0.1, "threshold_mode": "rel"}, [1.0, 1.05, 1.12, 1.2], 3),  # 1.12 is under 1.05 * 1.1
+        ({"threshold": 0.1, "threshold_mode": "rel", "mode": "min"}, [1.0, 0.85, 0.8, 0.75], 4),  # 0.75 > 0.8 * 0.9
     ],
 )
-def test_min_delta_cumulative_delta_and_min_mode(kwargs, scores, calls_until_stop):
+def test_threshold_cumulative_relative_and_min_mode(kwargs, scores, calls_until_stop):
+    """Ignite 0.5.5's rule, case by case."""
     trainer = Engine(lambda e, b: b)
     stop = EarlyStopping(2, scored(scores), trainer, **kwargs)
     stopped_at = None
@@ -67,18 +70,32 @@ def test_state_dict_round_trip_continues_the_count():
     ("kwargs", "message"),
     [
         ({"patience": 0}, "`patience` must be an int of at least 1, got 0."),
-        ({"min_delta": -1.0}, "`min_delta` must be a number of at least 0, got -1.0."),
+        ({"threshold": -1.0}, "`threshold` must be a number of at least 0, got -1.0."),
         ({"mode": "up"}, '`mode` must be "min" or "max", got \'up\'.'),
-        ({"score_fn": 3}, "`score_fn` must be callable as score_fn(engine), got 3."),
+        ({"threshold_mode": "pct"}, '`threshold_mode` must be "abs" or "rel", got \'pct\'.'),
+        ({"score_function": 3}, "`score_function` must be callable as score_function(engine), got 3."),
         ({"trainer": "t"}, "`trainer` must be an ember Engine, got str."),
     ],
 )
 def test_bad_arguments(kwargs, message):
-    args = {"patience": 2, "score_fn": lambda e: 0.0, "trainer": Engine(lambda e, b: b), **kwargs}
-    patience, score_fn, trainer = args.pop("patience"), args.pop("score_fn"), args.pop("trainer")
+    args = {"patience": 2, "score_function": lambda e: 0.0, "trainer": Engine(lambda e, b: b), **kwargs}
     with pytest.raises((ValueError, TypeError)) as info:
-        EarlyStopping(patience, score_fn, trainer, **args)
+        EarlyStopping(**args)
     assert str(info.value) == message
+
+
+def test_ignites_keywords_and_the_old_names_for_one_release():
+    """Ignite's keywords work as written; score_fn, min_delta, cumulative_delta still work, with a warning."""
+    trainer = Engine(lambda e, b: b)
+    stop = EarlyStopping(patience=2, score_function=scored([1.0]), trainer=trainer, threshold=0.1, cumulative=True)
+    assert (stop.threshold, stop.cumulative, stop.threshold_mode) == (0.1, True, "abs")
+    with pytest.warns(DeprecationWarning, match=r"EarlyStopping\(score_fn=\.\.\.\) is deprecated: use score_function="):
+        old = EarlyStopping(2, score_fn=scored([1.0]), trainer=trainer)
+    assert callable(old.score_function)
+    with pytest.warns(DeprecationWarning, match=r"use threshold=, Ignite's name; min_delta goes in the next release"):
+        assert EarlyStopping(2, scored([1.0]), trainer, min_delta=0.2).threshold == 0.2
+    with pytest.warns(DeprecationWarning, match=r"use cumulative="):
+        assert EarlyStopping(2, scored([1.0]), trainer, cumulative_delta=True).cumulative is True
 
 
 def test_load_state_dict_names_missing_keys():

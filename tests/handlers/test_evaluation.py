@@ -41,7 +41,8 @@ def test_early_stopping_on_a_real_evaluator_with_an_epoch_logger():
     out = io.StringIO()
     from ember.writers import ConsoleWriter
 
-    ScalarLogger(ConsoleWriter(out), tag="val", step_fn=global_step_from_engine(t)).attach(ev, Events.COMPLETED)
+    step = global_step_from_engine(t, Events.ITERATION_COMPLETED)  # the trainer's iteration
+    ScalarLogger(ConsoleWriter(out), tag="val", global_step_transform=step).attach(ev, Events.COMPLETED)
     scores = iter([0.5, 0.4, 0.4, 0.3, 0.9])  # the stop comes from the handler's counter, not the data
     stop = EarlyStopping(2, lambda e: next(scores), t)
     stop.attach(ev)
@@ -57,11 +58,11 @@ def test_common_training_handlers_on_a_real_trainer(tmp_path):
     handlers = setup_common_training_handlers(
         t,
         writer=JsonlWriter(log),
-        log_every=2,
-        progress=False,
-        checkpoint_dir=tmp_path / "ckpt",
-        checkpoint_every=3,
-        keep_latest=2,
+        log_every_iters=2,
+        with_pbars=False,
+        output_path=tmp_path / "ckpt",
+        save_every_iters=3,
+        n_saved=2,
     )
     losses = []
     t.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses.append(float(e.state.output["loss"])))
@@ -80,10 +81,14 @@ def test_common_training_handlers_on_a_real_trainer(tmp_path):
 
 def test_common_training_handlers_stop_on_nan_and_check_arguments():
     engine = Engine(lambda e, b: {"loss": np.float32(b)})
-    setup_common_training_handlers(engine, progress=False, running_average=None)
+    setup_common_training_handlers(engine, with_pbars=False, running_average=None)
     assert engine.run([1.0, float("nan"), 1.0, 1.0, 1.0]).iteration == 3
-    with pytest.raises(ValueError, match=re.escape("`log_every` must be a positive int, got 0.")):
-        setup_common_training_handlers(engine, log_every=0)
+    with pytest.raises(ValueError, match=re.escape("`log_every_iters` must be a positive int, got 0.")):
+        setup_common_training_handlers(engine, log_every_iters=0)
+    with pytest.warns(
+        DeprecationWarning, match=re.escape("setup_common_training_handlers(progress=...) is deprecated")
+    ):
+        setup_common_training_handlers(Engine(lambda e, b: b), progress=False, running_average=None, stop_on_nan=False)
     with pytest.raises(TypeError, match=re.escape("`trainer` must be an ember Engine, got int.")):
         setup_common_training_handlers(3)  # type: ignore[arg-type]
 

@@ -108,6 +108,42 @@ def test_scalar_logger_writes_metrics_and_outputs_to_tensorboard(tmp_path):
     assert scalars["epoch/avg_loss"][0][1] == pytest.approx(np.mean(losses[:4]), abs=1e-6)
 
 
+def test_output_transform_names_the_per_step_loss_apart_from_an_evaluators(tmp_path):
+    """Ignite's OutputHandler pattern: the step's loss as "training/batchloss", the epoch's as "training/loss"."""
+    t = trainer()
+    Average(key="loss").attach(t, "loss")
+    writer = TensorBoardWriter(tmp_path)
+    ScalarLogger(writer, tag="training", metric_names=None, output_transform=lambda o: {"batchloss": o["loss"]}).attach(
+        t, Events.ITERATION_COMPLETED(every=2)
+    )
+    ScalarLogger(writer, tag="training").attach(t, Events.EPOCH_COMPLETED)
+    one = Remember()
+    ScalarLogger(one, metric_names=None, output_transform=lambda o: o["loss"]).attach(
+        t, Events.ITERATION_COMPLETED(once=3)
+    )
+    losses = []
+    t.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses.append(round(float(e.state.output["loss"]), 6)))
+    t.run(DATA, max_epochs=2)
+    scalars = read_scalars(tmp_path)
+    assert sorted(scalars) == ["training/batchloss", "training/loss"]
+    assert scalars["training/batchloss"] == [(i, losses[i - 1]) for i in (2, 4, 6, 8)]
+    assert [s for s, _ in scalars["training/loss"]] == [4, 8]
+    assert one.rows == [(3, {"output": losses[2]})]  # one value: named "output", as Ignite names it
+    with pytest.raises(
+        TypeError, match=re.escape("`output_transform` must be callable as output_transform(output), got 3")
+    ):
+        ScalarLogger(one, output_transform=3)  # type: ignore[arg-type]
+
+
+def test_progress_bar_shows_what_output_transform_names():
+    out = io.StringIO()
+    t = trainer()
+    bar = ProgressBar(2, stream=out, mininterval=0, bar_format="{desc} {n}/{total}{postfix}")
+    bar.attach(t, output_transform=lambda o: {"batchloss": o["loss"]})
+    t.run(DATA)
+    assert re.fullmatch(r"Epoch \[1/1\] 4/4, batchloss=[\d.]+", bar_frames(out)[-1])
+
+
 def test_loggers_sharing_a_writer_share_one_thread_in_call_order():
     """Two loggers on one plain writer get one AsyncWriter: every record on one thread, in call order.
 
@@ -214,3 +250,37 @@ def test_gradient_spike_monitor_needs_the_norm():
         engine.run([1.0])
     with pytest.raises(ValueError, match=re.escape("`factor` must be a number above 1, got 1.")):
         GradientSpikeMonitor(1)
+
+
+def test_per_layer_gradient_and_weight_norms_and_histograms(tmp_path):
+    """Ignite's Grads/Weights handlers: per-layer norms equal NumPy's on the same step; histograms per layer."""
+    from ember.handlers import GradsHistHandler, GradsScalarHandler, WeightsHistHandler, WeightsScalarHandler
+    from tests.writers.tb_reader import tags
+
+    t = trainer(extras=("grad_norms", "param_norms", "grads"))
+    writer = TensorBoardWriter(tmp_path)
+    every = Events.ITERATION_COMPLETED(every=2)
+    for handler in (GradsScalarHandler(writer), WeightsScalarHandler(writer)):
+        handler.attach(t, every)
+    GradsHistHandler(writer).attach(t, Events.COMPLETED)
+    weights = WeightsHistHandler(writer)
+    weights.attach(t, Events.COMPLETED)
+    grads = []
+    t.add_event_handler(every, lambda e: grads.append({k: np.asarray(v) for k, v in e.state.output["grads"].items()}))
+    t.run(DATA)
+    weights.writer.flush()  # attached after the writer's flush at COMPLETED: its writes come later
+    scalars = read_scalars(tmp_path)
+    assert sorted(k for k in scalars if k.startswith(("grads/", "weights/"))) == [
+        "grads/norm/b",
+        "grads/norm/w",
+        "weights/norm/b",
+        "weights/norm/w",
+    ]
+    assert [s for s, _ in scalars["grads/norm/w"]] == [2, 4]
+    for i, (_, norm) in enumerate(scalars["grads/norm/w"]):
+        assert norm == pytest.approx(float(np.linalg.norm(grads[i]["w"])), rel=1e-5)
+    assert {"grads/w", "grads/b", "weights/w", "weights/b"} <= tags(tmp_path)
+    plain = trainer()
+    plain.run(DATA[:1])
+    with pytest.raises(KeyError, match=re.escape("create_trainer(..., extras=('grad_norms',))")):
+        GradsScalarHandler(Remember())(plain)

@@ -52,8 +52,18 @@ def test_time_limit_stops_cleanly_and_restarts_its_clock():
     assert completed == [3]
     engine.run(range(100), max_epochs=2)  # a new run: the clock starts again
     assert completed == [3, 6]
-    with pytest.raises(ValueError, match=re.escape("`seconds` must be a positive number, got 0.")):
+    with pytest.raises(ValueError, match=re.escape("`limit_sec` must be a positive number, got 0.")):
         TimeLimit(0)
+
+
+def test_time_limit_as_ignite_adds_it_counts_from_its_making():
+    """trainer.add_event_handler(Events.ITERATION_COMPLETED, TimeLimit(limit_sec=...)), no attach: Ignite's way."""
+    clock = ticking()
+    engine = Engine(lambda e, b: b)
+    engine.add_event_handler(Events.ITERATION_COMPLETED, TimeLimit(limit_sec=3, clock=clock))
+    assert engine.run(range(100)).iteration == 3
+    with pytest.warns(DeprecationWarning, match=re.escape("TimeLimit(seconds=...) is deprecated: use limit_sec=")):
+        assert TimeLimit(seconds=5).limit_sec == 5.0
 
 
 def test_time_limit_with_the_real_clock():

@@ -130,6 +130,9 @@ def test_output_transform_picks_and_renames():
     acc = Accuracy(output_transform=lambda out: (out["logits"], out["labels"]))
     acc.update({"logits": jnp.array([[1.0, 0.0], [0.0, 1.0]]), "labels": jnp.array([0, 0])})
     assert acc.compute() == 0.5
+    as_ignite = Accuracy(output_transform=lambda out: [out["logits"], out["labels"]])  # a list, as Ignite's docs
+    as_ignite.update({"logits": jnp.array([[1.0, 0.0], [0.0, 1.0]]), "labels": jnp.array([1, 1])})
+    assert as_ignite.compute() == 0.5
 
 
 def test_merged_updates_equal_one_update_and_jit_equals_eager():

@@ -58,7 +58,7 @@ def test_a_long_run_keeps_memory_and_file_handles_flat_and_every_checkpoint_rest
     writer = create_run_writer(tmp_path / "run", console=False, csv=True)
     ScalarLogger(writer, tag="train", metric_names=["loss"]).attach(trainer, Events.ITERATION_COMPLETED(every=100))
     Evaluate(evaluator, val, writer=writer).attach(trainer, Events.EPOCH_COMPLETED(every=10))
-    saver = Checkpoint({"trainer": trainer, "data": train}, tmp_path / "ckpt", keep_latest=None)
+    saver = Checkpoint({"trainer": trainer}, tmp_path / "ckpt", n_saved=None)
     saver.attach(trainer, Events.ITERATION_COMPLETED(every_secs=60.0))
     samples: list[tuple[float, int, int]] = []
     start = time.monotonic()

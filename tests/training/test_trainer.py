@@ -3,6 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from ember import Engine, Events
 from ember.data import ArrayDataset
@@ -187,6 +188,24 @@ def test_lazy_state_is_built_from_the_first_batch():
     assert int(trainer.state.train_state.step) == 2
 
 
+def test_one_evaluator_runs_on_data_of_different_batch_sizes():
+    """Ignite's mnist.py: the train loader in 64s, the validation loader in 1000s; each run compiles for its shape."""
+    from ember.metrics import Accuracy
+
+    trainer = create_trainer(linear_state(), classification_loss)
+    trainer.run(batches(2))
+    evaluator = create_evaluator(trainer, lambda model, b: {"logits": model(b["x"]), "y": b["y"]})
+    Accuracy(output_transform=lambda o: [o["logits"], o["y"]]).attach(evaluator, "accuracy")
+    examples = {k: np.concatenate([b[k] for b in batches(4)]) for k in ("x", "y")}  # 64 examples
+    small = [{k: v[i : i + 16] for k, v in examples.items()} for i in range(0, 64, 16)]
+    whole = [examples]
+    accuracies = [evaluator.run(data).metrics["accuracy"] for data in (small, whole, small)]
+    assert accuracies[0] == accuracies[1] == accuracies[2]
+    within_one_run = [small[0], {k: v[:32] for k, v in examples.items()}]
+    with pytest.raises(ValueError, match=r"(?s)differs from the first one.*float32\[16, 4\].*float32\[32, 4\]"):
+        evaluator.run(within_one_run)
+
+
 def test_evaluator_follows_the_trainer_state_and_accepts_a_short_last_batch():
     """An evaluator built on a trainer uses its current train state; a short last batch is fine."""
     trainer = create_trainer(linear_state(), classification_loss)
@@ -314,3 +333,37 @@ def test_k_steps_are_unrolled_on_cpu_only_for_steps_with_convolutions():
     state = TrainState.from_linen(CNN(), group[0], optax.sgd(0.1))
     found["CNN under pmap"] = _convolves(pmap_step, Pmap(), state, group[None])  # (devices, K, B/n, ...)
     assert found == {"CNN": True, "MLP": False, "CNN under pmap": True}
+
+
+class CallTimeRngs(nnx.Module):
+    """As Flax's own NNX examples now write it: Dropout built without rngs, ``rngs`` passed at call time."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.linear = nnx.Linear(4, 3, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5)
+
+    def __call__(self, x, rngs: nnx.Rngs | None = None):
+        return self.dropout(self.linear(x), rngs=rngs)
+
+
+def test_an_nnx_model_taking_rngs_at_call_time_gets_a_stream_of_the_steps_key():
+    """Training passes rngs (dropout is on, reproducibly, anew each step); evaluation needs none."""
+    x = np.ones((8, 4), np.float32)
+
+    def run():
+        trainer = create_trainer(
+            TrainState.from_nnx(CallTimeRngs(nnx.Rngs(0)), optax.sgd(0.1)),
+            lambda model, b: (jnp.mean(model(b) ** 2), {"y": model(b)}),
+        )
+        outputs = []
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.append(np.asarray(e.state.output["y"])))
+        trainer.run([x, x])
+        return trainer, outputs
+
+    trainer, first = run()
+    _, again = run()
+    np.testing.assert_array_equal(first[0], again[0])  # the same keys: the same masks
+    assert (first[0] == 0).any()  # dropped
+    assert not np.array_equal(first[0] == 0, first[1] == 0)  # a new mask each step
+    out = create_evaluator(trainer, lambda model, b: model(b)).run([x]).output
+    assert not (np.asarray(out) == 0).any()  # evaluation: dropout off, no rngs needed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -37,15 +38,34 @@ def new_manifest(
         "wall_time": time.time(),
         "ember_version": __version__,
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
-        "metadata": dict(metadata or {}),
+        "metadata": _encode_bytes(dict(metadata or {})),
         "tree": {path: describe(leaf) for path, leaf in leaves.items()},
     }
     json.dumps(manifest)
     return manifest
 
 
+_BYTES = "$bytes"  # a bytes value in the manifest, base64: {"$bytes": "..."} (Grain's DataLoader state is bytes)
+
+
+def _encode_bytes(obj: Any) -> Any:
+    if isinstance(obj, bytes):
+        return {_BYTES: base64.b64encode(obj).decode("ascii")}
+    if isinstance(obj, Mapping):
+        return {k: _encode_bytes(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_encode_bytes(v) for v in obj]
+    return obj
+
+
+def _decode_bytes(obj: dict[str, Any]) -> Any:
+    if len(obj) == 1 and isinstance(obj.get(_BYTES), str):
+        return base64.b64decode(obj[_BYTES])
+    return obj
+
+
 def _checksum(manifest: Mapping[str, Any]) -> int:
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    body = _encode_bytes({k: v for k, v in manifest.items() if k != "checksum"})
     return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
@@ -71,7 +91,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise FileNotFoundError(f"{folder} has no {MANIFEST}") from None
     try:
-        manifest = json.loads(text)
+        manifest = json.loads(text, object_hook=_decode_bytes)
     except ValueError as e:  # UnicodeDecodeError and JSONDecodeError both
         raise corrupt(folder, MANIFEST, f"is not valid JSON ({e})") from None
     if not isinstance(manifest, dict):

@@ -38,12 +38,25 @@ class OptimizerConfig:
 
 @dataclass
 class DataConfig:
-    """A registered data set (``digits``: scikit-learn's 1,797 handwritten 8x8 digits, shipped with it)."""
+    """The data: ``digits``, or your own from a folder of ``.npy`` files (``npy``) or a function (``grain``).
 
-    name: Literal["digits"] = "digits"
+    ``digits`` is scikit-learn's 1,797 handwritten 8x8 digits, shipped with it; ``npy`` reads ``x.npy`` and
+    ``y.npy`` from disk as needed, so they may be larger than memory; ``grain`` calls your function for
+    your own Grain pipeline.
+    """
+
+    name: Literal["digits", "npy", "grain"] = "digits"
+    #: ``npy``: the folder holding ``x.npy`` and ``y.npy``; ``grain``: ``package.module:function``, called
+    #: with ``batch_size`` and ``seed``, returning ``(train, val)`` iterables of ``{"x": ..., "y": ...}`` batches.
+    path: str | None = None
     batch_size: int = 64
+    #: ``digits`` and ``npy``: the part of the examples held out for validation.
     val_fraction: float = 0.2
     seed: int = 0
+    #: ``npy``: Grain worker processes that read the records (0: this process reads them).
+    worker_count: int = 0
+    #: ``grain``: batches per epoch, for training data without a ``len()``.
+    epoch_length: int | None = None
 
 
 @dataclass
@@ -78,7 +91,7 @@ class EarlyStoppingConfig:
 
     patience: int = 5
     metric: Literal["accuracy", "loss"] = "accuracy"
-    min_delta: float = 0.0
+    threshold: float = 0.0  # the least change that counts as an improvement (Ignite's name)
 
 
 @dataclass
@@ -114,7 +127,7 @@ class Config:
 
 _POSITIVE = frozenset(
     {"batch_size", "max_epochs", "max_iters", "steps_per_call", "eval_every", "keep_latest", "keep_best"}
-    | {"every_iters", "patience", "log_every"}
+    | {"every_iters", "patience", "log_every", "epoch_length"}
 )
 
 #: Number fields with a range: field name -> (what is expected, the test).

@@ -110,9 +110,8 @@ def build_optimizer(config: OptimizerConfig, schedule: optax.Schedule) -> optax.
 
 
 def load_data(config: DataConfig) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Train and validation arrays: ``{"x": (N, 8, 8, 1) float32 in [0, 1], "y": (N,) int32}``."""
-    if not 0 < config.val_fraction < 1:
-        raise ConfigError(f"data.val_fraction: expected a number in (0, 1), got {config.val_fraction!r}.")
+    """The digits as train and validation arrays: ``{"x": (N, 8, 8, 1) float32 in [0, 1], "y": (N,) int32}``."""
+    _check_fraction(config)
     try:
         from sklearn.datasets import load_digits
     except ImportError as e:
@@ -124,6 +123,78 @@ def load_data(config: DataConfig) -> tuple[dict[str, np.ndarray], dict[str, np.n
     y = target[order].astype(np.int32)
     n_val = round(len(y) * config.val_fraction)
     return {"x": x[n_val:], "y": y[n_val:]}, {"x": x[:n_val], "y": y[:n_val]}
+
+
+def _check_fraction(config: DataConfig) -> None:
+    if not 0 < config.val_fraction < 1:
+        raise ConfigError(f"data.val_fraction: expected a number in (0, 1), got {config.val_fraction!r}.")
+
+
+def build_data(config: DataConfig) -> tuple[Any, Any, Any]:
+    """``(train, val, x)``: the training and validation data ``data.name`` names, and one input for shapes.
+
+    Examples:
+        >>> from ember.cli import load_config
+        >>> from ember.cli._registry import build_data
+        >>> train, val, x = build_data(load_config({}).data)
+        >>> len(train), x.shape
+        (22, (1, 8, 8, 1))
+    """
+    from ember.data import ArrayDataset, GrainPipeline, NpySource
+
+    if config.name != "digits" and config.path is None:
+        raise ConfigError(f"data.path: data {config.name!r} needs a path, and none was given.")
+    if config.name == "digits":
+        train_arrays, val_arrays = load_data(config)
+        train = ArrayDataset(
+            train_arrays, batch_size=config.batch_size, shuffle=True, seed=config.seed, drop_remainder=True
+        )
+        return train, ArrayDataset(val_arrays, batch_size=len(val_arrays["y"])), train_arrays["x"][:1]
+    if config.name == "npy":
+        _check_fraction(config)
+        try:
+            source = NpySource(config.path)  # type: ignore[arg-type]  # not None: checked above
+        except ValueError as e:
+            raise ConfigError(f"data.path: {e}") from None
+        if set(source.paths) < {"x", "y"}:
+            raise ConfigError(f"data.path: {config.path!r} must hold x.npy and y.npy; it holds {sorted(source.paths)}.")
+        n_val = round(len(source) * config.val_fraction)
+        val_part, train_part = _Part(source, 0, n_val), _Part(source, n_val, len(source))
+        train = GrainPipeline(
+            train_part, batch_size=config.batch_size, shuffle=True, seed=config.seed, worker_count=config.worker_count
+        )
+        import grain
+
+        val = grain.MapDataset.source(val_part).batch(min(config.batch_size, n_val))  # every example, in order
+        return train, val, source[0]["x"][None]
+    module_name, _, function = config.path.partition(":")  # type: ignore[union-attr]  # not None: checked above
+    try:
+        make = getattr(importlib.import_module(module_name), function)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"data.path: expected 'package.module:function', got {config.path!r} ({e}).") from None
+    made = make(batch_size=config.batch_size, seed=config.seed)
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise ConfigError(f"data.path: {config.path} must return (train, val), got {type(made).__name__}.")
+    train, val = made
+    return train, val, np.asarray(next(iter(train))["x"])[:1]
+
+
+class _Part:
+    """Records ``start`` to ``stop`` of a random-access source: the validation or training part of one folder."""
+
+    def __init__(self, source: Any, start: int, stop: int) -> None:
+        self.source, self.start, self.stop = source, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, index: int) -> Any:
+        if not 0 <= index < len(self):
+            raise IndexError(f"record {index} is out of range for {len(self)} records")
+        return self.source[self.start + index]
+
+    def __repr__(self) -> str:
+        return f"{self.source!r}[{self.start}:{self.stop}]"
 
 
 def build_placement(config: TrainerConfig) -> Any:

@@ -14,8 +14,7 @@ import optax
 
 from ember import Events
 from ember.cli._config import Config, ConfigError, dump_config, load_config
-from ember.cli._registry import build_model, build_optimizer, build_placement, build_schedule, load_data
-from ember.data import ArrayDataset
+from ember.cli._registry import build_data, build_model, build_optimizer, build_placement, build_schedule
 from ember.handlers import (
     Checkpoint,
     EarlyStopping,
@@ -91,19 +90,19 @@ def train(
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     started = time.perf_counter()
 
-    train_arrays, val_arrays = load_data(cfg.data)
-    data = ArrayDataset(
-        train_arrays, batch_size=cfg.data.batch_size, shuffle=True, seed=cfg.data.seed, drop_remainder=True
-    )
-    val = ArrayDataset(val_arrays, batch_size=len(val_arrays["y"]))
-    steps_per_epoch = len(data)
-    total = cfg.trainer.max_iters or cfg.trainer.max_epochs * steps_per_epoch
+    data, val, sample = build_data(cfg.data)
+    steps_per_epoch = cfg.data.epoch_length or _length(data)
+    if steps_per_epoch is None and cfg.trainer.max_iters is None:
+        raise ConfigError(
+            "data.epoch_length: the training data has no len(), so give its batches per epoch (or trainer.max_iters)."
+        )
+    total = cfg.trainer.max_iters or cfg.trainer.max_epochs * (steps_per_epoch or 0)
     schedule = build_schedule(cfg.optimizer, total)
     model = build_model(cfg.model)
     placement = build_placement(cfg.trainer)
     state = TrainState.from_linen(
         model,
-        train_arrays["x"][:1],
+        sample,
         build_optimizer(cfg.optimizer, schedule),
         seed=cfg.trainer.seed,
         rngs=("dropout",),
@@ -126,7 +125,7 @@ def train(
     )
     if h.progress:
         ProgressBar(refresh_every=10, stream=progress_stream, desc="Epoch").attach(trainer, metric_names=["loss"])
-    to_save: dict[str, Any] = {"trainer": trainer, "data": data}
+    to_save: dict[str, Any] = {"trainer": trainer}  # its state dict holds the data's position
     stopper = None
     if h.early_stopping is not None:
         es = h.early_stopping
@@ -134,7 +133,7 @@ def train(
             es.patience,
             lambda e: e.state.metrics[es.metric],
             trainer,
-            min_delta=es.min_delta,
+            threshold=es.threshold,
             mode="max" if es.metric == "accuracy" else "min",
         )
         stopper.attach(evaluator)
@@ -142,14 +141,13 @@ def train(
     best = Checkpoint(
         to_save,
         run_dir / "checkpoints" / "best",
-        keep_latest=None,
-        keep_best=h.checkpoint.keep_best,
-        score_fn=lambda e: e.state.metrics["accuracy"],
+        n_saved=h.checkpoint.keep_best,
+        score_function=lambda e: e.state.metrics["accuracy"],
         score_name="val_accuracy",
-        step_fn=global_step_from_engine(trainer),
+        global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED),  # the trainer's step
     )
     best.attach(evaluator, Events.COMPLETED)
-    latest = Checkpoint(to_save, run_dir / "checkpoints" / "latest", keep_latest=h.checkpoint.keep_latest)
+    latest = Checkpoint(to_save, run_dir / "checkpoints" / "latest", n_saved=h.checkpoint.keep_latest)
     every = Events.EPOCH_COMPLETED | Events.COMPLETED
     if h.checkpoint.every_iters:
         every = every | Events.ITERATION_COMPLETED(every=h.checkpoint.every_iters)
@@ -178,9 +176,9 @@ def train(
             print(_closing_line(previous), file=out)
             return previous
     elif cfg.trainer.max_iters is not None:
-        trainer.run(data, max_iters=cfg.trainer.max_iters)
+        trainer.run(data, max_iters=cfg.trainer.max_iters, epoch_length=cfg.data.epoch_length)
     else:
-        trainer.run(data, max_epochs=cfg.trainer.max_epochs)
+        trainer.run(data, max_epochs=cfg.trainer.max_epochs, epoch_length=cfg.data.epoch_length)
     writer.close()
     best_info = best.store.best("val_accuracy")
     summary = {
@@ -197,6 +195,13 @@ def train(
     print(_closing_line(summary), file=out)
     jax.block_until_ready(trainer.state.train_state)
     return summary
+
+
+def _length(data: Any) -> int | None:
+    try:
+        return len(data)
+    except TypeError:
+        return None
 
 
 def _closing_line(summary: dict[str, Any]) -> str:

@@ -1,6 +1,9 @@
-"""Data: in-memory datasets with seeded shuffling and a resumable position, and device prefetch."""
+"""Data: in-memory and on-disk sources, Grain pipelines, device prefetch, and the resumable-iterator protocol."""
 
 from ember.data._array_dataset import ArrayDataset
+from ember.data._grain import GrainPipeline
+from ember.data._npy import NpySource
+from ember.data._position import Mapped
 from ember.data._prefetch import DevicePrefetch
 
-__all__ = ["ArrayDataset", "DevicePrefetch"]
+__all__ = ["ArrayDataset", "DevicePrefetch", "GrainPipeline", "Mapped", "NpySource"]

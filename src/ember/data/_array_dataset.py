@@ -15,10 +15,10 @@ class ArrayDataset:
     Each ``iter()`` starts a pass (epoch), whose order is a permutation seeded by ``(seed, pass)``: the
     same seed gives the same batches, and every pass differs. The pass is the one given to
     :meth:`set_epoch` (engines call it with a count of their own, so a trainer's order does not depend on
-    an evaluator iterating the same data), else the one after the last pass handed out. The position
-    (the pass and the batches of it handed out, by whichever iterator handed out the latest batch)
-    round-trips through :meth:`state_dict`, so an engine resumed from a checkpoint sees exactly the
-    batches an uninterrupted run would.
+    an evaluator iterating the same data), else the one after the last pass started. Each iterator's
+    position (its pass and the batches of it handed out) round-trips through its ``get_state()`` /
+    ``set_state()``, Grain's protocol, so an engine resumed from a checkpoint sees exactly the batches an
+    uninterrupted run would.
 
     Args:
         arrays: a pytree (dict, tuple, array) of arrays with the same length on axis 0.
@@ -91,9 +91,7 @@ class ArrayDataset:
         self.shuffle = shuffle
         self.seed = seed
         self.drop_remainder = drop_remainder
-        self._epoch = -1  # the pass in progress, -1 before the first
-        self._pos = 0  # batches handed out in that pass
-        self._pending: tuple[int, int] | None = None
+        self._epoch = -1  # the latest pass started, -1 before the first
         self._next_epoch: int | None = None
 
     def __len__(self) -> int:
@@ -106,15 +104,9 @@ class ArrayDataset:
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._pending is not None:
-            epoch, start = self._pending
-        elif self._next_epoch is not None:
-            epoch, start = self._next_epoch, 0
-        else:
-            epoch, start = self._epoch + 1, 0
-        self._pending = self._next_epoch = None
-        self._epoch, self._pos = epoch, start
-        return _Pass(self, epoch, start)
+        epoch = self._next_epoch if self._next_epoch is not None else self._epoch + 1
+        self._next_epoch, self._epoch = None, epoch
+        return _Pass(self, epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` start pass ``epoch`` from its first batch (torch's ``sampler.set_epoch``).
@@ -133,48 +125,20 @@ class ArrayDataset:
             raise ValueError(f"`epoch` must be a non-negative int, got {epoch!r}.")
         self._next_epoch = epoch
 
-    def _batch(self, epoch: int, b: int, order: np.ndarray) -> Any:
+    def _batch(self, b: int, order: np.ndarray) -> Any:
         index, count = self.shard
         part = self.batch_size // count
         idx = order[b * self.batch_size : (b + 1) * self.batch_size][index * part : (index + 1) * part]
-        self._epoch, self._pos = epoch, b + 1  # the dataset's position: that of the latest batch handed out
         return jax.tree.map(lambda a: a[idx], self.arrays)
 
-    def state_dict(self) -> dict[str, int]:
-        """The position: the pass of the latest batch handed out, and how many of that pass's batches were.
-
-        Each iterator also reports its own position (``iter(data).state_dict()``), which engines save, so
-        two engines iterating one dataset each resume where they were.
-
-        Examples:
-            >>> import numpy as np
-            >>> from ember.data import ArrayDataset
-            >>> data = ArrayDataset(np.arange(6), batch_size=2, shuffle=True, seed=1)
-            >>> it = iter(data); _ = next(it)
-            >>> data.state_dict()
-            {'epoch': 0, 'position': 1}
-        """
-        return {"epoch": self._epoch, "position": self._pos}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        """Make the next ``iter()`` continue from a saved position.
-
-        Examples:
-            >>> import numpy as np
-            >>> from ember.data import ArrayDataset
-            >>> data = ArrayDataset(np.arange(6), batch_size=2)
-            >>> data.load_state_dict({"epoch": 0, "position": 2})
-            >>> [b.tolist() for b in data]
-            [[4, 5]]
-        """
-        try:
-            epoch, pos = int(state_dict["epoch"]), int(state_dict["position"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"`state_dict` must hold int 'epoch' and 'position', got {state_dict!r}.") from None
-        if not 0 <= pos <= len(self):
-            raise ValueError(f"`state_dict` position {pos} is outside this dataset's {len(self)} batches per pass.")
-        self._epoch, self._pos = epoch, pos
-        self._pending, self._next_epoch = (epoch, pos), None
+    def _identity(self) -> dict[str, Any]:
+        """What a saved position must match: the same examples, batched and shuffled the same way."""
+        return {
+            "examples": self.num_examples,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+        }
 
     def __repr__(self) -> str:
         return (
@@ -184,19 +148,59 @@ class ArrayDataset:
 
 
 class _Pass(Iterator[Any]):
-    """One pass over an :class:`ArrayDataset`, from batch ``start``; it knows its own position."""
+    """One pass over an :class:`ArrayDataset`; its position round-trips through ``get_state``/``set_state``."""
 
-    def __init__(self, data: ArrayDataset, epoch: int, start: int) -> None:
-        self._data, self._epoch, self._pos = data, epoch, start
+    def __init__(self, data: ArrayDataset, epoch: int) -> None:
+        self._data, self._epoch, self._pos = data, epoch, 0
         self._order = data._order(epoch)
 
     def __next__(self) -> Any:
         if self._pos >= len(self._data):
             raise StopIteration
-        batch = self._data._batch(self._epoch, self._pos, self._order)
+        batch = self._data._batch(self._pos, self._order)
         self._pos += 1
         return batch
 
-    def state_dict(self) -> dict[str, int]:
-        """This pass's position: ``{"epoch": pass, "position": batches handed out}``."""
-        return {"epoch": self._epoch, "position": self._pos}
+    def get_state(self) -> dict[str, Any]:
+        """This pass's position, ``{"epoch": pass, "position": batches handed out}``, and the data it is for.
+
+        Examples:
+            >>> import numpy as np
+            >>> from ember.data import ArrayDataset
+            >>> it = iter(ArrayDataset(np.arange(6), batch_size=2)); _ = next(it)
+            >>> it.get_state()
+            {'epoch': 0, 'position': 1, 'examples': 6, 'batch_size': 2, 'shuffle': False, 'seed': 0}
+        """
+        return {"epoch": self._epoch, "position": self._pos, **self._data._identity()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from a position saved by :meth:`get_state`, on the same data.
+
+        Raises:
+            ValueError: ``state`` is not such a position, or was saved for other data (another number of
+                examples, batch size, shuffling or seed).
+
+        Examples:
+            >>> import numpy as np
+            >>> from ember.data import ArrayDataset
+            >>> data = ArrayDataset(np.arange(6), batch_size=2)
+            >>> it = iter(data)
+            >>> it.set_state({"epoch": 0, "position": 2, "examples": 6, "batch_size": 2, "shuffle": False, "seed": 0})
+            >>> [b.tolist() for b in it]
+            [[4, 5]]
+        """
+        try:
+            epoch, pos = int(state["epoch"]), int(state["position"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"`state` must hold int 'epoch' and 'position', got {state!r}.") from None
+        own = self._data._identity()
+        saved = {k: state.get(k) for k in own}
+        if saved != own:
+            differs = ", ".join(f"{k} {saved[k]!r} (now {own[k]!r})" for k in own if saved[k] != own[k])
+            raise ValueError(
+                f"The saved position is for other data: {differs}. Resume with the data the run was saved "
+                "with, or start the run anew."
+            )
+        if not 0 <= pos <= len(self._data) or epoch < 0:
+            raise ValueError(f"`state` position {pos} is outside this dataset's {len(self._data)} batches per pass.")
+        self._epoch, self._pos, self._order = epoch, pos, self._data._order(epoch)

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import collections
-import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from ember.data._position import close_iterator, has_position, restore
 
 
 class DevicePrefetch:
     """Wraps an iterable of host batches; keeps ``size`` batches already transferred ahead.
 
     ``put`` starts each transfer (``jax.device_put`` is asynchronous), so batch n+1 and n+2 travel while
-    step n runs. When the source saves its position (``state_dict``/``load_state_dict``), this wrapper
-    reports the position of the batches it handed out, not of those it read ahead, so resuming is exact.
+    step n runs. When the source's iterator has a position (``get_state``/``set_state``), so has this
+    wrapper's: that of the batches it handed out, not of those it read ahead, so resuming is exact.
 
     Args:
         source: any re-iterable of batches (a list, an :class:`ArrayDataset`, a loader).
@@ -46,72 +47,73 @@ class DevicePrefetch:
         self.put = put
         self.size = size
         self.decide = decide
-        self._position: Any = None
 
     def __len__(self) -> int:
         return len(self.source)  # type: ignore[arg-type]  # raises TypeError for unsized sources, as len() should
 
-    def _tracks_position(self) -> bool:
-        return callable(getattr(self.source, "state_dict", None)) and callable(
-            getattr(self.source, "load_state_dict", None)
-        )
+    def __iter__(self) -> Prefetching:
+        return Prefetching(self, iter(self.source))
 
-    def __iter__(self) -> Iterator[Any]:
-        tracks = self._tracks_position()
-        it = iter(self.source)
-        # the position after each batch: the iterator's own where it has one (another consumer of the same
-        # source moves the source's), else the source's
-        position = getattr(it, "state_dict", None) if tracks else None
-        if tracks and not callable(position):
-            position = self.source.state_dict  # type: ignore[attr-defined]
-        if position is not None:
-            self._position = position()
-        return self._prefetched(it, position)
 
-    def _prefetched(self, it: Iterator[Any], position: Callable[[], Any] | None) -> Iterator[Any]:
-        queue: collections.deque[tuple[Any, Any]] = collections.deque()
-        if self.decide is not None:
-            try:
-                first = next(it)
-            except StopIteration:
-                return
-            self.size = self.decide(first)
-            it = itertools.chain([first], it)  # the source's position after it is still the right one for it
+class Prefetching(Iterator[Any]):
+    """One pass of a :class:`DevicePrefetch`; its position is that of the batches it handed out.
 
-        def fill(n: int) -> None:
-            while len(queue) < n:
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    return
-                queue.append((self.put(batch), position() if position is not None else None))
+    Over a source whose iterator has ``get_state``/``set_state``, it has them too: the position after the
+    latest batch handed out, not after those read ahead (read from the source when nothing is read
+    ahead, else recorded as each batch is read). Over other sources ``get_state()`` is ``None``.
+    """
 
-        while True:
-            fill(max(self.size, 1))  # at least the batch to hand out now
-            if not queue:
-                return
-            batch, after = queue.popleft()
-            fill(self.size)  # and `size` more already travelling
-            if position is not None:
-                self._position = after
-            yield batch
+    def __init__(self, owner: DevicePrefetch, it: Iterator[Any]) -> None:
+        self._owner, self._it = owner, it
+        self._positions = has_position(it)
+        self._queue: collections.deque[tuple[Any, Any]] = collections.deque()
+        self._state: Any = None  # the position after the latest batch handed out, when batches are read ahead
+        self._first = owner.decide is not None  # the next batch is the pass's first: decide the size on it
 
-    def state_dict(self) -> Any:
+    def _read(self) -> bool:
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            return False
+        if self._first:
+            self._first = False
+            self._owner.size = self._owner.decide(batch)  # type: ignore[misc]  # set when _first is
+        after = self._it.get_state() if self._positions and self._owner.size else None  # type: ignore[attr-defined]
+        self._queue.append((self._owner.put(batch), after))
+        return True
+
+    def __next__(self) -> Any:
+        if not self._queue and not self._read():
+            raise StopIteration
+        batch, self._state = self._queue.popleft()
+        while len(self._queue) < self._owner.size and self._read():  # `size` more already travelling
+            pass
+        return batch
+
+    def get_state(self) -> Any:
         """The source's position after the batches handed out so far (``None`` if it has none).
 
         Examples:
             >>> import numpy as np
             >>> from ember.data import ArrayDataset, DevicePrefetch
-            >>> data = DevicePrefetch(ArrayDataset(np.arange(8), batch_size=2), put=lambda b: b, size=2)
-            >>> it = iter(data); _ = next(it)
-            >>> data.state_dict(), data.source.state_dict()
-            ({'epoch': 0, 'position': 1}, {'epoch': 0, 'position': 3})
+            >>> it = iter(DevicePrefetch(ArrayDataset(np.arange(8), batch_size=2), put=lambda b: b, size=2))
+            >>> _ = next(it)
+            >>> it.get_state()["position"]
+            1
         """
-        if not self._tracks_position():
+        if not self._positions:
             return None
-        return self._position if self._position is not None else self.source.state_dict()  # type: ignore[attr-defined]
+        if self._state is not None:
+            return self._state
+        return self._it.get_state()  # type: ignore[attr-defined]  # nothing read ahead: the source's own
 
-    def load_state_dict(self, state_dict: Any) -> None:
-        """Restore the source's position; the next ``iter()`` continues from it."""
-        self.source.load_state_dict(state_dict)  # type: ignore[attr-defined]
-        self._position = state_dict
+    def set_state(self, state: Any) -> None:
+        """Continue from a position :meth:`get_state` gave; batches read ahead are dropped."""
+        self._queue.clear()
+        restore(self._it, state)
+        self._state = None
+
+    def close(self) -> None:
+        """Drop the batches read ahead and close the source's iterator (Grain's workers stop)."""
+        self._queue.clear()
+        close_iterator(self._it)

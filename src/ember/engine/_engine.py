@@ -173,10 +173,11 @@ class Engine(EventHandlers, ResumableLoop):
         """
         if not isinstance(data, Iterable):
             raise TypeError(f"`data` must be an iterable of batches, got {type(data).__name__}.")
+        self._release_data()
         self._source = data
         self.state.dataloader = self._wrap_data(data)
         self._iter = iter(self.state.dataloader)
-        self._data_state = None
+        self._data_state, self._released = None, False
 
     def run(
         self,
@@ -196,8 +197,10 @@ class Engine(EventHandlers, ResumableLoop):
 
         Args:
             data: an iterable of batches, or ``None`` to call the process function with ``None``
-                (``epoch_length`` is then required). Data with ``state_dict``/``load_state_dict``
-                saves and restores its own position with the engine's.
+                (``epoch_length`` is then required). Data whose iterator has ``get_state``/``set_state``
+                (Grain's protocol) saves and restores its position with the engine's; such an iterator
+                is closed when the run stops (Grain's worker processes end) and reopened where it stood
+                if the run goes on.
             max_epochs: epochs to run (default 1 for a new run).
             max_iters: iterations to run, instead of ``max_epochs``.
             epoch_length: iterations per epoch (default ``len(data)``, or learned at the end of the
@@ -221,9 +224,12 @@ class Engine(EventHandlers, ResumableLoop):
         """
         if not self._prepare_run(data, max_epochs, max_iters, epoch_length):
             return self.state
-        for signal in self._drive():
-            if signal is INTERRUPT:
-                break
+        try:
+            for signal in self._drive():
+                if signal is INTERRUPT:
+                    break
+        finally:
+            self._release_data()
         return self.state
 
     def iterate(
@@ -268,6 +274,7 @@ class Engine(EventHandlers, ResumableLoop):
                     return
         finally:
             handle.remove()
+            self._release_data()
 
     def _drive(self) -> Iterator[str]:
         while self._gen is not None:
@@ -335,9 +342,11 @@ class Engine(EventHandlers, ResumableLoop):
         st.iteration = st.epoch = 0
         st.max_epochs, st.max_iters, st.epoch_length = max_epochs, max_iters, epoch_length
         self._epoch_owed = False
+        self._release_data()
         self._source = data
         st.dataloader = None if data is None else self._wrap_data(data)
         self._gen = self._iter = self._data_state = None
+        self._released = False
         self._epoch_open, self._epoch_pos = False, 0
         self._reset_filters()
 
@@ -369,7 +378,7 @@ class Engine(EventHandlers, ResumableLoop):
         if data is None and st.dataloader is None and st.epoch_length is None:
             raise ValueError("`epoch_length` is required when `data` is None: the engine cannot count batches.")
         if data is not None and not same_data(data, self._source):
-            if self._iter is None:  # nothing live: position the new data where the run stands
+            if self._iter is None and not self._released:  # loaded or failed: position the new data there
                 self._source = data
                 st.dataloader = self._wrap_data(data)
             else:

@@ -84,6 +84,26 @@ class EventHandlers:
             if not hasattr(self.state, attr):
                 setattr(self.state, attr, 0)
 
+    def get_event_attrib_value(self, event: EventEnum | str) -> int:
+        """The ``state`` counter ``event`` counts by: the epoch for epoch events, the iteration for iteration ones.
+
+        Ignite has it on ``engine.state``; here the mapping is the engine's own (custom events register
+        theirs with :meth:`register_events`). A filtered event counts by its event's counter.
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> engine = Engine(lambda e, b: b)
+            >>> _ = engine.run([1, 2, 3], max_epochs=2)
+            >>> value = engine.get_event_attrib_value
+            >>> value(Events.EPOCH_COMPLETED), value(Events.ITERATION_COMPLETED(every=2))
+            (2, 6)
+        """
+        base = base_event(event)
+        attr = self._event_to_attr.get(base)
+        if attr is None:
+            raise ValueError(f"{event!r} counts by no state attribute; register it with event_to_attr= to name one.")
+        return getattr(self.state, attr)
+
     def _dispatch_of(self, event: EventEnum | str) -> Dispatch:
         try:
             return self._dispatch[event]

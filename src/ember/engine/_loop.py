@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
+from ember.engine._data import release, reopen
 from ember.engine._dispatch import Dispatch
 from ember.engine._events import EventEnum, Events
 from ember.engine._state import State
@@ -55,8 +56,9 @@ class RunLoop:
         self._iter: Iterator[Any] | None = None  # the live data iterator
         self._epoch_open = False  # an epoch has started and not yet completed
         self._epoch_pos = 0  # iterations done in the current epoch
-        self._data_state: Any = None  # a data position from load_state_dict, applied at the next fetch
+        self._data_state: Any = None  # a data position not live (loaded, or kept at release), applied at the next fetch
         self._source: Iterable[Any] | None = None  # the data as given; state.dataloader may wrap it
+        self._released = False  # _data_state is where a live iterator stood when the run stopped
         self._exhausted = False
         self._epoch_owed = False  # mark_epoch_incomplete() was called in the last EPOCH_COMPLETED
         self._running = False
@@ -173,7 +175,7 @@ class RunLoop:
         except GeneratorExit:
             raise
         except BaseException as e:
-            self._iter = None
+            self._release_data(failed=True)
             self._fire(Events.EXCEPTION_RAISED, st.iteration, e)
             raise
 
@@ -205,6 +207,9 @@ class RunLoop:
                         fetched = yield from self._refetch(pos)
                         if not fetched:
                             return True
+                    except Exception as e:
+                        e.add_note(f"(raised by the data, fetching the batch of iteration {st.iteration + 1})")
+                        raise
                     self.last_event_name = Events.GET_BATCH_COMPLETED
                     if gbc.regs:
                         gbc.fire(self, st.iteration)
@@ -291,14 +296,31 @@ class RunLoop:
                 set_epoch(self.state.iteration // length)
         return iter(data)
 
+    def _release_data(self, *, failed: bool = False) -> None:
+        """Close the live iterator if it has a position, kept for the next fetch (its workers stop here).
+
+        An iterator without a position stays live, so a continued run takes its next batch, unless the run
+        ``failed``: then it is dropped, as it may be broken, and a continued run skips through fresh data.
+        """
+        it = self._iter
+        try:
+            state = release(it)
+        except Exception:
+            if not failed:
+                raise
+            state = None  # the failure may have come from the data itself
+        if state is not None:
+            self._data_state, self._released = state, True
+        if state is not None or failed:
+            self._iter = None
+
     def _open_iter(self, data: Iterable[Any]) -> Iterator[Any]:
         """A fresh iterator positioned where the current epoch stands."""
         if self._data_state is not None:
-            data.load_state_dict(self._data_state)  # type: ignore[attr-defined]
-            self._data_state = None
-            return iter(data)
+            state, self._data_state, self._released = self._data_state, None, False
+            return reopen(data, state)
         it = self._fresh_pass(data)
-        # data that saves no position of its own is skipped through, to where the pass stands: an
+        # data that has no position of its own is skipped through, to where the pass stands: an
         # iterator runs on across epochs when they are shorter than the data
         length = _length(data)
         for skipped in range(self.state.iteration % length if length else self._epoch_pos):

@@ -6,20 +6,17 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ember.engine._data import position
 from ember.engine._events import Events
 from ember.engine._loop import RunLoop
 from ember.engine._state import State
 
 
-def _has_position(data: object) -> bool:
-    return callable(getattr(data, "state_dict", None)) and callable(getattr(data, "load_state_dict", None))
+def engine_state_dict(state: State, user_keys: list[str], live: object = None, held: Any = None) -> dict[str, Any]:
+    """The keys Ignite saves, user keys, and the data's position: ``held`` (one not live), else ``live``'s.
 
-
-def engine_state_dict(state: State, user_keys: list[str], live: object = None) -> dict[str, Any]:
-    """The keys Ignite saves, user keys, and the data's own position when it can report one.
-
-    The position is the live iterator's (``live``) where it reports one: data that several engines iterate
-    (an evaluator over the training set) knows only where the latest of them is.
+    The position is the iterator's, never the data's: engines that iterate one data set (an evaluator
+    over the training set) each have their own.
     """
     out: dict[str, Any] = {"epoch_length": state.epoch_length, "iteration": state.iteration}
     if state.max_iters is not None:
@@ -32,11 +29,9 @@ def engine_state_dict(state: State, user_keys: list[str], live: object = None) -
                 f"`state_dict_user_keys` names {k!r}, but engine.state has no attribute {k!r}; set it first."
             )
         out[k] = getattr(state, k)
-    if _has_position(state.dataloader):
-        own = getattr(live, "state_dict", None)
-        position = own() if callable(own) else state.dataloader.state_dict()  # type: ignore[union-attr]
-        if position is not None:  # a wrapper over data without a position reports None
-            out["data"] = position
+    where = held if held is not None else position(live)
+    if where is not None:
+        out["data"] = where
     return out
 
 
@@ -174,7 +169,8 @@ class ResumableLoop(RunLoop):
     def state_dict(self) -> dict[str, Any]:
         """The run's position: ``epoch_length``, ``iteration``, ``max_epochs`` or ``max_iters``, user keys.
 
-        When the data has ``state_dict()``, its position is saved under ``"data"``.
+        When the data's iterator has ``get_state()`` (Grain's protocol: :class:`~ember.data.ArrayDataset`,
+        Grain loaders and datasets), its position is saved under ``"data"``.
 
         Examples:
             >>> from ember import Engine
@@ -183,7 +179,7 @@ class ResumableLoop(RunLoop):
             >>> engine.state_dict()
             {'epoch_length': 3, 'iteration': 6, 'max_epochs': 2}
         """
-        out = engine_state_dict(self.state, self._state_dict_user_keys, self._iter)
+        out = engine_state_dict(self.state, self._state_dict_user_keys, self._iter, self._data_state)
         if self._epoch_completion_pending() or self._epoch_owed:
             out["epoch_completed"] = False  # resumed, the run fires this epoch's EPOCH_COMPLETED first
         attached = self._states.state_dict()
@@ -220,8 +216,8 @@ class ResumableLoop(RunLoop):
         """Restore a position saved by :meth:`state_dict`; the next :meth:`run` continues from it.
 
         ``epoch`` may stand in for ``iteration`` (the start of that epoch's successor). Resuming in the
-        middle of an epoch delivers the batches an uninterrupted run would have seen: data with
-        ``load_state_dict`` restores its own position, other data is skipped through.
+        middle of an epoch delivers the batches an uninterrupted run would have seen: data whose iterator
+        has ``get_state``/``set_state`` continues from its saved position, other data is skipped through.
 
         Raises:
             TypeError: ``state_dict`` is not a mapping.
@@ -237,7 +233,9 @@ class ResumableLoop(RunLoop):
         """
         if self._running:
             raise RuntimeError("load_state_dict() was called while this engine is running; call it before run().")
+        self._release_data()  # a live iterator's workers stop; the loaded position replaces its own
         self._data_state = load_engine_state(self.state, state_dict, self._state_dict_user_keys)
+        self._released = False
         self._states.load_state_dict(state_dict.get("attached", {}))
         self._loaded, self._epoch_owed = True, False
         st = self.state

@@ -22,9 +22,15 @@ class State:
         output: what the process function returned for the current iteration, untouched.
         batch: the current batch.
         metrics: values written by metrics, by name.
-        dataloader: the data the engine iterates.
+        dataloader: the data the engine iterates: an :class:`Engine`'s is the data passed to ``run()``; a
+            trainer's or evaluator's wraps it to put batches on the device (the data passed is its
+            ``source``).
         times: seconds taken by the last epoch (``"EPOCH_COMPLETED"``) and by the run
             (``"COMPLETED"``), including handlers.
+
+    Ignite's ``state.seed`` has no counterpart: randomness in ember is JAX keys, carried in the train state
+    (``TrainState.from_linen(..., seed=)``) and folded with the step, so a resumed run draws what an
+    uninterrupted one would without a global seed.
 
     Examples:
         >>> from ember import Engine

@@ -62,6 +62,9 @@ def same_data(a: object, b: object) -> bool:
         return False
 
 
+ENDLESS = 2**50  # a len() no data set reaches: Grain gives repeat()ed datasets sys.maxsize (then batched: less)
+
+
 def data_length(data: Iterable[Any]) -> int | None:
     try:
         n = len(data)  # type: ignore[arg-type]
@@ -69,4 +72,9 @@ def data_length(data: Iterable[Any]) -> int | None:
         return None
     if n == 0:
         raise ValueError("`data` is empty; pass at least one batch.")
+    if n >= ENDLESS:
+        raise ValueError(
+            f"`data` is endless (its len() is {n}, as Grain's repeat() makes it), so it has no epochs of its own; "
+            "pass epoch_length= (batches per epoch) to run()."
+        )
     return n

@@ -1,15 +1,18 @@
 """Stock handlers: what a run reports and decides."""
 
-from ember.handlers._checkpoint import Checkpoint, global_step_from_engine, load_objects
+from ember.handlers._checkpoint import Checkpoint, load_objects
 from ember.handlers._common import setup_common_training_handlers
 from ember.handlers._early_stopping import EarlyStopping
 from ember.handlers._evaluation import Evaluate
+from ember.handlers._layers import GradsHistHandler, GradsScalarHandler, WeightsHistHandler, WeightsScalarHandler
 from ember.handlers._logging import ScalarLogger, attach_writer
 from ember.handlers._lr_monitor import LRMonitor
+from ember.handlers._model_checkpoint import ModelCheckpoint
 from ember.handlers._preemption import Preemption
 from ember.handlers._profiler import Profiler
 from ember.handlers._progress import ProgressBar
 from ember.handlers._readers import CheckpointReader, HighestCheckpointReader, LowestCheckpointReader
+from ember.handlers._savers import DiskSaver, global_step_from_engine
 from ember.handlers._statistics import GradientSpikeMonitor, ParamStats, count_parameters
 from ember.handlers._terminate_on_nan import NonFiniteError, TerminateOnNan
 from ember.handlers._timing import TimeLimit, Timer
@@ -18,12 +21,16 @@ from ember.handlers._watchdog import ProcessWatchdog
 __all__ = [
     "Checkpoint",
     "CheckpointReader",
+    "DiskSaver",
     "EarlyStopping",
     "Evaluate",
     "GradientSpikeMonitor",
+    "GradsHistHandler",
+    "GradsScalarHandler",
     "HighestCheckpointReader",
     "LRMonitor",
     "LowestCheckpointReader",
+    "ModelCheckpoint",
     "NonFiniteError",
     "ParamStats",
     "Preemption",
@@ -34,6 +41,8 @@ __all__ = [
     "TerminateOnNan",
     "TimeLimit",
     "Timer",
+    "WeightsHistHandler",
+    "WeightsScalarHandler",
     "attach_writer",
     "count_parameters",
     "global_step_from_engine",

@@ -6,10 +6,13 @@ import contextlib
 import os
 import warnings
 from collections.abc import Callable, Generator, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, check_retention, open_store
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.handlers._renamed import renamed
+from ember.handlers._savers import DiskSaver, as_store
 
 
 def _kind(name: str, obj: Any) -> str:
@@ -18,60 +21,65 @@ def _kind(name: str, obj: Any) -> str:
     if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
         return "state"
     raise TypeError(
-        f"`to_save[{name!r}]` must have state_dict()/load_state_dict() (an engine, a handler, a dataset) or "
+        f"`to_save[{name!r}]` must have state_dict()/load_state_dict() (an engine, a handler) or "
         f"tree_state_dict()/load_tree_state_dict() (a trainer); got {type(obj).__name__}."
     )
 
 
-def global_step_from_engine(engine: Engine) -> Callable[[Engine], int]:
-    """A ``step_fn`` that names checkpoints by ``engine``'s iteration, for a handler on another engine.
+class _Unset:
+    """The default of a deprecated argument whose ``None`` means something."""
 
-    Examples:
-        >>> from ember import Engine
-        >>> from ember.handlers import global_step_from_engine
-        >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
-        >>> _ = trainer.run([1, 2, 3])
-        >>> global_step_from_engine(trainer)(evaluator)
-        3
-    """
-    return lambda _: engine.state.iteration
+
+_UNSET = _Unset()
 
 
 class Checkpoint:
-    """Saves ``to_save`` into a :class:`~ember.checkpoint.CheckpointStore` when its event fires.
+    """Saves ``to_save`` into a :class:`~ember.checkpoint.CheckpointStore` when its event fires, Ignite's way.
 
-    Objects with ``state_dict()``/``load_state_dict()`` (engines, handlers, datasets) go into the manifest;
-    objects with ``tree_state_dict()``/``load_tree_state_dict()`` (a trainer: its train state) go into the
-    array file; a trainer contributes both. Writes run in the background (the host copy is made before
-    the handler returns); an error in a background write is raised at the next iteration and at
-    COMPLETED, which also waits until everything is on disk. After each save the retention policies run:
-    keep the ``keep_latest`` newest, the ``keep_best`` best by ``score_fn`` (``mode``), and every
-    ``keep_every``-th step, together. File names carry the step and, when scored, the score.
+    Ignite's arguments: ``Checkpoint(to_save, save_handler, filename_prefix, score_function, score_name,
+    n_saved, global_step_transform)``. Objects with ``state_dict()``/``load_state_dict()`` (engines,
+    handlers) go into the manifest; objects with ``tree_state_dict()``/``load_tree_state_dict()`` (a
+    trainer: its train state) go into the array file; a trainer contributes both. Writes run in the
+    background (the host copy is made before the handler returns); an error in a background write is
+    raised at the next iteration and at COMPLETED, which also waits until everything is on disk. After
+    each save the ``n_saved`` best by ``score_function`` (``mode``) are kept, or without a score the
+    ``n_saved`` newest, and with ``keep_every`` also every step that is a multiple of it. Each checkpoint
+    is a folder named by the step (``step_00000400``) and, when scored, the score
+    (``step_00000400-val_accuracy=0.9731``).
 
     Args:
         to_save: what to save, by name.
-        store: a :class:`CheckpointStore` or a folder.
-        keep_latest: newest checkpoints kept (``None``: all).
-        keep_best: best checkpoints kept by ``score_fn``.
-        score_fn: ``score_fn(engine) -> float``, e.g. an evaluator's validation accuracy.
-        score_name: the score's name in file names and manifests (default ``"score"``).
+        save_handler: where: a folder, a :class:`~ember.checkpoint.CheckpointStore`, or a
+            :class:`DiskSaver`.
+        filename_prefix: starts every checkpoint's name, with ``_`` after it (``mnist_step_00000400``);
+            retention only touches names with it.
+        score_function: ``score_function(engine) -> float``, e.g. an evaluator's validation accuracy.
+        score_name: the score's name in checkpoint names and manifests (default ``"score"``).
+        n_saved: checkpoints kept: the best by ``score_function``, else the newest; ``None`` keeps all.
+        global_step_transform: ``global_step_transform(engine, event_name) -> int``, the step that names a
+            checkpoint (Ignite's signature; :func:`global_step_from_engine` for a handler on an
+            evaluator); the engine's iteration by default.
         mode: ``"max"`` or ``"min"``: which scores are best.
         keep_every: also keep checkpoints whose step is a multiple of this.
-        step_fn: ``step_fn(engine) -> int``; the engine's iteration by default
-            (:func:`global_step_from_engine` for a handler on an evaluator).
-        prefix: starts every file name; retention only touches names with it.
         background: write on a background thread (default) or before returning.
         on_error: what a failed write (disk full, permission denied: an ``OSError``) does: ``"raise"``
             (default) fails the run with it; ``"warn"`` issues a ``RuntimeWarning`` naming the error and
             training goes on. Either way the failed checkpoint leaves nothing behind and earlier ones
             stay intact.
+        store: deprecated name of ``save_handler``.
+        keep_latest: deprecated: the newest kept (with ``keep_best``, beside the best); use ``n_saved``,
+            and a second handler for the newest beside the best.
+        keep_best: deprecated: the best kept; use ``n_saved`` with ``score_function``.
+        score_fn: deprecated name of ``score_function``.
+        step_fn: deprecated ``step_fn(engine)``; use ``global_step_transform(engine, event_name)``.
+        prefix: deprecated name of ``filename_prefix``.
 
     Examples:
         >>> import tempfile
         >>> from ember import Engine, Events
         >>> from ember.handlers import Checkpoint
         >>> trainer = Engine(lambda e, b: b)
-        >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp(), keep_latest=2)
+        >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp(), n_saved=2)
         >>> _ = saver.attach(trainer, Events.EPOCH_COMPLETED)
         >>> _ = trainer.run([1, 2], max_epochs=3)
         >>> [c.path.name for c in saver.store.checkpoints()]
@@ -81,49 +89,83 @@ class Checkpoint:
     def __init__(
         self,
         to_save: Mapping[str, Any],
-        store: CheckpointStore | str | os.PathLike[str],
-        *,
-        keep_latest: int | None = 1,
-        keep_best: int | None = None,
-        score_fn: Callable[[Engine], float] | None = None,
+        save_handler: CheckpointStore | DiskSaver | str | os.PathLike[str] | None = None,
+        filename_prefix: str = "",
+        score_function: Callable[[Engine], float] | None = None,
         score_name: str | None = None,
+        n_saved: int | None = 1,
+        global_step_transform: Callable[[Engine, Any], int] | None = None,
+        *,
         mode: Literal["min", "max"] = "max",
         keep_every: int | None = None,
-        step_fn: Callable[[Engine], int] | None = None,
-        prefix: str = "",
         background: bool = True,
         on_error: Literal["raise", "warn"] = "raise",
+        store: CheckpointStore | str | os.PathLike[str] | None = None,
+        keep_latest: int | _Unset | None = _UNSET,
+        keep_best: int | None = None,
+        score_fn: Callable[[Engine], float] | None = None,
+        step_fn: Callable[[Engine], int] | None = None,
+        prefix: str | None = None,
     ) -> None:
+        save_handler = renamed("Checkpoint", "store", store, "save_handler", save_handler)
+        score_function = renamed("Checkpoint", "score_fn", score_fn, "score_function", score_function)
+        filename_prefix = renamed("Checkpoint", "prefix", prefix, "filename_prefix", filename_prefix)
+        if step_fn is not None:
+            old = renamed("Checkpoint", "step_fn", step_fn, "global_step_transform", global_step_transform)
+            global_step_transform = lambda engine, _event: old(engine)  # noqa: E731
         if not isinstance(to_save, Mapping) or not to_save:
             raise TypeError(f"`to_save` must be a non-empty mapping of names to objects, got {to_save!r}.")
+        if save_handler is None:
+            raise TypeError("`save_handler` is required: a folder, a CheckpointStore or a DiskSaver.")
+        if score_function is not None and not callable(score_function):
+            raise TypeError(f"`score_function` must be callable as score_function(engine), got {score_function!r}.")
+        if global_step_transform is not None and not callable(global_step_transform):
+            raise TypeError(
+                "`global_step_transform` must be callable as global_step_transform(engine, event_name), "
+                f"got {global_step_transform!r}."
+            )
+        if not isinstance(keep_latest, _Unset) or keep_best is not None:
+            warnings.warn(
+                "Checkpoint(keep_latest=..., keep_best=...) is deprecated: use n_saved= (the best by "
+                "score_function, else the newest), Ignite's name, and a second Checkpoint for the newest beside "
+                "the best; keep_latest and keep_best go in the next release.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            latest = 1 if isinstance(keep_latest, _Unset) else keep_latest
+            best = keep_best
+        else:
+            check_retention(n_saved, None, None, mode)
+            latest, best = (n_saved, None) if score_function is None else (None, n_saved)
         self._kinds = {name: _kind(name, obj) for name, obj in to_save.items()}
-        check_retention(keep_latest, keep_best, keep_every, mode)
-        if keep_best is not None and score_fn is None:
-            raise ValueError("`keep_best` needs `score_fn`, the score to rank checkpoints by.")
-        if score_fn is not None and not callable(score_fn):
-            raise TypeError(f"`score_fn` must be callable as score_fn(engine), got {score_fn!r}.")
+        check_retention(latest, best, keep_every, mode)
+        if best is not None and score_function is None:
+            raise ValueError("`keep_best` needs `score_function`, the score to rank checkpoints by.")
         if on_error not in ("raise", "warn"):
             raise ValueError(f'`on_error` must be "raise" or "warn", got {on_error!r}.')
         self.on_error = on_error
         self.to_save = dict(to_save)
-        self.store = store if isinstance(store, CheckpointStore) else CheckpointStore(store)
-        self.keep_latest, self.keep_best, self.keep_every = keep_latest, keep_best, keep_every
-        self.score_fn = score_fn
+        self.store = as_store(save_handler)
+        self.n_saved, self.keep_every = n_saved, keep_every
+        self._keep_latest, self._keep_best = latest, best
+        self.score_function = score_function
         self.mode: Literal["min", "max"] = mode
-        self.score_name = score_name or ("score" if score_fn is not None else None)
-        self.step_fn = step_fn or (lambda engine: engine.state.iteration)
-        self.prefix = prefix
+        self.score_name = score_name or ("score" if score_function is not None else None)
+        self.global_step_transform = global_step_transform
+        self.filename_prefix = filename_prefix
+        self._prefix = f"{filename_prefix}_" if filename_prefix else ""  # Ignite's separator: mnist_step_...
         self.background = background
         self.last_checkpoint: CheckpointInfo | None = None
         self._last: tuple[str, dict[str, Any]] | None = None  # the name and state dicts saved last
 
     def __call__(self, engine: Engine) -> None:
         """Save now, then apply the retention policies once the checkpoint is on disk."""
-        step = int(self.step_fn(engine))
+        transform = self.global_step_transform
+        step = int(transform(engine, engine.last_event_name)) if transform is not None else engine.state.iteration
         metrics: dict[str, float] = {}
-        name = f"{self.prefix}step_{step:08d}"
-        if self.score_fn is not None and self.score_name is not None:
-            score = float(self.score_fn(engine))
+        name = f"{self._prefix}step_{step:08d}"
+        if self.score_function is not None and self.score_name is not None:
+            score = float(self.score_function(engine))
             metrics[self.score_name] = score
             name += f"-{self.score_name}={score:.4f}"
         states = {k: obj.state_dict() for k, obj in self.to_save.items() if callable(getattr(obj, "state_dict", None))}
@@ -180,6 +222,23 @@ class Checkpoint:
                 stacklevel=2,
             )
 
+    @staticmethod
+    def load_objects(
+        to_load: Mapping[str, Any], checkpoint: CheckpointInfo | CheckpointStore | str | os.PathLike[str]
+    ) -> CheckpointInfo:
+        """Ignite's ``Checkpoint.load_objects``: :func:`load_objects` (a checkpoint's folder, or a folder: its latest).
+
+        Examples:
+            >>> import tempfile
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint
+            >>> trainer, folder = Engine(lambda e, b: b), tempfile.mkdtemp()
+            >>> _ = trainer.run([1, 2]); _ = Checkpoint({"trainer": trainer}, folder).save_now(trainer)
+            >>> Checkpoint.load_objects({"trainer": Engine(lambda e, b: b)}, folder + "/step_00000002").step
+            2
+        """
+        return load_objects(to_load, checkpoint)
+
     def save_now(self, engine: Engine) -> CheckpointInfo:
         """Save and wait until the checkpoint is on disk (retention applied); return it.
 
@@ -233,12 +292,12 @@ class Checkpoint:
     def _prune(self) -> None:
         """Apply the retention policies: after a foreground save, or on the writer thread after a background one."""
         self.store.prune(
-            keep_latest=self.keep_latest,
-            keep_best=self.keep_best,
+            keep_latest=self._keep_latest,
+            keep_best=self._keep_best,
             metric=self.score_name,
             mode=self.mode,
             keep_every=self.keep_every,
-            prefix=self.prefix,
+            prefix=self._prefix,
         )
 
     def _check(self) -> None:  # every iteration: no context manager unless a write is in flight
@@ -280,8 +339,10 @@ def load_objects(
     *,
     store: CheckpointStore | None = None,
 ) -> CheckpointInfo:
-    """Restore ``to_load`` in place from a checkpoint (a store or folder: its latest valid checkpoint).
+    """Restore ``to_load`` in place from a checkpoint: one checkpoint's folder, or a store (its latest valid one).
 
+    ``checkpoint`` may name one checkpoint's folder (``runs/x/checkpoints/step_00000400``, as Ignite's
+    ``--resume_from`` passes it), a folder of checkpoints, a store, or a :class:`~ember.checkpoint.CheckpointInfo`.
     Array trees are checked against the objects' current structure before anything is changed. A folder
     of orbax-written checkpoints is read through :class:`~ember.checkpoint.OrbaxStore`; ``store`` names the
     store a :class:`~ember.checkpoint.CheckpointInfo` came from.
@@ -298,6 +359,8 @@ def load_objects(
         (3, 3)
     """
     kinds = {name: _kind(name, obj) for name, obj in to_load.items()}
+    if isinstance(checkpoint, str | os.PathLike) and (Path(checkpoint) / "manifest.json").is_file():
+        checkpoint = _one_checkpoint(Path(checkpoint), store)  # Ignite's --resume_from: one checkpoint's folder
     if isinstance(checkpoint, CheckpointInfo):
         store, info = store or open_store(checkpoint.path.parent), checkpoint
     else:
@@ -319,3 +382,15 @@ def load_objects(
         if kinds[name] == "tree":
             obj.load_tree_state_dict(trees[name])
     return info
+
+
+def _one_checkpoint(folder: Path, store: CheckpointStore | None) -> CheckpointInfo:
+    """The checkpoint whose folder is ``folder``, read through the store of its parent folder."""
+    store = store or open_store(folder.parent)
+    for info in store.checkpoints():
+        if info.path.resolve() == folder.resolve():
+            return info
+    raise CorruptCheckpointError(
+        f"{str(folder)!r} holds a manifest but is not a valid checkpoint of {str(folder.parent)!r} (a write that "
+        "never finished, or damaged files); load the folder of checkpoints instead to get its latest valid one."
+    )

@@ -7,27 +7,34 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.handlers._renamed import renamed
 
 log = logging.getLogger("ember")
 
 
 class EarlyStopping:
-    """Calls ``trainer.terminate()`` after ``patience`` calls without improvement of ``score_fn``, as Ignite.
+    """Calls ``trainer.terminate()`` after ``patience`` calls without improvement of ``score_function``, as Ignite.
 
-    A score improves when it beats the best so far by more than ``min_delta`` (``mode="max"``: higher is
-    better; ``"min"``: lower). Without ``cumulative_delta`` a small gain that does not clear ``min_delta``
-    still becomes the new best (Ignite's default). Usually attached to an evaluator's COMPLETED; its
-    counter and best score are in :meth:`state_dict`, so a resumed run stops where the original would.
-    In a multi-process run the score should be a global metric (ember's are), so every process decides
-    the same.
+    Ignite's arguments and rule (Ignite 0.5.5 names). A score improves when it beats the best so far by more
+    than ``threshold``: ``score > best + threshold`` (``mode="max"``) or ``score < best - threshold``
+    (``"min"``); with ``threshold_mode="rel"``, ``score > best * (1 + threshold)`` or
+    ``score < best * (1 - threshold)``. Without ``cumulative`` a small gain that does not clear the
+    threshold still becomes the new best (Ignite's default). Usually attached to an evaluator's
+    COMPLETED; its counter and best score are in :meth:`state_dict`, so a resumed run stops where the
+    original would. In a multi-process run the score should be a global metric (ember's are), so every
+    process decides the same.
 
     Args:
         patience: calls without improvement before stopping (at least 1).
-        score_fn: ``score_fn(engine) -> float``, e.g. ``lambda e: e.state.metrics["accuracy"]``.
+        score_function: ``score_function(engine) -> float``, e.g. ``lambda e: e.state.metrics["accuracy"]``.
         trainer: the engine to stop.
-        min_delta: the least change that counts as an improvement (not negative).
-        cumulative_delta: compare with the last improving score instead of the latest best.
+        threshold: the least change that counts as an improvement (not negative).
+        cumulative: compare with the last improving score instead of the latest best.
+        threshold_mode: ``"abs"`` or ``"rel"``: ``threshold`` as an amount, or as a fraction of the best.
         mode: ``"max"`` or ``"min"``.
+        score_fn: deprecated name of ``score_function`` (this release warns; the next removes it).
+        min_delta: deprecated name of ``threshold`` (Ignite before 0.5.5).
+        cumulative_delta: deprecated name of ``cumulative`` (Ignite before 0.5.5).
 
     Examples:
         >>> from ember import Engine, Events
@@ -43,38 +50,50 @@ class EarlyStopping:
     def __init__(
         self,
         patience: int,
-        score_fn: Callable[[Engine], float],
-        trainer: Engine,
-        *,
-        min_delta: float = 0.0,
-        cumulative_delta: bool = False,
+        score_function: Callable[[Engine], float] | None = None,
+        trainer: Engine | None = None,
+        threshold: float = 0.0,
+        cumulative: bool = False,
+        threshold_mode: Literal["abs", "rel"] = "abs",
         mode: Literal["min", "max"] = "max",
+        *,
+        score_fn: Callable[[Engine], float] | None = None,
+        min_delta: float | None = None,
+        cumulative_delta: bool | None = None,
     ) -> None:
-        if not callable(score_fn):
-            raise TypeError(f"`score_fn` must be callable as score_fn(engine), got {score_fn!r}.")
+        score_function = renamed("EarlyStopping", "score_fn", score_fn, "score_function", score_function)
+        threshold = renamed("EarlyStopping", "min_delta", min_delta, "threshold", threshold)
+        cumulative = renamed("EarlyStopping", "cumulative_delta", cumulative_delta, "cumulative", cumulative)
+        if not callable(score_function):
+            raise TypeError(f"`score_function` must be callable as score_function(engine), got {score_function!r}.")
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
             raise ValueError(f"`patience` must be an int of at least 1, got {patience!r}.")
-        if isinstance(min_delta, bool) or not isinstance(min_delta, int | float) or min_delta < 0:
-            raise ValueError(f"`min_delta` must be a number of at least 0, got {min_delta!r}.")
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or threshold < 0:
+            raise ValueError(f"`threshold` must be a number of at least 0, got {threshold!r}.")
         if not isinstance(trainer, Engine):
             raise TypeError(f"`trainer` must be an ember Engine, got {type(trainer).__name__}.")
+        if threshold_mode not in ("abs", "rel"):
+            raise ValueError(f'`threshold_mode` must be "abs" or "rel", got {threshold_mode!r}.')
         if mode not in ("min", "max"):
             raise ValueError(f'`mode` must be "min" or "max", got {mode!r}.')
-        self.patience, self.score_fn, self.trainer = patience, score_fn, trainer
-        self.min_delta, self.cumulative_delta, self.mode = float(min_delta), bool(cumulative_delta), mode
+        self.patience, self.score_function, self.trainer = patience, score_function, trainer
+        self.threshold, self.cumulative = float(threshold), bool(cumulative)
+        self.threshold_mode, self.mode = threshold_mode, mode
         self.counter = 0
         self.best_score: float | None = None
 
     def __call__(self, engine: Engine) -> None:
         """Score ``engine``; stop the trainer when patience runs out."""
-        score = float(self.score_fn(engine))
-        if self.mode == "min":
-            score = -score
-        if self.best_score is None:
+        score = float(self.score_function(engine))
+        best = self.best_score
+        if best is None:
             self.best_score = score
-        elif score <= self.best_score + self.min_delta:
-            if not self.cumulative_delta and score > self.best_score:
-                self.best_score = score
+            return
+        step = -self.threshold if self.mode == "min" else self.threshold
+        bar = best + step if self.threshold_mode == "abs" else best * (1 + step)
+        if score <= bar if self.mode == "max" else score >= bar:
+            if not self.cumulative:
+                self.best_score = max(score, best) if self.mode == "max" else min(score, best)
             self.counter += 1
             if self.counter >= self.patience:
                 log.info("EarlyStopping: no improvement for %d calls; stopping the trainer.", self.counter)
@@ -82,6 +101,19 @@ class EarlyStopping:
         else:
             self.best_score = score
             self.counter = 0
+
+    def reset(self) -> None:
+        """Forget the best score and the count, as at the start (Ignite's ``reset``).
+
+        Examples:
+            >>> from ember import Engine
+            >>> from ember.handlers import EarlyStopping
+            >>> stop = EarlyStopping(3, lambda e: 0.0, Engine(lambda e, b: b))
+            >>> stop.counter, stop.best_score = 2, 0.9
+            >>> stop.reset(); stop.state_dict()
+            {'counter': 0, 'best_score': None}
+        """
+        self.counter, self.best_score = 0, None
 
     def attach(
         self, engine: Engine, event: Events | FilteredEvent | EventsList = Events.COMPLETED

@@ -47,7 +47,9 @@ class Evaluate:
         self.evaluator.run(self.data)
         self.history.append((trainer.state.iteration, dict(self.evaluator.state.metrics)))
         if self.writer is not None:
-            ScalarLogger(self.writer, tag=self.tag, step_fn=lambda _: trainer.state.iteration)(self.evaluator)
+            ScalarLogger(self.writer, tag=self.tag, global_step_transform=lambda *_: trainer.state.iteration)(
+                self.evaluator
+            )
 
     def attach(
         self, trainer: Engine, event: Events | FilteredEvent | EventsList = Events.EPOCH_COMPLETED

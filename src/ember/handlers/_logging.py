@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
-from ember.handlers._values import check_names, pick
+from ember.handlers._renamed import renamed
+from ember.handlers._values import check_names, check_transform, pick
 from ember.writers import AsyncWriter, Writer
 
 _async_for: weakref.WeakKeyDictionary[Writer, AsyncWriter] = weakref.WeakKeyDictionary()
@@ -74,16 +76,19 @@ class ScalarLogger:
 
     Values go to the writer untouched (device arrays included); the :class:`~ember.writers.AsyncWriter`
     it is wrapped in converts them on its own thread, so logging never stalls the step. Names get
-    ``tag/`` in front when a tag is given (``val/accuracy``); the step is ``step_fn(engine)``, by default
-    the engine's iteration; use :func:`global_step_from_engine` to log an evaluator's metrics at the
-    trainer's step.
+    ``tag/`` in front when a tag is given (``val/accuracy``); the step is
+    ``global_step_transform(engine, event_name)`` (Ignite's signature), by default the engine's iteration;
+    use :func:`global_step_from_engine` to log an evaluator's metrics at the trainer's step.
 
     Args:
         writer: any :class:`~ember.writers.Writer` (wrapped in an ``AsyncWriter`` if it is not one).
         tag: prefix for every name.
         metric_names: ``"all"`` (default), ``None`` or names in ``state.metrics``.
         output_keys: scalar keys of a mapping output to log (``"all"``: every scalar), e.g. ``["loss"]``.
-        step_fn: ``step_fn(engine) -> int``.
+        output_transform: Ignite's: ``output_transform(output)`` returns values to log by name (a mapping,
+            e.g. ``lambda out: {"batchloss": out["loss"]}``), or one value, logged as ``output``.
+        global_step_transform: ``global_step_transform(engine, event_name) -> int``.
+        step_fn: deprecated ``step_fn(engine)``; use ``global_step_transform``.
 
     Examples:
         >>> import io
@@ -106,23 +111,34 @@ class ScalarLogger:
         tag: str | None = None,
         metric_names: str | Sequence[str] | None = "all",
         output_keys: str | Sequence[str] | None = None,
+        output_transform: Callable[[Any], Any] | None = None,
+        global_step_transform: Callable[[Engine, Any], int] | None = None,
         step_fn: Callable[[Engine], int] | None = None,
     ) -> None:
+        if step_fn is not None:
+            old = renamed("ScalarLogger", "step_fn", step_fn, "global_step_transform", global_step_transform)
+            global_step_transform = lambda engine, _event: old(engine)  # noqa: E731
         if not isinstance(writer, Writer):
             raise TypeError(f"`writer` must be an ember.writers.Writer, got {type(writer).__name__}.")
-        if step_fn is not None and not callable(step_fn):
-            raise TypeError(f"`step_fn` must be callable as step_fn(engine), got {step_fn!r}.")
+        if global_step_transform is not None and not callable(global_step_transform):
+            raise TypeError(
+                "`global_step_transform` must be callable as global_step_transform(engine, event_name), "
+                f"got {global_step_transform!r}."
+            )
         self.writer: Writer = writer
         self.tag = tag
         self.metric_names = check_names("metric_names", metric_names)
         self.output_keys = check_names("output_keys", output_keys)
-        self.step_fn = step_fn or (lambda engine: engine.state.iteration)
+        self.output_transform = check_transform(output_transform)
+        self.global_step_transform = global_step_transform
 
     def __call__(self, engine: Engine) -> None:
-        """Write the chosen values at ``step_fn(engine)``."""
-        values = pick(engine, self.metric_names, self.output_keys, self.tag)
+        """Write the chosen values at ``global_step_transform(engine, event_name)`` (the iteration by default)."""
+        values = pick(engine, self.metric_names, self.output_keys, self.tag, self.output_transform)
         if values:
-            self.writer.write_scalars(int(self.step_fn(engine)), values)
+            transform = self.global_step_transform
+            step = transform(engine, engine.last_event_name) if transform is not None else engine.state.iteration
+            self.writer.write_scalars(int(step), values)
 
     def attach(
         self, engine: Engine, event: Events | FilteredEvent | EventsList = Events.EPOCH_COMPLETED

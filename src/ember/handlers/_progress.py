@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TextIO
 
 import numpy as np
 
 from ember.engine import Engine, Events
-from ember.handlers._values import check_names, pick
+from ember.handlers._values import check_names, check_transform, pick
 from ember.writers import is_primary_process
 
 
@@ -73,6 +73,7 @@ class ProgressBar:
         self._fetched: dict[str, Any] = {}
         self._names: str | tuple[str, ...] = ()
         self._keys: str | tuple[str, ...] = ()
+        self._transform: Callable[[Any], Any] | None = None
 
     def _new_bar(self, total: int | None, desc: str, leave: bool) -> Any:
         from tqdm import tqdm
@@ -109,7 +110,7 @@ class ProgressBar:
     def _refresh(self, engine: Engine) -> None:
         if self._bar is None:
             return
-        current = pick(engine, self._names, self._keys)
+        current = pick(engine, self._names, self._keys, output_transform=self._transform)
         for v in current.values():
             copy = getattr(v, "copy_to_host_async", None)
             if callable(copy):
@@ -132,7 +133,8 @@ class ProgressBar:
         # The epoch's metrics are host numbers by now; outputs are the last ones fetched (the engine clears
         # state.output when it finds the end of data of unknown length, as Ignite does).
         has_output = engine.state.output is not None
-        shown = {**self._fetched, **pick(engine, self._names, self._keys if has_output else ())}
+        now = pick(engine, self._names, self._keys if has_output else (), output_transform=self._transform)
+        shown = {**self._fetched, **now}
         if shown:
             self._bar.set_postfix(_postfix(shown), refresh=False)
         self._close(self._bar)
@@ -150,8 +152,12 @@ class ProgressBar:
         engine: Engine,
         metric_names: str | Sequence[str] | None = None,
         output_keys: str | Sequence[str] | None = None,
+        output_transform: Callable[[Any], Any] | None = None,
     ) -> None:
         """Draw bars for ``engine``, showing ``metric_names`` (or ``"all"``) and scalar ``output_keys``.
+
+        ``output_transform`` (Ignite's) names values of its own from the output: a mapping such as
+        ``lambda out: {"batchloss": out["loss"]}``, or one value, shown as ``output``.
 
         Examples:
             >>> from ember import Engine
@@ -160,6 +166,7 @@ class ProgressBar:
         """
         self._names = check_names("metric_names", metric_names)
         self._keys = check_names("output_keys", output_keys)
+        self._transform = check_transform(output_transform)
         if not is_primary_process():
             return
         engine.add_event_handler(Events.STARTED, self._started)

@@ -11,6 +11,7 @@ import jax
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent
 from ember.handlers._agreement import any_process
+from ember.handlers._renamed import renamed
 
 log = logging.getLogger("ember")
 Event = Events | FilteredEvent | EventsList
@@ -105,16 +106,19 @@ class Timer:
 
 
 class TimeLimit:
-    """Stops the engine at the first iteration that ends after ``seconds`` of the run.
+    """Stops the engine at the first iteration that ends after ``limit_sec`` seconds of the run (Ignite's).
 
-    The clock starts at the engine's STARTED. The engine finishes cleanly (COMPLETED fires, so
-    checkpoints at COMPLETED are written). In a multi-process run the processes agree (a small
-    collective each check): when one process's clock runs out, all stop at the same iteration.
-    ``check_every`` spaces the checks out.
+    The clock starts when the handler is made and again at the engine's STARTED when attached (added
+    as a plain ITERATION_COMPLETED handler, as Ignite's examples do, it counts from its making). The
+    engine finishes cleanly (COMPLETED fires, so checkpoints at COMPLETED are written). In a
+    multi-process run the processes agree (a small collective each check): when one process's clock
+    runs out, all stop at the same iteration. ``check_every`` spaces the checks out.
 
     Args:
-        seconds: the budget, positive.
+        limit_sec: the budget in seconds, positive (Ignite's default: 8 hours).
+        check_every: check every this many iterations.
         clock: seconds since some origin; injectable for tests.
+        seconds: deprecated name of ``limit_sec``.
 
     Examples:
         >>> from ember import Engine
@@ -127,14 +131,22 @@ class TimeLimit:
         (3, True)
     """
 
-    def __init__(self, seconds: float, *, check_every: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
-            raise ValueError(f"`seconds` must be a positive number, got {seconds!r}.")
+    def __init__(
+        self,
+        limit_sec: float = 28800,
+        *,
+        check_every: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        seconds: float | None = None,
+    ) -> None:
+        limit_sec = renamed("TimeLimit", "seconds", seconds, "limit_sec", limit_sec)
+        if isinstance(limit_sec, bool) or not isinstance(limit_sec, int | float) or limit_sec <= 0:
+            raise ValueError(f"`limit_sec` must be a positive number, got {limit_sec!r}.")
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
             raise ValueError(f"`check_every` must be a positive int, got {check_every!r}.")
         self.check_every = check_every
-        self.seconds, self._clock = float(seconds), clock
-        self._start = 0.0
+        self.limit_sec, self._clock = float(limit_sec), clock
+        self._start = clock()
         self.reached = False
 
     def _started(self) -> None:
@@ -142,9 +154,9 @@ class TimeLimit:
 
     def __call__(self, engine: Engine) -> None:
         """Stop ``engine`` when the budget is spent."""
-        if not self.reached and any_process(self._clock() - self._start >= self.seconds):
+        if not self.reached and any_process(self._clock() - self._start >= self.limit_sec):
             self.reached = True
-            log.info("TimeLimit: %.1f s reached at iteration %d; stopping.", self.seconds, engine.state.iteration)
+            log.info("TimeLimit: %.1f s reached at iteration %d; stopping.", self.limit_sec, engine.state.iteration)
             engine.terminate()
 
     def attach(self, engine: Engine) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ember.engine import Engine
@@ -24,10 +24,12 @@ def pick(
     metric_names: str | tuple[str, ...],
     output_keys: str | tuple[str, ...],
     tag: str | None = None,
+    output_transform: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
     """``{[tag/]name: value}`` from ``engine.state.metrics`` and ``engine.state.output`` (values untouched).
 
-    Values may be device arrays; nothing is converted here.
+    ``output_transform(output)`` (Ignite's) names values of its own: a mapping of names to values, or one
+    value, named ``"output"``. Values may be device arrays; nothing is converted here.
     """
     st = engine.state
     values: dict[str, Any] = {}
@@ -50,4 +52,14 @@ def pick(
                 "norms and the learning rate need create_trainer(..., extras=(...))."
             )
         values.update((k, output[k]) for k in keys if getattr(output[k], "ndim", 0) == 0)
+    if output_transform is not None and st.output is not None:
+        named = output_transform(st.output)
+        values.update(named.items() if isinstance(named, Mapping) else [("output", named)])
     return {f"{tag}/{k}" if tag else k: v for k, v in values.items()}
+
+
+def check_transform(output_transform: object) -> Callable[[Any], Any] | None:
+    """``output_transform`` if it is ``None`` or callable, else a ``TypeError`` naming it."""
+    if output_transform is not None and not callable(output_transform):
+        raise TypeError(f"`output_transform` must be callable as output_transform(output), got {output_transform!r}.")
+    return output_transform  # type: ignore[return-value]  # callable or None, checked

@@ -33,7 +33,8 @@ class Metric(EngineAttachment, MetricArithmetic):
     The metric reads ``engine.state.output``. A mapping output must hold the keys the metric names in
     :attr:`keys` (``output_transform`` can pick or rename them); its ``"mask"`` entry, if any, marks the
     elements that count (padding, a padded last batch). Otherwise the output (or what
-    ``output_transform`` returns) is taken as the positional arguments, a tuple or one value.
+    ``output_transform`` returns) is taken as the positional arguments: a tuple or a list (Ignite's
+    ``[y_pred, y]``), or one value.
 
     Args:
         output_transform: maps the engine's output to what the metric takes.
@@ -100,7 +101,7 @@ class Metric(EngineAttachment, MetricArithmetic):
                 )
             mask = out.get(self.mask_key) if self.mask_key is not None else None
             return tuple(out[k] for k in self.keys), mask
-        return (out if isinstance(out, tuple) else (out,)), None  # type: ignore[return-value]
+        return (tuple(out) if isinstance(out, tuple | list) else (out,)), None  # Ignite's [y_pred, y] too
 
     def reset(self) -> None:
         """Zero the accumulators.

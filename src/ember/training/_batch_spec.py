@@ -16,8 +16,19 @@ def _leaf(x: Any) -> Leaf:
     return tuple(np.shape(x)), np.asarray(x).dtype
 
 
+def _leaf_str(leaf: Leaf) -> str:
+    shape, dtype = leaf
+    return f"{dtype}{list(shape)}"
+
+
 def _describe(treedef: Any, leaves: list[Leaf]) -> str:
-    return f"{treedef} with leaves [{', '.join(f'{dtype}{list(shape)}' for shape, dtype in leaves)}]"
+    return f"{treedef} with leaves [{', '.join(_leaf_str(leaf) for leaf in leaves)}]"
+
+
+def _paths(treedef: Any) -> list[str]:
+    """Each leaf's path in a tree of this structure, as ``jax.tree_util.keystr`` writes it (``['x']``)."""
+    tree = jax.tree.unflatten(treedef, range(treedef.num_leaves))
+    return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 class BatchSpec:
@@ -56,12 +67,26 @@ class BatchSpec:
             self._fits(self._key(x), want) for x, want in zip(flat, self.leaves, strict=True)
         ):
             return
+        got = [self._key(x) for x in flat]
         raise ValueError(
             "This batch differs from the first one, so the compiled step cannot take it.\n"
             f"  first batch: {_describe(self.treedef, self.leaves)}\n"
-            f"  this batch:  {_describe(treedef, [self._key(x) for x in flat])}\n"
+            f"  this batch:  {_describe(treedef, got)}\n"
+            f"  first difference: {self._first_difference(treedef, got)}\n"
             "Give every batch the same structure, shapes and dtypes (drop_remainder=True drops a short last batch)."
         )
+
+    def _first_difference(self, treedef: Any, got: list[Leaf]) -> str:
+        want = dict(zip(_paths(self.treedef), self.leaves, strict=True))
+        have = dict(zip(_paths(treedef), got, strict=True))
+        for path in [*want, *(p for p in have if p not in want)]:
+            if path not in have:
+                return f"{path or 'the batch'} is missing (expected {_leaf_str(want[path])})"
+            if path not in want:
+                return f"{path or 'the batch'} is new (got {_leaf_str(have[path])})"
+            if not self._fits(have[path], want[path]):
+                return f"{path or 'the batch'}: expected {_leaf_str(want[path])}, got {_leaf_str(have[path])}"
+        return "the structure"  # same paths and leaves, other node types (a tuple for a list)
 
     def _fits(self, got: Leaf, want: Leaf) -> bool:
         (shape, dtype), (want_shape, want_dtype) = got, want

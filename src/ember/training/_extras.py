@@ -1,4 +1,4 @@
-"""In-step extras a handler can ask for: global norms and the learning rate, computed on device."""
+"""In-step extras a handler can ask for: global and per-layer norms, the gradients, the learning rate, on device."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from typing import Any
 import jax
 import optax
 
-#: The extras ``make_train_step(extras=...)`` accepts.
-EXTRAS = ("grad_norm", "update_norm", "param_norm", "lr")
+#: The extras ``make_train_step(extras=...)`` accepts: global norms, the learning rate, and for per-layer
+#: logging each parameter's gradient norm and norm (``grad_norms``, ``param_norms``: ``{"Dense_0.kernel":
+#: norm}``) or the gradient itself (``grads``, the params' tree).
+EXTRAS = ("grad_norm", "update_norm", "param_norm", "lr", "grad_norms", "param_norms", "grads")
 
 
 def check_extras(extras: Sequence[str], lr_schedule: Callable[[Any], Any] | None) -> tuple[str, ...]:
@@ -50,15 +52,21 @@ def compute_extras(
     opt_state: Any,
     step: jax.Array,
     lr_schedule: Callable[[Any], Any] | None,
-) -> dict[str, jax.Array]:
+) -> dict[str, Any]:
     """The requested extras, traced into the step; nothing is computed for names not asked for."""
-    out: dict[str, jax.Array] = {}
+    out: dict[str, Any] = {}
     if "grad_norm" in names:
         out["grad_norm"] = optax.tree.norm(grads)
     if "update_norm" in names:
         out["update_norm"] = optax.tree.norm(updates)
     if "param_norm" in names:
         out["param_norm"] = optax.tree.norm(params)
+    if "grad_norms" in names:
+        out["grad_norms"] = layer_norms(grads)
+    if "param_norms" in names:
+        out["param_norms"] = layer_norms(params)
+    if "grads" in names:
+        out["grads"] = grads
     if "lr" in names:
         lr = lr_schedule(step) if lr_schedule is not None else find_learning_rate(opt_state)
         if lr is None:
@@ -68,3 +76,18 @@ def compute_extras(
             )
         out["lr"] = lr
     return out
+
+
+def layer_norms(tree: Any) -> dict[str, jax.Array]:
+    """``{"Dense_0.kernel": L2 norm}`` for each array of ``tree`` (parameters or gradients), on device.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from ember.training._extras import layer_norms
+        >>> {k: float(v) for k, v in layer_norms({"Dense_0": {"kernel": jnp.full((2, 2), 0.5)}}).items()}
+        {'Dense_0.kernel': 1.0}
+    """
+    from ember.training._partition import dotted
+
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {dotted(path): optax.tree.norm(leaf) for path, leaf in flat}

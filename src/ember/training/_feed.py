@@ -8,28 +8,42 @@ from typing import Any
 import jax
 import numpy as np
 
-from ember.data import DevicePrefetch
+from ember.data import DevicePrefetch, Mapped
 from ember.training._batch_spec import BatchSpec
 
 
 class _Groups:
-    """The source's batches read K at a time: ``(stacked, host_batches)`` per group, stacked on the host."""
+    """The source's batches read K at a time: ``(stacked, host_batches, positions)`` per group.
+
+    ``positions[i]`` is the source's position after ``host_batches[i]`` (``None`` where it has none).
+    """
 
     def __init__(self, source: Iterable[Any], k: int) -> None:
         self.source = source
         self.k = k
 
-    def __iter__(self) -> Iterator[tuple[Any, list[Any]]]:
-        it = iter(self.source)
-        while True:
-            host: list[Any] = []
-            for batch in it:
-                host.append(batch)
-                if len(host) == self.k:
-                    break
-            if not host:
-                return
-            yield _stack(host), host
+    def __iter__(self) -> Iterator[tuple[Any, list[Any], list[Any]]]:
+        return _GroupReader(iter(self.source), self.k)
+
+
+class _GroupReader(Mapped):
+    """One pass of :class:`_Groups`; its position is the source's, after the latest group."""
+
+    def __init__(self, it: Iterator[Any], k: int) -> None:
+        super().__init__(it, lambda group: group)
+        self.k = k
+
+    def __next__(self) -> tuple[Any, list[Any], list[Any]]:
+        host: list[Any] = []
+        positions: list[Any] = []
+        for batch in self._it:
+            host.append(batch)
+            positions.append(self.get_state())
+            if len(host) == self.k:
+                break
+        if not host:
+            raise StopIteration
+        return _stack(host), host, positions
 
 
 def _stack(host: list[Any]) -> Any:
@@ -66,7 +80,7 @@ class StepGroups:
         self.slot = -1
         self._groups = DevicePrefetch(
             _Groups(source, k),
-            lambda g: (put(g[0]), g[0], g[1]),
+            lambda g: (put(g[0]), *g),
             size=prefetch,
             decide=None if decide is None else lambda g: decide(g[0]),
         )
@@ -75,8 +89,34 @@ class StepGroups:
         return len(self.source)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        for group, stacked, host in self._groups:
-            self.group, self.host_group, self.size = group, stacked, len(host)
-            for slot, batch in enumerate(host):
-                self.slot = slot
-                yield batch
+        return _Steps(self, iter(self._groups))
+
+
+class _Steps(Mapped):
+    """One pass of :class:`StepGroups`: the host batches one by one; the position is after the current one."""
+
+    def __init__(self, owner: StepGroups, groups: Iterator[Any]) -> None:
+        super().__init__(groups, lambda group: group)
+        self._owner = owner
+        self._host: list[Any] = []
+        self._positions: list[Any] = []
+        self._slot = -1
+
+    def __next__(self) -> Any:
+        owner = self._owner
+        if self._slot + 1 >= len(self._host):
+            group, stacked, self._host, self._positions = next(self._it)
+            owner.group, owner.host_group, owner.size = group, stacked, len(self._host)
+            self._slot = -1
+        self._slot += 1
+        owner.slot = self._slot
+        return self._host[self._slot]
+
+    def get_state(self) -> Any:
+        """The source's position after the current batch (``None`` if it has none)."""
+        return self._positions[self._slot] if self._positions else super().get_state()
+
+    def set_state(self, state: Any) -> None:
+        """Continue from a saved position: the next group starts right after it."""
+        super().set_state(state)
+        self._host, self._positions, self._slot = [], [], -1

@@ -83,6 +83,10 @@ def nnx_apply_fn(graphdef: Any) -> ApplyFn:
             if streams:
                 keys: dict[str, Any] = {s: jax.random.fold_in(key, i) for i, s in enumerate(streams)}
                 nnx.reseed(model, **keys)
+            if "rngs" not in kwargs and _accepts(type(model).__call__, "rngs"):
+                # Flax's own examples pass ``rngs`` at call time (``model(x, rngs=rngs)``, Dropout built
+                # without any): give the call a stream of the step's key, as the model's own streams get
+                kwargs = {**kwargs, "rngs": nnx.Rngs(jax.random.fold_in(key, len(streams)))}
         out = model(*args, **kwargs)
         _, _, new_state = nnx.split(model, nnx.Param, ...)
         # RNG streams are reseeded from the step key on every call, so their stored values never need to

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ember.data import Mapped
+
 
 def pad_batch(batch: Any, n: int) -> tuple[Any, np.ndarray] | None:
     """``(padded, mask)`` when ``batch``'s leading axis does not divide by ``n``, else ``None``.
@@ -55,10 +57,12 @@ class PaddedBatches:
 
     def __iter__(self) -> Iterator[Any]:
         self.padded.clear()
-        for batch in self.source:
-            done = pad_batch(batch, self.n)
-            self.padded.append(done is not None)
-            yield batch if done is None else done
+        return Mapped(iter(self.source), self._pad)
+
+    def _pad(self, batch: Any) -> Any:
+        done = pad_batch(batch, self.n)
+        self.padded.append(done is not None)
+        return batch if done is None else done
 
 
 def with_mask(output: Any, mask: Any, n: int) -> Any:

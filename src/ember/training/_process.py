@@ -94,7 +94,9 @@ class EvalProcess:
 
     ``source``: the trainer whose current train state each call uses, or ``None`` for the evaluator's own. A batch that
     does not split over the devices comes padded, with a mask of its real examples
-    (:class:`~ember.training._padding.PaddedBatches`); it compiles once more.
+    (:class:`~ember.training._padding.PaddedBatches`); it compiles once more. Each run's data may have batches of
+    its own shape (the train set in 64s, the validation set in 1000s): the step compiles once per shape, and
+    keeps each compilation; within one run every batch must match the first (a short last one aside).
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -108,6 +110,7 @@ class EvalProcess:
         self.step, self.placement, self.source, self.debug = step, placement, source, debug
         self.compiled: dict[tuple[int, bool], Callable[..., Any]] = {}  # by fused-metrics version, padded or not
         self.spec: BatchSpec | None = None
+        self.spec_data: Any = None  # the data (as the engine iterates it) whose first batch made ``spec``
 
     def masked_step(self, state: Any, padded: Any) -> Any:
         """The step on a padded batch ``(batch, mask of the real examples)``."""
@@ -126,8 +129,8 @@ class EvalProcess:
     def __call__(self, engine: TrainingEngine, batch: Any) -> Any:
         padded = engine._padded is not None and engine._padded.padded.popleft()
         examples = batch[0] if padded else batch
-        if self.spec is None:
-            self.spec = BatchSpec(examples, allow_short=True)
+        if self.spec is None or self.spec_data is not engine.state.dataloader:  # each run's data: its own shapes
+            self.spec, self.spec_data = BatchSpec(examples, allow_short=True), engine.state.dataloader
         else:
             self.spec.check(examples)
         train_state = (engine if self.source is None else self.source).state.train_state

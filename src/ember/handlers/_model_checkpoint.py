@@ -1,0 +1,90 @@
+"""`ModelCheckpoint`: Ignite's checkpoint handler that is given what to save when it is attached."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ember.engine import Engine
+from ember.handlers._checkpoint import Checkpoint
+from ember.handlers._savers import DiskSaver
+
+
+class ModelCheckpoint(Checkpoint):
+    """Ignite's ``ModelCheckpoint``: a :class:`Checkpoint` into a folder, given ``to_save`` as a handler argument.
+
+    Ignite's usage carries over: ``trainer.add_event_handler(Events.EPOCH_COMPLETED, handler, {"model":
+    trainer})``; the mapping passed there is what each call saves (a trainer, an engine, handlers). It
+    saves before returning (``background=False``), as it cannot know when the run ends to wait for a
+    background write; use :class:`Checkpoint` and its ``attach`` for background saves.
+
+    Args:
+        dirname: the folder (a :class:`DiskSaver` with ``atomic``, ``create_dir``, ``require_empty``).
+        filename_prefix: as :class:`Checkpoint`'s.
+        score_function: as :class:`Checkpoint`'s.
+        score_name: as :class:`Checkpoint`'s.
+        n_saved: as :class:`Checkpoint`'s.
+        atomic: must be ``True`` (every write is atomic).
+        require_empty: refuse a folder that already holds checkpoints.
+        create_dir: create the folder if it is missing.
+        global_step_transform: as :class:`Checkpoint`'s.
+
+    Examples:
+        >>> import tempfile
+        >>> from ember import Engine, Events
+        >>> from ember.handlers import ModelCheckpoint
+        >>> trainer = Engine(lambda e, b: b)
+        >>> handler = ModelCheckpoint(tempfile.mkdtemp(), "mnist", n_saved=2)
+        >>> _ = trainer.add_event_handler(Events.EPOCH_COMPLETED, handler, {"trainer": trainer})
+        >>> _ = trainer.run([1, 2], max_epochs=3)
+        >>> [c.path.name for c in handler.store.checkpoints()]
+        ['mnist_step_00000004', 'mnist_step_00000006']
+    """
+
+    def __init__(
+        self,
+        dirname: str | os.PathLike[str],
+        filename_prefix: str = "",
+        score_function: Callable[[Engine], float] | None = None,
+        score_name: str | None = None,
+        n_saved: int | None = 1,
+        atomic: bool = True,
+        require_empty: bool = True,
+        create_dir: bool = True,
+        global_step_transform: Callable[[Engine, Any], int] | None = None,
+    ) -> None:
+        saver = DiskSaver(dirname, atomic=atomic, create_dir=create_dir, require_empty=require_empty)
+        placeholder = {"_": _Nothing()}  # what to save arrives with each call
+        super().__init__(
+            placeholder,
+            saver,
+            filename_prefix,
+            score_function,
+            score_name,
+            n_saved,
+            global_step_transform,
+            background=False,
+        )
+
+    def __call__(self, engine: Engine, to_save: Mapping[str, Any] | None = None) -> None:  # type: ignore[override]
+        """Save ``to_save`` (Ignite passes it as the handler's argument) now; retention applied."""
+        if to_save is None:
+            raise TypeError(
+                "ModelCheckpoint saves what it is given: add it with "
+                "engine.add_event_handler(event, handler, {'name': object, ...})."
+            )
+        if to_save is not self.to_save:
+            checked = Checkpoint({**to_save}, self.store, background=False)  # the same checks as Checkpoint's
+            self.to_save, self._kinds = checked.to_save, checked._kinds
+        super().__call__(engine)
+
+
+class _Nothing:
+    """Stands in for ``to_save`` until the first call brings it."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        del state_dict
