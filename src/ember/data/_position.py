@@ -47,13 +47,14 @@ class Mapped(Iterator[Any]):
 
     def __init__(self, it: Iterator[Any], fn: Callable[[Any], Any]) -> None:
         self._it, self._fn = it, fn
+        self._has_position = has_position(it)
 
     def __next__(self) -> Any:
         return self._fn(next(self._it))
 
     def get_state(self) -> Any:
         """The wrapped iterator's position, ``None`` if it has none."""
-        return self._it.get_state() if has_position(self._it) else None  # type: ignore[attr-defined]
+        return self._it.get_state() if self._has_position else None  # type: ignore[attr-defined]
 
     def set_state(self, state: Any) -> None:
         """Restore the wrapped iterator's position."""

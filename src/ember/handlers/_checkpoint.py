@@ -15,7 +15,8 @@ from ember.handlers._renamed import renamed
 from ember.handlers._savers import DiskSaver, as_store
 
 
-def _kind(name: str, obj: Any) -> str:
+def kind_of(name: str, obj: Any) -> str:
+    """``"tree"`` or ``"state"``: how ``to_save[name]`` is saved; a ``TypeError`` naming it if neither."""
     if callable(getattr(obj, "tree_state_dict", None)):
         return "tree"  # contributes arrays (a training engine's train state), and maybe a state dict too
     if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
@@ -137,7 +138,7 @@ class Checkpoint:
         else:
             check_retention(n_saved, None, None, mode)
             latest, best = (n_saved, None) if score_function is None else (None, n_saved)
-        self._kinds = {name: _kind(name, obj) for name, obj in to_save.items()}
+        self._kinds = {name: kind_of(name, obj) for name, obj in to_save.items()}
         check_retention(latest, best, keep_every, mode)
         if best is not None and score_function is None:
             raise ValueError("`keep_best` needs `score_function`, the score to rank checkpoints by.")
@@ -358,7 +359,7 @@ def load_objects(
         >>> load_objects({"trainer": fresh}, saver.store).step, fresh.state.iteration
         (3, 3)
     """
-    kinds = {name: _kind(name, obj) for name, obj in to_load.items()}
+    kinds = {name: kind_of(name, obj) for name, obj in to_load.items()}
     if isinstance(checkpoint, str | os.PathLike) and (Path(checkpoint) / "manifest.json").is_file():
         checkpoint = _one_checkpoint(Path(checkpoint), store)  # Ignite's --resume_from: one checkpoint's folder
     if isinstance(checkpoint, CheckpointInfo):

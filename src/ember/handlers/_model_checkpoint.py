@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ember.engine import Engine
-from ember.handlers._checkpoint import Checkpoint
+from ember.handlers._checkpoint import Checkpoint, kind_of
 from ember.handlers._savers import DiskSaver
 
 
@@ -75,8 +75,9 @@ class ModelCheckpoint(Checkpoint):
                 "engine.add_event_handler(event, handler, {'name': object, ...})."
             )
         if to_save is not self.to_save:
-            checked = Checkpoint({**to_save}, self.store, background=False)  # the same checks as Checkpoint's
-            self.to_save, self._kinds = checked.to_save, checked._kinds
+            if not isinstance(to_save, Mapping) or not to_save:
+                raise TypeError(f"`to_save` must be a non-empty mapping of names to objects, got {to_save!r}.")
+            self.to_save, self._kinds = dict(to_save), {name: kind_of(name, obj) for name, obj in to_save.items()}
         super().__call__(engine)
 
 
