@@ -1,5 +1,36 @@
 """Test configuration shared by the whole suite."""
 
+import atexit
+import os
+import shutil
+import tempfile
+
+import pytest
+
+# One XLA compilation cache for the run, this process and the scripts it launches: the suite compiles the
+# same small models again and again (an example's second trainer, a resumed run, each test's own trainer),
+# and on two cores compiling is most of its time. A new folder each run, removed at exit, so nothing
+# carries over between runs. Set before JAX is imported; a cache the caller chose is kept.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _CACHE = tempfile.mkdtemp(prefix="ember-tests-xla-")
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+
+@pytest.fixture
+def fresh_compilations():
+    """Compile for real in this test (no cache hits), for tests that count compilations."""
+    import jax
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+
+
 # Scripts that tests run in subprocesses (8 simulated devices; two jax.distributed processes), never imported here.
 collect_ignore = [
     "training/multidevice_script.py",

@@ -61,8 +61,8 @@ def test_metrics_overhead_benchmark_runs_and_reports_every_row():
 
 
 def test_throughput_benchmark_runs_and_reports_every_ember_row():
-    """Both models at smoke-test size (--quick): every ember row and its reference ratio; no timing asserted."""
-    out = run_benchmark("throughput.py", "--quick", "--repeats", "1", timeout=300)
+    """The tiny model at smoke-test size (--quick): every ember row and its reference ratio; no timing asserted."""
+    out = run_benchmark("throughput.py", "--quick", "--repeats", "1", "--models", "tiny", timeout=300)
     rows: dict[str, list[str]] = {}
     for line in out.splitlines():
         found = re.match(r"^  (\S.*?)\s{2,}\d+ steps/s(.*)$", line)
@@ -76,9 +76,9 @@ def test_throughput_benchmark_runs_and_reports_every_ember_row():
         ("ember steps_per_call=10", "hand scan x10"),
         ("ember steps_per_call=10 + handlers", "hand scan x10"),
     ):
-        assert len(rows[row]) == 2  # one per model
-        assert all(f"x {ref} (median" in ratio for ratio in rows[row])
-    assert rows["hand loop"] == ["", ""]
+        assert len(rows[row]) == 1
+        assert f"x {ref} (median" in rows[row][0]
+    assert rows["hand loop"] == [""]
 
 
 def test_throughput_benchmark_runs_only_the_rows_asked_for_with_their_references():

@@ -28,9 +28,9 @@ class ConfigError(ValueError):
 class CorruptCheckpointError(ValueError):
     """A checkpoint on disk whose files do not match what its manifest says (or whose manifest is damaged).
 
-    The message names the checkpoint's folder and the file at fault. Stores never return such a
-    checkpoint: :meth:`~ember.checkpoint.CheckpointStore.latest` and the readers move it aside (renamed
-    ``corrupt-<name>``, never deleted) and fall back to the newest valid one.
+    The message names the checkpoint's folder and the file at fault. Stores never return such a checkpoint:
+    [`latest`][ember.checkpoint.CheckpointFolder.latest] and the readers move it aside (renamed ``corrupt-<name>``,
+    never deleted) and fall back to the newest valid one.
 
     Examples:
         >>> from ember.checkpoint import CorruptCheckpointError
@@ -40,7 +40,7 @@ class CorruptCheckpointError(ValueError):
 
 
 class NonFiniteError(FloatingPointError):
-    """Raised by :class:`~ember.handlers.TerminateOnNan` with ``action="raise"``: an output was NaN or infinite.
+    """Raised by ``TerminateOnNan`` with ``action="raise"``: an output was NaN or infinite.
 
     Examples:
         >>> from ember.handlers import NonFiniteError
@@ -53,10 +53,10 @@ __all__ = ["ConfigError", "CorruptCheckpointError", "NonFiniteError"]
 
 
 class RecordError(ValueError):
-    """A data source could not produce one record; :attr:`index` names it, the message the original error.
+    """A data source could not produce one record; `index` names it, the message the original error.
 
-    Raised by ember's sources (:class:`~ember.data.NpySource`, and any source passed to
-    :class:`~ember.data.GrainPipeline`) in place of the error reading the record raised, so the run fails
+    Raised by ember's sources ([`NpySource`][ember.data.NpySource], and any source passed to
+    [`GrainPipeline`][ember.data.GrainPipeline]) in place of the error reading the record raised, so the run fails
     naming the record, even when a worker process read it.
 
     Examples:

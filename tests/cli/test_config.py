@@ -80,3 +80,65 @@ def test_numbers_written_as_yaml_strings_are_read_as_numbers(tmp_path):
     assert (config.optimizer.learning_rate, config.trainer.max_epochs) == (0.001, 4)
     with pytest.raises(ConfigError, match=re.escape("optimizer.learning_rate: expected a number, got 'inf' (str).")):
         load_config({"optimizer": {"learning_rate": "inf"}})
+
+
+def test_overrides_set_dotted_keys_typed_as_yaml_reads_them():
+    """``key=value`` as ``ember train`` takes them: numbers, null, lists; a null section comes back."""
+    config = load_config(
+        {"handlers": {"early_stopping": None}},
+        [
+            "trainer.max_epochs=3",
+            "optimizer.learning_rate=1e-3",
+            "optimizer.clip_norm=null",
+            "handlers.writers=[console, csv]",
+            "handlers.early_stopping.patience=2",
+            "model.args.width=64",
+        ],
+    )
+    assert (config.trainer.max_epochs, config.optimizer.learning_rate, config.optimizer.clip_norm) == (3, 1e-3, None)
+    assert config.handlers.writers == ["console", "csv"]
+    assert config.handlers.early_stopping is not None
+    assert (config.handlers.early_stopping.patience, config.handlers.early_stopping.metric) == (2, "accuracy")
+    assert config.model.args == {"width": 64}
+
+
+def test_every_mistake_in_a_config_is_reported_at_once():
+    """File and overrides together: each problem with its dotted path, in the order met."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            {"optimizer": {"name": "adamm", "momentum": 1.5}, "data": {"batch_size": 0}},
+            ["trainer.max_epoch=3"],
+        )
+    assert str(caught.value) == (
+        "4 problems in the config:\n"
+        "  optimizer.name: expected one of 'adamw', 'adam', 'sgd', 'lamb', got 'adamm'; did you mean 'adam'?\n"
+        "  optimizer.momentum: expected a number in [0, 1), got 1.5.\n"
+        "  data.batch_size: expected a positive int, got 0.\n"
+        "  trainer.max_epoch: unknown field; did you mean 'max_epochs'? "
+        "(allowed: eval_every, max_epochs, max_iters, mesh, placement, rules, seed, steps_per_call)"
+    )
+
+
+def test_a_malformed_override_is_named():
+    with pytest.raises(ConfigError, match=re.escape("override 'trainer.max_epochs': expected dotted.key=value")):
+        load_config(None, ["trainer.max_epochs"])
+    with pytest.raises(ConfigError, match=re.escape("override 'output.x=1': output is 'runs/digits', not a section")):
+        load_config({"output": "runs/digits"}, ["output.x=1"])
+    with pytest.raises(TypeError, match=re.escape("`overrides` must be a sequence of 'dotted.key=value' strings")):
+        load_config(None, "trainer.max_epochs=3")  # type: ignore[arg-type]
+
+
+def test_ember_train_reads_a_file_then_overrides(tmp_path, capsys):
+    """``ember train CONFIG key=value``: both checked together, before anything trains."""
+    from ember.cli import main
+
+    path = tmp_path / "run.yaml"
+    path.write_text("optimizer:\n  name: sgd\n  momentum: 2\n")
+    assert main(["train", str(path), "trainer.max_epochs=0"]) == 2
+    assert capsys.readouterr().err == (
+        "ember: error: 2 problems in the config:\n"
+        "  optimizer.momentum: expected a number in [0, 1), got 2.0.\n"
+        "  trainer.max_epochs: expected a positive int, got 0.\n"
+    )
+    assert main(["train", str(path), str(path)]) == 2
+    assert "ember train takes one config file, got" in capsys.readouterr().err

@@ -72,7 +72,7 @@ def test_a_nan_on_one_process_stops_both_at_the_same_iteration(tmp_path):
 
 
 def test_time_limit_and_preemption_on_one_process_stop_both_at_the_same_iteration(tmp_path):
-    """Process 1's clock runs out (or it alone gets SIGTERM); the processes agree, so both stop together."""
+    """Process 1's clock runs out at 3 (or it alone gets SIGTERM during 5); checking every 2, both stop at 4 (6)."""
     p0, p1 = _run(2, tmp_path, "agree")
-    assert p0["agreed"] == p1["agreed"] == {"time_limit": 3, "preemption": 6}
+    assert p0["agreed"] == p1["agreed"] == {"time_limit": 4, "preemption": 6}
     assert sorted(p.name for p in (tmp_path / "preempted").iterdir()) == ["step_00000006"]

@@ -76,11 +76,14 @@ def main():
             return t.run(ArrayDataset(ARRAYS, batch_size=16, drop_remainder=True), max_epochs=3).iteration
 
         def late_clock(t):  # process 1's clock passes the limit at its third iteration, process 0's never does
-            TimeLimit(100.0, clock=lambda: 1000.0 if pid == 1 and t.state.iteration >= 3 else 0.0).attach(t)
+            def clock():
+                return 1000.0 if pid == 1 and t.state.iteration >= 3 else 0.0
+
+            TimeLimit(100.0, check_every=2, clock=clock).attach(t)  # checked, and agreed, at 2, 4, ...
 
         def signal_one(t):  # SIGTERM reaches process 1 only, during iteration 5
             saver = Checkpoint({"trainer": t}, os.path.join(workdir, "preempted"), n_saved=None)
-            Preemption(saver).attach(t)
+            Preemption(saver, check_every=2).attach(t)
             if pid == 1:
                 t.add_event_handler(Events.ITERATION_COMPLETED(once=5), lambda: os.kill(os.getpid(), signal.SIGTERM))
 

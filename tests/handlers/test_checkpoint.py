@@ -157,6 +157,26 @@ def test_a_failed_background_write_stops_the_run(tmp_path, monkeypatch):
     assert trainer.state.iteration == 3  # failed during iteration 2's handlers; raised at the next check
 
 
+@pytest.mark.parametrize("event", [Events.ITERATION_COMPLETED(every=2), Events.COMPLETED])
+def test_a_checkpoint_added_ignites_way_finishes_its_last_save_by_the_end_of_run(tmp_path, monkeypatch, event):
+    """With add_event_handler (no attach), run() still returns with the save on disk, or raises its error."""
+    trainer = Engine(lambda e, b: b)
+    trainer.add_event_handler(event, Checkpoint({"trainer": trainer}, tmp_path / "ok", n_saved=None))
+    trainer.run(range(4))
+    assert [p.name for p in sorted((tmp_path / "ok").iterdir())] == (
+        ["step_00000002", "step_00000004"] if event is not Events.COMPLETED else ["step_00000004"]
+    )
+
+    def disk_full(f, leaves):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module, "write_leaves", disk_full)
+    trainer = Engine(lambda e, b: b)
+    trainer.add_event_handler(event, Checkpoint({"trainer": trainer}, tmp_path / "full"))
+    with pytest.raises(OSError, match="No space left on device"):
+        trainer.run(range(4))
+
+
 def test_evaluator_state_is_not_a_tree(tmp_path):
     """An evaluator built on a trainer has no train state of its own to save until it has one."""
     trainer, _ = new_trainer()

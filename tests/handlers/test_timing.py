@@ -93,3 +93,36 @@ def test_profiler_stops_when_the_run_ends_inside_the_window(tmp_path):
     assert not profiler.active
     with pytest.raises(ValueError, match=re.escape("`num_steps` must be a positive int, got 0.")):
         Profiler(tmp_path, num_steps=0)
+
+
+def test_spaced_checks_stop_at_the_next_multiple_and_default_by_process_count(monkeypatch, tmp_path):
+    """check_every=4: a spent budget stops at the next multiple, a signal saves there or at the epoch's end.
+
+    The default is every iteration in one process and every 10 in several.
+    """
+    import os
+    import signal
+
+    import jax
+
+    from ember.handlers import Checkpoint, Preemption
+    from ember.handlers._agreement import check_interval
+
+    engine = Engine(lambda e, b: b)
+    TimeLimit(3, check_every=4, clock=lambda: float(engine.state.iteration)).attach(engine)  # a second a step
+    assert engine.run(range(100)).iteration == 4
+
+    def run_preempted(epoch_length: int) -> tuple[int, int]:
+        trainer = Engine(lambda e, b: b)
+        preemption = Preemption(Checkpoint({"trainer": trainer}, tmp_path / str(epoch_length)), check_every=4)
+        preemption.attach(trainer)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=5), lambda: os.kill(os.getpid(), signal.SIGTERM))
+        return trainer.run(range(epoch_length), max_epochs=3).iteration, preemption.saved.step
+
+    assert run_preempted(epoch_length=10) == (8, 8)
+    assert run_preempted(epoch_length=6) == (6, 6)  # epoch 1 ends at 6, before the multiple
+    assert check_interval(None) == 1
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    assert check_interval(None) == 10
+    with pytest.raises(ValueError, match=re.escape("`check_every` must be a positive int or None")):
+        TimeLimit(3, check_every=0)

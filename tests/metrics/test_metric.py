@@ -9,7 +9,16 @@ import pytest
 
 import ember.metrics._metric as metric_module
 from ember import Engine, Events
-from ember.metrics import BATCH_WISE, RUNNING, SINGLE_EPOCH_RUNNING, Accuracy, Average, MetricUsage, RunningAverage
+from ember.metrics import (
+    BATCH_WISE,
+    RUNNING_BATCH_WISE,
+    RUNNING_EPOCH_WISE,
+    SINGLE_EPOCH_RUNNING_BATCH_WISE,
+    Accuracy,
+    Average,
+    MetricUsage,
+    RunningAverage,
+)
 from ember.training import TrainState, create_trainer
 
 # Two epochs of two batches: values 1..8, two per batch.
@@ -39,18 +48,39 @@ def test_batch_wise_gives_each_batch_value():
     assert seen == [1.5, 3.5, 5.5, 7.5]
 
 
-def test_running_never_resets_within_a_run():
-    """The running usage accumulates over epochs and computes at each EPOCH_COMPLETED."""
-    engine, seen = engine_recording(Average(), RUNNING, Events.EPOCH_COMPLETED)
+def test_running_epoch_wise_never_resets_within_a_run():
+    """The running_epoch_wise usage accumulates over epochs and computes at each EPOCH_COMPLETED."""
+    engine, seen = engine_recording(Average(), RUNNING_EPOCH_WISE, Events.EPOCH_COMPLETED)
     engine.run(DATA, max_epochs=2)
     assert seen == [2.5, 4.5]
 
 
-def test_single_epoch_running_gives_the_epoch_so_far_every_iteration():
-    """single_epoch_running resets at EPOCH_STARTED and computes every iteration."""
-    engine, seen = engine_recording(Average(), SINGLE_EPOCH_RUNNING)
+def test_running_batch_wise_gives_the_run_so_far_every_iteration():
+    """running_batch_wise resets once at STARTED and computes every iteration."""
+    engine, seen = engine_recording(Average(), "running_batch_wise")
+    engine.run(DATA, max_epochs=2)
+    assert seen == [1.5, 2.5, 3.5, 4.5]
+    assert RUNNING_BATCH_WISE.name == "running_batch_wise"
+
+
+def test_single_epoch_running_batch_wise_gives_the_epoch_so_far_every_iteration():
+    """single_epoch_running_batch_wise resets at EPOCH_STARTED and computes every iteration."""
+    engine, seen = engine_recording(Average(), SINGLE_EPOCH_RUNNING_BATCH_WISE)
     engine.run(DATA, max_epochs=2)
     assert seen == [1.5, 2.5, 5.5, 6.5]
+
+
+def test_the_old_usage_names_warn_and_keep_their_meaning():
+    """Ember's names before Ignite's work for one release, with a warning naming Ignite's."""
+    with pytest.warns(DeprecationWarning, match="usage='running' is deprecated .* use 'running_epoch_wise'"):
+        engine, seen = engine_recording(Average(), "running", Events.EPOCH_COMPLETED)
+    engine.run(DATA, max_epochs=2)
+    assert seen == [2.5, 4.5]
+    with pytest.warns(
+        DeprecationWarning, match=r"SINGLE_EPOCH_RUNNING is deprecated .* SINGLE_EPOCH_RUNNING_BATCH_WISE"
+    ):
+        from ember.metrics import SINGLE_EPOCH_RUNNING  # type: ignore[attr-defined]
+    assert SINGLE_EPOCH_RUNNING is SINGLE_EPOCH_RUNNING_BATCH_WISE
 
 
 def test_filtered_usage_updates_only_where_the_filter_fires():
@@ -277,3 +307,16 @@ def test_attach_returns_a_handle_that_detaches_that_name():
     second.remove()
     assert not avg.is_attached(engine)
     assert engine.run([[5.0]]).metrics == {}
+
+
+def test_state_metrics_holds_host_numbers_once_computed_and_device_scalars_while_published():
+    """The documented rule: a computed value is a Python float; a per-step published one a 0-d device array."""
+    engine = Engine(lambda e, batch: {"loss": jnp.mean(batch)})
+    Average(output_transform=lambda out: out["loss"]).attach(engine, "epoch_loss")
+    RunningAverage(output_transform=lambda out: out["loss"]).attach(engine, "running_loss")
+    metrics = engine.run(DATA).metrics
+    assert type(metrics["epoch_loss"]) is float
+    assert isinstance(metrics["running_loss"], jax.Array)
+    assert metrics["running_loss"].shape == ()
+    formatted = [f"{metrics[name]:.4f}" for name in ("epoch_loss", "running_loss")]
+    assert formatted == ["2.5000", "1.5400"]  # the running one: 0.98 * 1.5 + 0.02 * 3.5

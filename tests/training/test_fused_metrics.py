@@ -107,7 +107,7 @@ def test_fused_state_follows_the_step_and_moves_between_engines():
     total = Sum(output_transform=lambda out: out["y"])  # the labels: exact integer sums
     first, second = create_trainer(state(), loss_fn), create_trainer(state(), loss_fn)
     seen = []
-    total.attach(first, "total", usage="running")
+    total.attach(first, "total", usage="running_epoch_wise")
     first.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(int(total.state)))
     data = batches(4)
     first.run(data)
@@ -118,7 +118,7 @@ def test_fused_state_follows_the_step_and_moves_between_engines():
     assert float(total.state) == 0.0
     with pytest.raises(RuntimeError, match="computed before any update"):
         total.compute()
-    total.attach(second, "total", usage="running")
+    total.attach(second, "total", usage="running_epoch_wise")
     second.run(data[:2])  # the running usage resets at STARTED
     assert total.compute() == want[1]
     assert total.state_dict()["updates"] == 2
@@ -161,7 +161,7 @@ def test_published_values_are_fresh_outputs_a_handler_may_keep():
     assert all(not v.is_deleted() for v in seen)
 
 
-def test_the_fused_step_compiles_once_however_often_the_metrics_reset(caplog):
+def test_the_fused_step_compiles_once_however_often_the_metrics_reset(caplog, fresh_compilations):
     """The accumulators are placed like the train state, so later calls do not compile the step again."""
     state = TrainState.create(lambda p, x: x @ p, jnp.zeros((3, 2)), optax.sgd(0.1))
     trainer = create_trainer(state, lambda m, b: jnp.mean(m(b) ** 2))

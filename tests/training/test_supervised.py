@@ -76,7 +76,10 @@ def test_supervised_evaluator_attaches_metrics_and_follows_the_trainer():
 
 def test_supervised_errors():
     """Wrong model types, loss functions, batches and metrics are refused clearly."""
-    with pytest.raises(TypeError, match=r"`model` must be a linen Module, an NNX Module or a TrainState, got str"):
+    with pytest.raises(
+        TypeError,
+        match=r"`model` must be a flax.linen.Module, a flax.nnx.Module, .*, got builtins.str\.",
+    ):
         create_supervised_trainer("mlp", optax.sgd(0.1), mse)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"`loss_fn` must be callable as loss_fn\(y_pred, y\)"):
         create_supervised_trainer(nn.Dense(1), optax.sgd(0.1), None)  # type: ignore[arg-type]

@@ -1,3 +1,5 @@
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,3 +96,85 @@ def test_linen_partition_annotations_are_recorded_and_unboxed():
     assert state.partitioning == (("kernel", ("embed", "mlp")),)
     assert type(state.params["kernel"]).__name__ == "ArrayImpl"
     assert sorted(state.params) == ["bias", "kernel"]
+
+
+def _flax_state(model, tx, x, **fields):
+    """A ``flax.training.train_state.TrainState`` as Flax's own examples build it."""
+    from flax.training import train_state
+
+    variables = model.init(jax.random.PRNGKey(0), x)
+
+    class WithStats(train_state.TrainState):
+        batch_stats: object = None
+
+    return WithStats.create(apply_fn=model.apply, params=variables["params"], tx=tx, **fields)
+
+
+def test_a_flax_train_state_trains_as_flaxs_own_loop_does():
+    """create_trainer takes Flax's TrainState: the same parameters as its apply_gradients loop, step carried on."""
+    from flax import linen as nn
+
+    from ember.training import create_trainer
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(1)(nn.relu(nn.Dense(8)(x)))
+
+    model = MLP()
+    x, y = jnp.linspace(-1, 1, 24).reshape(8, 3), jnp.arange(8.0).reshape(8, 1)
+    flax_state = _flax_state(model, optax.sgd(0.05, momentum=0.9), x)
+
+    def mse(params):
+        return jnp.mean((flax_state.apply_fn({"params": params}, x) - y) ** 2)
+
+    flax_state = flax_state.apply_gradients(grads=jax.grad(mse)(flax_state.params))  # one step before handing over
+    hand = flax_state
+    for _ in range(4):
+        hand = hand.apply_gradients(grads=jax.grad(mse)(hand.params))
+    trainer = create_trainer(flax_state, lambda model, batch: jnp.mean((model(batch[0]) - batch[1]) ** 2))
+    trained = trainer.run([(x, y)] * 4).train_state
+    assert int(trained.step) == int(hand.step) == 5
+    for ours, theirs in zip(jax.tree.leaves(trained.params), jax.tree.leaves(hand.params), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_a_flax_train_state_with_batch_stats_updates_them_in_training_mode():
+    """A ``batch_stats`` field becomes model_state; the module's ``train`` flag is passed."""
+    from flax import linen as nn
+
+    from ember.training import TrainState
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            return nn.Dense(1)(nn.BatchNorm(use_running_average=not train)(x))
+
+    x = jnp.arange(12.0).reshape(4, 3)
+    variables = Net().init(jax.random.PRNGKey(0), x)
+    flax_state = _flax_state(Net(), optax.sgd(0.1), x, batch_stats=variables["batch_stats"])
+    state = TrainState.from_flax(flax_state)
+    assert sorted(state.model_state) == ["batch_stats"]
+    _, updated = state.apply_fn(state.params, state.model_state, None, True, x)
+    np.testing.assert_allclose(
+        updated["batch_stats"]["BatchNorm_0"]["mean"], 0.01 * x.mean(axis=0), rtol=1e-6
+    )  # momentum 0.99
+
+
+def test_a_state_of_another_kind_is_named_with_its_module():
+    """Two classes called TrainState are told apart in the error."""
+    from ember.training import create_evaluator, create_trainer
+
+    look_alike = type("TrainState", (), {"__module__": "mylib.states"})  # neither kind, named as both are
+    expected = (
+        "`state` must be an ember.training.TrainState or a flax.training.train_state.TrainState, or a function "
+        "of the first batch returning one, got mylib.states.TrainState."
+    )
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        create_trainer(look_alike(), lambda model, batch: 0.0)
+    expected = (
+        "`source` must be an ember.training.TrainState or a flax.training.train_state.TrainState, or a trainer "
+        "Engine, got mylib.states.TrainState."
+    )
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        create_evaluator(look_alike(), lambda model, batch: 0.0)

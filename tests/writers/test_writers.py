@@ -204,3 +204,28 @@ def test_confusion_matrix_image_goes_to_tensorboard(tmp_path):
         confusion_matrix_image(np.zeros((2, 3)))
     with pytest.raises(ValueError, match=re.escape("`class_names` must name the 2 classes, got 1 names.")):
         confusion_matrix_image(np.eye(2), ["a"])
+
+
+def test_the_private_tensorboardx_api_the_writer_relies_on_is_there():
+    """EventsWriter(file_prefix, filename_suffix), write_event/flush/close, Event's fields: fails if they move."""
+    import inspect
+
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto.event_pb2 import Event  # pyright: ignore[reportAttributeAccessIssue]  # generated
+
+    from ember.writers._tensorboard import events_writer_class
+
+    assert events_writer_class() is EventsWriter
+    assert list(inspect.signature(EventsWriter).parameters) == ["file_prefix", "filename_suffix"]
+    assert all(callable(getattr(EventsWriter, name, None)) for name in ("write_event", "flush", "close"))
+    assert {"summary", "step", "wall_time"} <= {field.name for field in Event.DESCRIPTOR.fields}
+
+
+def test_an_unchecked_tensorboardx_major_is_refused_by_name(monkeypatch):
+    import tensorboardX
+
+    from ember.writers._tensorboard import events_writer_class
+
+    monkeypatch.setattr(tensorboardX, "__version__", "3.0.1")
+    with pytest.raises(ImportError, match=re.escape("checked with tensorboardX 2.x; tensorboardX 3.0.1 is installed")):
+        events_writer_class()

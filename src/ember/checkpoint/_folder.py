@@ -48,7 +48,7 @@ class CheckpointInfo:
 
 
 class CheckpointFolder:
-    """The checkpoints in one folder, as a store reads them; :class:`CheckpointStore` adds writing.
+    """The checkpoints in one folder, as a store reads them; ``CheckpointStore`` adds writing.
 
     Every checkpoint it returns has been verified (manifest checksum, data size and CRC-32); a damaged one
     is moved aside as ``corrupt-<name>``, with a warning, and the next valid one is used.
@@ -212,8 +212,8 @@ class CheckpointFolder:
     def ranked(self, metric: str | None = None, mode: Literal["min", "max"] = "max") -> list[CheckpointInfo]:
         """Valid checkpoints, preferred first: newest step first, or best by ``metric`` first (``mode``).
 
-        Damaged ones are moved aside with a warning (:meth:`set_aside`); with ``metric``, checkpoints
-        without it are left out. Ties go to the later step.
+        Damaged ones are moved aside with a warning ([`set_aside`][ember.checkpoint.CheckpointFolder.set_aside]); with
+        ``metric``, checkpoints without it are left out. Ties go to the later step.
 
         Examples:
             >>> import tempfile, numpy as np
@@ -324,8 +324,8 @@ def _newer(c: CheckpointInfo) -> tuple[int, float, str]:
 def check_retention(keep_latest: object, keep_best: object, keep_every: object, mode: object) -> None:
     """Raise unless the counts are positive ints (or None) and ``mode`` is "min" or "max".
 
-    :meth:`CheckpointFolder.prune` checks its policies so; a handler that prunes later checks them when it
-    is built, so a bad value fails before training starts.
+    [`CheckpointFolder.prune`][ember.checkpoint.CheckpointFolder.prune] checks its policies so; a handler that prunes
+    later checks them when it is built, so a bad value fails before training starts.
 
     Examples:
         >>> from ember.checkpoint import check_retention

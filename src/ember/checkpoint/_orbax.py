@@ -20,17 +20,16 @@ ITEM = "state"  # the orbax item inside each checkpoint folder
 
 
 class OrbaxStore(CheckpointStore):
-    """A :class:`CheckpointStore` whose arrays go through orbax-checkpoint, for state sharded across processes.
+    """A ``CheckpointStore`` whose arrays go through orbax-checkpoint, for state sharded across processes.
 
-    Everything else is the store's: the folder per checkpoint, the JSON manifest (step, metrics, metadata,
-    leaf shapes and dtypes), the atomic commit of the whole folder, listing, ``latest``/``best``, retention
-    and the :class:`~ember.handlers.Checkpoint` handler on top. The difference is the data: orbax writes each
-    process's shards of each array itself (no gather onto one host, so state larger than one host's memory
-    can be saved) and restores them straight into the target's shardings. In a multi-process run every
-    process must call ``save`` (orbax's save is collective); process 0 writes the manifest and commits.
-    Orbax checks its own array files; the manifest carries its own CRC-32, as in the native store, and a
-    folder without its orbax item is moved aside like a truncated checkpoint. Install with
-    ``pip install 'ember[orbax]'``.
+    Everything else is the store's: the folder per checkpoint, the JSON manifest (step, metrics, metadata, leaf shapes
+    and dtypes), the atomic commit of the whole folder, listing, ``latest``/``best``, retention and the
+    [`Checkpoint`][ember.handlers.Checkpoint] handler on top. The difference is the data: orbax writes each process's
+    shards of each array itself (no gather onto one host, so state larger than one host's memory can be saved) and
+    restores them straight into the target's shardings. In a multi-process run every process must call ``save`` (orbax's
+    save is collective); process 0 writes the manifest and commits. Orbax checks its own array files; the manifest
+    carries its own CRC-32, as in the native store, and a folder without its orbax item is moved aside like a truncated
+    checkpoint. Install with ``pip install 'ember[orbax]'``.
 
     Args:
         root: the folder; created if missing.
@@ -123,7 +122,7 @@ class OrbaxStore(CheckpointStore):
 
 
 def open_store(root: str | os.PathLike[str]) -> CheckpointStore:
-    """The store for a folder: an :class:`OrbaxStore` if orbax wrote its checkpoints, else a :class:`CheckpointStore`.
+    """The store for a folder: an ``OrbaxStore`` if orbax wrote its checkpoints, else a ``CheckpointStore``.
 
     Readers, ``ember inspect`` and the ``Checkpoint`` handler open a folder given by path this way.
 

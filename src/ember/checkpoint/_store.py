@@ -36,15 +36,16 @@ class CheckpointStore(CheckpointFolder):
     In a multi-process run only process 0 writes and deletes (the others get the info back from ``save``
     and read the same folder, which must be on a shared file system to restore on every process).
 
-    A checkpoint that is incomplete or corrupt (missing manifest, truncated data, bad checksum) is never
-    returned: :meth:`latest`, :meth:`best` and :meth:`restore` skip it with a warning that names it and
+    A checkpoint that is incomplete or corrupt (missing manifest, truncated data, bad checksum) is never returned:
+    [`latest`][ember.checkpoint.CheckpointFolder.latest], [`best`][ember.checkpoint.CheckpointFolder.best] and
+        [`restore`][ember.checkpoint.CheckpointFolder.restore] skip it with a warning that names it and
     says why, and fall back to the newest valid one.
 
-    Background saves (:meth:`save_in_background`) copy the state to the host before they return, so the
-    training thread waits for that copy (on a GPU the queued steps finish first, then the copy runs).
-    ``device_snapshot=True`` copies it on the device instead, which returns at once, and the writer thread
-    fetches the copy while training goes on: training loses no time to the transfer, at the price of one
-    more copy of the state in device memory while it lasts. On the CPU backend both are the same copy.
+    Background saves ([`save_in_background`][ember.checkpoint.CheckpointStore.save_in_background]) copy the state to the
+    host before they return, so the training thread waits for that copy (on a GPU the queued steps finish first, then
+    the copy runs). ``device_snapshot=True`` copies it on the device instead, which returns at once, and the writer
+    thread fetches the copy while training goes on: training loses no time to the transfer, at the price of one more
+    copy of the state in device memory while it lasts. On the CPU backend both are the same copy.
 
     Args:
         root: the folder; created if missing.
@@ -86,7 +87,8 @@ class CheckpointStore(CheckpointFolder):
     ) -> CheckpointInfo:
         """Write ``tree`` (a pytree of arrays and scalars) as a new checkpoint; return its info.
 
-        Waits for a background save still in flight first (see :meth:`save_in_background`).
+        Waits for a background save still in flight first (see
+        [`save_in_background`][ember.checkpoint.CheckpointStore.save_in_background]).
 
         Args:
             tree: what to save; device arrays are copied to the host first.
@@ -119,11 +121,12 @@ class CheckpointStore(CheckpointFolder):
     ) -> Future[CheckpointInfo]:
         """Copy ``tree`` now, then serialise and write it on a background thread.
 
-        When this returns, training may change the device state freely: what is saved is already a copy of
-        its own, on the host (or, with ``device_snapshot=True``, on the device, fetched by the writer). The
-        write runs on one background thread; the next save (of either kind) first waits for it, and
-        re-raises its error if it failed, as do :meth:`wait` and :meth:`raise_if_failed`. ``then`` runs on
-        the same thread once the checkpoint is committed (retention: :meth:`prune`), so the training thread
+        When this returns, training may change the device state freely: what is saved is already a copy of its own, on
+        the host (or, with ``device_snapshot=True``, on the device, fetched by the writer). The write runs on one
+        background thread; the next save (of either kind) first waits for it, and re-raises its error if it failed, as
+        do [`wait`][ember.checkpoint.CheckpointStore.wait] and
+        [`raise_if_failed`][ember.checkpoint.CheckpointStore.raise_if_failed]. ``then`` runs on the same thread once the
+        checkpoint is committed (retention: [`prune`][ember.checkpoint.CheckpointFolder.prune]), so the training thread
         waits for neither.
 
         Examples:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
 import os
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -226,51 +228,104 @@ def _number(text: str, t: type) -> Any:
 
 
 def _build(cls: type[Any], raw: Any, path: str) -> Any:
+    """``cls`` from the mapping ``raw``; every problem in it (and in nested sections) raised at once."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path or 'config'}: expected a mapping, got {raw!r}.")
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
-    for key in raw:
+    problems: list[str] = []
+    values = {}
+    for key, value in raw.items():
+        where = f"{path}.{key}" if path else str(key)
         if key not in fields:
             close = _suggest(str(key), sorted(fields))
             hint = f"; did you mean {close!r}?" if close else ""
-            where = f"{path}.{key}" if path else str(key)
-            raise ConfigError(f"{where}: unknown field{hint} (allowed: {', '.join(sorted(fields))})")
-    values = {k: _convert(v, hints[k], f"{path}.{k}" if path else k) for k, v in raw.items()}
+            problems.append(f"{where}: unknown field{hint} (allowed: {', '.join(sorted(fields))})")
+            continue
+        try:
+            values[key] = _convert(value, hints[key], where)
+        except ConfigError as e:
+            problems.extend(getattr(e, "problems", None) or [str(e)])
+    if problems:
+        raise _config_error(problems)
     return cls(**values)
 
 
-def load_config(source: str | os.PathLike[str] | dict[str, Any] | None = None) -> Config:
-    """A :class:`Config` from a YAML file, a mapping, or nothing (the embedded default run).
+def _config_error(problems: list[str]) -> ConfigError:
+    """One error for all the problems found: the message itself for one, a list for several."""
+    message = (
+        problems[0]
+        if len(problems) == 1
+        else f"{len(problems)} problems in the config:\n" + "\n".join(f"  {problem}" for problem in problems)
+    )
+    error = ConfigError(message)
+    error.problems = problems  # type: ignore[attr-defined]
+    return error
 
-    Unknown fields, wrong types and values outside a field's choices fail here, with the field's dotted
-    path, what was given, what is allowed and, for a typo, the closest allowed name.
+
+def _apply_overrides(raw: Any, overrides: Sequence[str]) -> dict[str, Any]:
+    """``raw`` with each ``dotted.key=value`` set in it, the value read as YAML reads it (``3``, ``1e-3``, ``null``)."""
+    import yaml
+
+    raw = copy.deepcopy(raw) if isinstance(raw, dict) else {} if raw is None else raw
+    if not isinstance(raw, dict):
+        return raw  # _build names it
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected dotted.key=value, such as trainer.max_epochs=3.")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({e}).") from None
+        *parents, last = key.split(".")
+        section = raw
+        for i, part in enumerate(parents):
+            child = section.setdefault(part, {})
+            if child is None:  # a section set to null (early_stopping: null): the override brings it back
+                child = section[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(parents[: i + 1])} is {child!r}, not a section.")
+            section = child
+        section[last] = value
+    return raw
+
+
+def load_config(source: str | os.PathLike[str] | dict[str, Any] | None = None, overrides: Sequence[str] = ()) -> Config:
+    """A [`Config`][ember.cli.Config] from a YAML file, a mapping, or nothing (the embedded default run).
+
+    ``overrides`` are ``dotted.key=value`` strings, as ``ember train CONFIG trainer.max_epochs=3`` takes
+    them; each value is read as YAML reads it, then checked with the rest. Unknown fields, wrong types and
+    values outside a field's choices fail here, all at once, each with the field's dotted path, what was
+    given, what is allowed and, for a typo, the closest allowed name.
 
     Examples:
         >>> from ember.cli import load_config
         >>> load_config({"optimizer": {"name": "sgd", "learning_rate": 0.1}}).optimizer.name
         'sgd'
+        >>> load_config(None, ["trainer.max_epochs=3", "optimizer.learning_rate=1e-3"]).trainer.max_epochs
+        3
     """
-    if source is None:
-        return Config()
-    if isinstance(source, dict):
-        return _build(Config, source, "")
-    import yaml
+    if isinstance(overrides, str):
+        raise TypeError(f"`overrides` must be a sequence of 'dotted.key=value' strings, got {overrides!r}.")
+    raw: Any = {} if source is None else source
+    if source is not None and not isinstance(source, dict):
+        import yaml
 
-    path = Path(source)
-    if not path.exists():
-        raise FileNotFoundError(f"No config file at {path}.")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e}).") from None
-    return _build(Config, raw, "")
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(f"No config file at {path}.")
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e}).") from None
+    return _build(Config, _apply_overrides(raw, overrides), "")
 
 
 def dump_config(config: Config) -> str:
-    """``config`` as YAML text that :func:`load_config` reads back to an equal config.
+    """``config`` as YAML text that [`load_config`][ember.cli.load_config] reads back to an equal config.
 
     Examples:
         >>> from ember.cli import Config, dump_config, load_config

@@ -67,7 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
     p_train = sub.add_parser("train", help="train from a YAML config (none: the embedded digits run)")
-    p_train.add_argument("config", nargs="?", help="a YAML config file")
+    p_train.add_argument(
+        "config",
+        nargs="*",
+        metavar="[CONFIG] [KEY=VALUE ...]",
+        help="a YAML config file, then overrides such as trainer.max_epochs=3 optimizer.learning_rate=1e-3",
+    )
     p_train.add_argument("--output", help="the run folder (overrides the config's output)")
     p_train.add_argument(
         "--distributed",
@@ -91,7 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ember.cli._config import load_config
             from ember.cli._train import train
 
-            config = load_config(args.config)
+            files = [item for item in args.config if "=" not in item]
+            if len(files) > 1:
+                raise ValueError(f"ember train takes one config file, got {files}; overrides are KEY=VALUE.")
+            overrides = [item for item in args.config if "=" in item]
+            config = load_config(files[0] if files else None, overrides)
             if args.distributed:
                 start_distributed()
             if args.output:

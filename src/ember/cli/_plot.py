@@ -12,7 +12,7 @@ def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | N
     """Draw a run's scalars against the step into a PNG; return its path.
 
     Every scalar in ``run_dir/metrics.jsonl`` gets a line, one panel per name prefix (``train/...``,
-    ``val/...``) and one for learning rates, whose scale is not the loss's (:func:`panels`); the PNG is
+    ``val/...``) and one for learning rates, whose scale is not the loss's (`panels`); the PNG is
     ``run_dir/curves.png`` unless ``output`` says otherwise.
 
     Examples:

@@ -12,13 +12,12 @@ import numpy as np
 class ArrayDataset:
     """Batches over a pytree of arrays that share their leading axis, shuffled anew each pass.
 
-    Each ``iter()`` starts a pass (epoch), whose order is a permutation seeded by ``(seed, pass)``: the
-    same seed gives the same batches, and every pass differs. The pass is the one given to
-    :meth:`set_epoch` (engines call it with a count of their own, so a trainer's order does not depend on
-    an evaluator iterating the same data), else the one after the last pass started. Each iterator's
-    position (its pass and the batches of it handed out) round-trips through its ``get_state()`` /
-    ``set_state()``, Grain's protocol, so an engine resumed from a checkpoint sees exactly the batches an
-    uninterrupted run would.
+    Each ``iter()`` starts a pass (epoch), whose order is a permutation seeded by ``(seed, pass)``: the same seed gives
+    the same batches, and every pass differs. The pass is the one given to
+    [`set_epoch`][ember.data.ArrayDataset.set_epoch] (engines call it with a count of their own, so a trainer's order
+    does not depend on an evaluator iterating the same data), else the one after the last pass started. Each iterator's
+    position (its pass and the batches of it handed out) round-trips through its ``get_state()`` / ``set_state()``,
+    Grain's protocol, so an engine resumed from a checkpoint sees exactly the batches an uninterrupted run would.
 
     Args:
         arrays: a pytree (dict, tuple, array) of arrays with the same length on axis 0.
@@ -148,7 +147,7 @@ class ArrayDataset:
 
 
 class _Pass(Iterator[Any]):
-    """One pass over an :class:`ArrayDataset`; its position round-trips through ``get_state``/``set_state``."""
+    """One pass over an ``ArrayDataset``; its position round-trips through ``get_state``/``set_state``."""
 
     def __init__(self, data: ArrayDataset, epoch: int) -> None:
         self._data, self._epoch, self._pos = data, epoch, 0
@@ -174,7 +173,7 @@ class _Pass(Iterator[Any]):
         return {"epoch": self._epoch, "position": self._pos, **self._data._identity()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continue from a position saved by :meth:`get_state`, on the same data.
+        """Continue from a position saved by `get_state`, on the same data.
 
         Raises:
             ValueError: ``state`` is not such a position, or was saved for other data (another number of

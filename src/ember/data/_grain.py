@@ -21,28 +21,27 @@ WORKER_AHEAD = 4  # batches each worker process keeps ready (Grain's default, 1,
 class GrainPipeline:
     """Batches from a random-access source through Grain: shuffled every pass, transformed, in worker processes.
 
-    The batches are :class:`ArrayDataset`'s for the same arguments (pass ``e`` is the permutation seeded by
-    ``(seed, e)``, the last short batch of a pass dropped; ``len()`` is ``len(source) // batch_size``), as
-    one endless stream whose epochs the engine counts, read through Grain (``MapDataset``, ``batch``,
-    ``mp_prefetch``): examples are read and transformed in ``worker_count`` processes. Random transforms
-    draw from a generator seeded by the example's place in the global stream, so a run gives the same
-    batches however many processes or workers read it.
+    The batches are [`ArrayDataset`][ember.data.ArrayDataset]'s for the same arguments (pass ``e`` is the permutation
+    seeded by ``(seed, e)``, the last short batch of a pass dropped; ``len()`` is ``len(source) // batch_size``), as one
+    endless stream whose epochs the engine counts, read through Grain (``MapDataset``, ``batch``, ``mp_prefetch``):
+    examples are read and transformed in ``worker_count`` processes. Random transforms draw from a generator seeded by
+    the example's place in the global stream, so a run gives the same batches however many processes or workers read it.
 
-    Its iterators follow the resumable-iterator protocol, so engines save its position in their
-    checkpoints, resume it exactly, and close its worker processes when a run stops. A position saved from
-    another pipeline (another source length, batch size, seed, shuffling, shard or worker count) is
-    refused with an error naming what differs; a record that fails to be read or transformed fails the
-    run with :class:`~ember.errors.RecordError`, naming it.
+    Its iterators follow the resumable-iterator protocol, so engines save its position in their checkpoints, resume it
+    exactly, and close its worker processes when a run stops. A position saved from another pipeline (another source
+    length, batch size, seed, shuffling, shard or worker count) is refused with an error naming what differs; a record
+    that fails to be read or transformed fails the run with [`RecordError`][ember.errors.RecordError], naming it.
 
     Any Grain ``DataLoader``, ``MapDataset`` or ``IterDataset`` also runs in an engine as it is; this class
     adds what Grain leaves to the training loop: per-process parts of a global batch, the epoch length,
     errors naming the record that failed, and the check of a resumed position.
 
     Args:
-        source: random access (``len`` and ``__getitem__``): :class:`NpySource`, a Grain source, a list.
-        batch_size: the global batch size; each of ``count`` processes gets ``batch_size // count``
-            examples of every batch (its own slice, as :class:`ArrayDataset`'s ``shard`` gives), so
-            ``count`` processes together see the batches one process would.
+        source: random access (``len`` and ``__getitem__``): [`NpySource`][ember.data.NpySource], a Grain source, a
+            list.
+        batch_size: the global batch size; each of ``count`` processes gets ``batch_size // count`` examples of every
+            batch (its own slice, as [`ArrayDataset`][ember.data.ArrayDataset]'s ``shard`` gives), so ``count``
+            processes together see the batches one process would.
         transforms: applied to each example in order: a callable ``fn(example)``, a
             ``grain.transforms.Map``, or a ``grain.transforms.RandomMap`` (its ``random_map(example, rng)``
             gets a NumPy Philox generator keyed by ``seed``, its counter at the example's place in the
@@ -161,9 +160,9 @@ class _Position(Mapped):
 class _Stream:
     """This process's examples of the endless stream of global batches, transformed: what Grain reads.
 
-    Example ``i`` here is example ``j`` of this process's part of global batch ``t`` (``t, j = divmod(i,
-    part)``): record ``order(e)[b * batch_size + shard_index * part + j]`` for pass ``e`` and batch ``b`` of
-    it, so the batches are :class:`ArrayDataset`'s, split as its ``shard`` splits them.
+    Example ``i`` here is example ``j`` of this process's part of global batch ``t`` (``t, j = divmod(i, part)``):
+    record ``order(e)[b * batch_size + shard_index * part + j]`` for pass ``e`` and batch ``b`` of it, so the batches
+    are [`ArrayDataset`][ember.data.ArrayDataset]'s, split as its ``shard`` splits them.
     """
 
     def __init__(

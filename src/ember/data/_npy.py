@@ -16,13 +16,12 @@ from ember.errors import RecordError
 class NpySource:
     """A random-access source over ``.npy`` arrays on disk: ``source[i]`` is ``{name: array[i]}``.
 
-    Nothing is loaded up front: each record is read from its file when asked for (one ``pread`` per
-    array), so the data may be many times larger than memory and the process's resident memory stays flat
-    over an epoch (the files' pages live in the operating system's cache, not in the process). It is
-    Grain's random-access source protocol (``len`` and ``__getitem__``): pass it to
-    :class:`~ember.data.GrainPipeline`, or to ``grain.MapDataset.source`` and ``grain.DataLoader``
-    yourself. It pickles as its paths, so worker processes open the files themselves. A record that cannot
-    be read raises :class:`~ember.errors.RecordError`, naming its index.
+    Nothing is loaded up front: each record is read from its file when asked for (one ``pread`` per array), so the data
+    may be many times larger than memory and the process's resident memory stays flat over an epoch (the files' pages
+    live in the operating system's cache, not in the process). It is Grain's random-access source protocol (``len`` and
+    ``__getitem__``): pass it to [`GrainPipeline`][ember.data.GrainPipeline], or to ``grain.MapDataset.source`` and
+    ``grain.DataLoader`` yourself. It pickles as its paths, so worker processes open the files themselves. A record that
+    cannot be read raises [`RecordError`][ember.errors.RecordError], naming its index.
 
     Args:
         paths: ``{name: path}`` of ``.npy`` files with the same length on axis 0, or a folder: every

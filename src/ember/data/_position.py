@@ -1,9 +1,8 @@
 """The resumable-iterator protocol (Grain's) as ember's data wrappers pass it through.
 
-An iterator with a position has ``get_state()`` and ``set_state(state)``; one that runs work in the
-background (Grain's worker processes) also has ``close()``. A wrapper that yields one batch per batch of
-the iterator it wraps (:class:`Mapped`) has the same position, so engines save and restore it through
-any number of wrappers.
+An iterator with a position has ``get_state()`` and ``set_state(state)``; one that runs work in the background (Grain's
+worker processes) also has ``close()``. A wrapper that yields one batch per batch of the iterator it wraps
+([`Mapped`][ember.data.Mapped]) has the same position, so engines save and restore it through any number of wrappers.
 """
 
 from __future__ import annotations

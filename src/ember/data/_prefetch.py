@@ -17,7 +17,7 @@ class DevicePrefetch:
     wrapper's: that of the batches it handed out, not of those it read ahead, so resuming is exact.
 
     Args:
-        source: any re-iterable of batches (a list, an :class:`ArrayDataset`, a loader).
+        source: any re-iterable of batches (a list, an [`ArrayDataset`][ember.data.ArrayDataset], a loader).
         put: places one batch on device, e.g. ``placement.put_batch``.
         size: how many batches to keep in flight; 0 transfers each batch when it is asked for.
         decide: if given, called with the first batch of each pass (before ``put``); its answer replaces
@@ -56,7 +56,7 @@ class DevicePrefetch:
 
 
 class Prefetching(Iterator[Any]):
-    """One pass of a :class:`DevicePrefetch`; its position is that of the batches it handed out.
+    """One pass of a [`DevicePrefetch`][ember.data.DevicePrefetch]; its position is that of the batches it handed out.
 
     Over a source whose iterator has ``get_state``/``set_state``, it has them too: the position after the
     latest batch handed out, not after those read ahead (read from the source when nothing is read
@@ -108,7 +108,7 @@ class Prefetching(Iterator[Any]):
         return self._it.get_state()  # type: ignore[attr-defined]  # nothing read ahead: the source's own
 
     def set_state(self, state: Any) -> None:
-        """Continue from a position :meth:`get_state` gave; batches read ahead are dropped."""
+        """Continue from a position `get_state` gave; batches read ahead are dropped."""
         self._queue.clear()
         restore(self._it, state)
         self._state = None

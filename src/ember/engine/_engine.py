@@ -20,21 +20,22 @@ ProcessFn = Callable[["Engine", Any], Any]
 
 
 class Engine(EventHandlers, ResumableLoop):
-    """Runs ``process_fn(engine, batch)`` over data, firing :class:`Events` to registered handlers.
+    """Runs ``process_fn(engine, batch)`` over data, firing [`Events`][ember.engine.Events] to registered handlers.
 
-    The engine owns the loop and the counters (Python ints in :attr:`state`); the process function
-    owns the work. Handlers attach with :meth:`on` or :meth:`add_event_handler`, optionally filtered
-    (``Events.ITERATION_COMPLETED(every=25)``), and run in registration order. The event order,
-    termination, resumption and ``state_dict`` follow PyTorch Ignite; ``docs/concepts/events.md`` lists
-    where ember deliberately differs.
+    The engine owns the loop and the counters (Python ints in `state`); the process function owns the work. Handlers
+    attach with [`on`][ember.engine.Engine.on] or [`add_event_handler`][ember.engine.Engine.add_event_handler],
+    optionally filtered (``Events.ITERATION_COMPLETED(every=25)``), and run in registration order. The event order,
+    termination, resumption and ``state_dict`` follow PyTorch Ignite; ``docs/concepts/events.md`` lists where ember
+    deliberately differs.
 
     Args:
         process_fn: ``process_fn(engine, batch) -> output``; ``output`` lands in ``state.output``.
 
     Attributes:
-        state: the run's :class:`State`.
+        state: the run's [`State`][ember.engine.State].
         last_event_name: the event fired last.
-        should_terminate: ``True`` once :meth:`terminate` was called, until the next run starts.
+        should_terminate: ``True`` once [`terminate`][ember.engine.Engine.terminate] was called, until the next run
+            starts.
 
     Examples:
         >>> from ember import Engine, Events
@@ -69,7 +70,7 @@ class Engine(EventHandlers, ResumableLoop):
         return data
 
     def track_state(self, name: str, obj: Any) -> Callable[[], None]:
-        """Save ``obj.state_dict()`` inside this engine's :meth:`state_dict`, and restore it with it.
+        """Save ``obj.state_dict()`` inside this engine's ``state_dict``, and restore it with it.
 
         Metrics attached to an engine call this, so a checkpoint of the engine carries their
         accumulators and a resumed run computes exactly the values an uninterrupted one would. A state
@@ -96,7 +97,7 @@ class Engine(EventHandlers, ResumableLoop):
     def terminate(self, skip_completed: bool = False) -> None:
         """Stop the run once the current event's handlers have run; TERMINATE then COMPLETED fire.
 
-        A later :meth:`run` continues from the next iteration, so no batch is skipped or repeated.
+        A later [`run`][ember.engine.Engine.run] continues from the next iteration, so no batch is skipped or repeated.
 
         Args:
             skip_completed: do not fire COMPLETED after TERMINATE.
@@ -117,8 +118,8 @@ class Engine(EventHandlers, ResumableLoop):
     def terminate_epoch(self, skip_epoch_completed: bool = False) -> None:
         """End the current epoch once the current event's handlers have run; the next epoch follows.
 
-        TERMINATE_SINGLE_EPOCH fires, then EPOCH_COMPLETED (unless skipped). Called from STARTED or
-        EPOCH_STARTED it makes :meth:`run` raise ``RuntimeError``; from EPOCH_COMPLETED it does nothing.
+        TERMINATE_SINGLE_EPOCH fires, then EPOCH_COMPLETED (unless skipped). Called from STARTED or EPOCH_STARTED it
+        makes [`run`][ember.engine.Engine.run] raise ``RuntimeError``; from EPOCH_COMPLETED it does nothing.
 
         Args:
             skip_epoch_completed: do not fire EPOCH_COMPLETED for the ended epoch.
@@ -135,9 +136,10 @@ class Engine(EventHandlers, ResumableLoop):
         self._signal = True
 
     def interrupt(self) -> None:
-        """Return from :meth:`run` once the current event's handlers have run; INTERRUPT fires.
+        """Return from [`run`][ember.engine.Engine.run] once the current event's handlers have run; INTERRUPT fires.
 
-        The next :meth:`run` resumes exactly there, with the same data iterator and no second STARTED.
+        The next [`run`][ember.engine.Engine.run] resumes exactly there, with the same data iterator and no second
+        STARTED.
 
         Examples:
             >>> from ember import Engine, Events
@@ -188,12 +190,13 @@ class Engine(EventHandlers, ResumableLoop):
     ) -> State:
         """Run, or continue, over ``data``; return the state.
 
-        A new run starts at iteration 0 when the engine has never run, when its last run finished, or
-        when ``state.max_epochs`` was set to ``None``. Otherwise (after :meth:`terminate`,
-        :meth:`interrupt`, an exception, or :meth:`load_state_dict`) the run continues where it
-        stopped, and a larger ``max_epochs`` extends it. A run loaded by :meth:`load_state_dict` that is
-        already complete stays complete: ``run()`` fires nothing and warns, unless ``max_epochs`` (or
-        ``max_iters``) asks for more; so relaunching a finished job never trains it again.
+        A new run starts at iteration 0 when the engine has never run, when its last run finished, or when
+        ``state.max_epochs`` was set to ``None``. Otherwise (after [`terminate`][ember.engine.Engine.terminate],
+        [`interrupt`][ember.engine.Engine.interrupt], an exception, or
+        [`load_state_dict`][ember.engine.Engine.load_state_dict]) the run continues where it stopped, and a larger
+        ``max_epochs`` extends it. A run loaded by [`load_state_dict`][ember.engine.Engine.load_state_dict] that is
+        already complete stays complete: ``run()`` fires nothing and warns, unless ``max_epochs`` (or ``max_iters``)
+        asks for more; so relaunching a finished job never trains it again.
 
         Args:
             data: an iterable of batches, or ``None`` to call the process function with ``None``
@@ -207,7 +210,7 @@ class Engine(EventHandlers, ResumableLoop):
                 first epoch for data without a length).
 
         Returns:
-            The engine's :class:`State`.
+            The engine's [`State`][ember.engine.State].
 
         Raises:
             TypeError: ``data`` is not iterable, or an argument has the wrong type.
@@ -237,16 +240,16 @@ class Engine(EventHandlers, ResumableLoop):
     ) -> Iterator[State]:
         """Run as a generator that yields the state each time ``event`` fires.
 
-        All handlers of the event have run when the state is yielded. Leaving the loop early leaves the
-        engine resumable, as after :meth:`interrupt`: the next ``run()`` or ``iterate()`` continues.
+        All handlers of the event have run when the state is yielded. Leaving the loop early leaves the engine
+        resumable, as after [`interrupt`][ember.engine.Engine.interrupt]: the next ``run()`` or ``iterate()`` continues.
 
         Args:
-            data: as for :meth:`run`.
+            data: as for [`run`][ember.engine.Engine.run].
             event: the event to yield on, usually filtered.
-            **run_kwargs: ``max_epochs``, ``max_iters`` or ``epoch_length``, as for :meth:`run`.
+            **run_kwargs: ``max_epochs``, ``max_iters`` or ``epoch_length``, as for [`run`][ember.engine.Engine.run].
 
         Yields:
-            The engine's :class:`State`.
+            The engine's [`State`][ember.engine.State].
 
         Examples:
             >>> from ember import Engine, Events

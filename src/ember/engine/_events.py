@@ -12,8 +12,9 @@ from ember.engine._filters import EventFilter, FilterFn, make_filter
 class EventEnum(Enum):
     """Base class of event enums: subclass it to declare custom events.
 
-    Members are callable: ``MyEvents.X(every=2)`` builds a :class:`FilteredEvent`, exactly like the
-    built-in events. ``A | B`` builds an :class:`EventsList`. A member prints as it is written in code.
+    Members are callable: ``MyEvents.X(every=2)`` builds a [`FilteredEvent`][ember.engine.FilteredEvent], exactly like
+    the built-in events. ``A | B`` builds an [`EventsList`][ember.engine.EventsList]. A member prints as it is written
+    in code.
 
     Examples:
         >>> from ember import Engine, EventEnum
@@ -50,10 +51,10 @@ class EventEnum(Enum):
             before: fire only at values strictly below ``before``.
             after: fire only at values strictly above ``after``.
             every_secs: fire when at least this many seconds passed since the handler last fired.
-            clock: the clock ``every_secs`` reads (default :func:`time.monotonic`); for tests.
+            clock: the clock ``every_secs`` reads (default `time.monotonic`); for tests.
 
         Returns:
-            A :class:`FilteredEvent` that compares equal to this event.
+            A [`FilteredEvent`][ember.engine.FilteredEvent] that compares equal to this event.
 
         Raises:
             ValueError: no filter, two kinds at once, or a value out of range.
@@ -80,7 +81,7 @@ class EventEnum(Enum):
 
 
 class Events(EventEnum):
-    """The events an :class:`Engine` fires, named as in PyTorch Ignite.
+    """The events an [`Engine`][ember.engine.Engine] fires, named as in PyTorch Ignite.
 
     One run of two epochs over three batches fires, in order: ``STARTED``; ``EPOCH_STARTED``; three
     times ``GET_BATCH_STARTED``, ``GET_BATCH_COMPLETED``, ``ITERATION_STARTED``,

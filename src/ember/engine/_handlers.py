@@ -27,9 +27,9 @@ _EVENT_TO_ATTR: dict[EventEnum | str, str] = {
 
 
 class EventHandlers:
-    """Registers events and handlers on an engine and fires them; :class:`~ember.Engine` inherits it.
+    """Registers events and handlers on an engine and fires them; [`Engine`][ember.engine.Engine] inherits it.
 
-    The run loop (``_dispatch``, one :class:`Dispatch` per event) fires what is registered here.
+    The run loop (``_dispatch``, one `Dispatch` per event) fires what is registered here.
 
     Examples:
         >>> from ember import Engine, Events
@@ -53,7 +53,7 @@ class EventHandlers:
         """Allow custom events to be fired and handled on this engine.
 
         Args:
-            *events: :class:`EventEnum` members or plain strings.
+            *events: [`EventEnum`][ember.engine.EventEnum] members or plain strings.
             event_to_attr: for events that take filters, the name of the ``state`` counter the filter
                 reads; the counter is created (at 0) on this engine's state. The mapping belongs to this
                 engine only.
@@ -87,8 +87,8 @@ class EventHandlers:
     def get_event_attrib_value(self, event: EventEnum | str) -> int:
         """The ``state`` counter ``event`` counts by: the epoch for epoch events, the iteration for iteration ones.
 
-        Ignite has it on ``engine.state``; here the mapping is the engine's own (custom events register
-        theirs with :meth:`register_events`). A filtered event counts by its event's counter.
+        Ignite has it on ``engine.state``; here the mapping is the engine's own (custom events register theirs with
+        [`register_events`][ember.engine.Engine.register_events]). A filtered event counts by its event's counter.
 
         Examples:
             >>> from ember import Engine, Events
@@ -125,10 +125,9 @@ class EventHandlers:
     ) -> RemovableEventHandle:
         """Register ``handler`` to run when ``event`` fires; return a handle that removes it.
 
-        The handler is called as ``handler(engine, *args, **kwargs)``, or ``handler(*args, **kwargs)``
-        if it does not take the engine; on ``EXCEPTION_RAISED`` the exception comes right after the
-        engine. Handlers of one event run in registration order. An :class:`EventsList` registers the
-        handler once per element.
+        The handler is called as ``handler(engine, *args, **kwargs)``, or ``handler(*args, **kwargs)`` if it does not
+        take the engine; on ``EXCEPTION_RAISED`` the exception comes right after the engine. Handlers of one event run
+        in registration order. An [`EventsList`][ember.engine.EventsList] registers the handler once per element.
 
         Args:
             event: the event, possibly filtered, or an ``EventsList``.
@@ -137,7 +136,7 @@ class EventHandlers:
             **kwargs: extra keyword arguments for the handler.
 
         Returns:
-            A :class:`RemovableEventHandle`.
+            A [`RemovableEventHandle`][ember.engine.RemovableEventHandle].
 
         Raises:
             ValueError: the event is not registered, or is filtered but has no counter.
@@ -160,7 +159,7 @@ class EventHandlers:
         *args: Any,
         **kwargs: Any,
     ) -> RemovableEventHandle:
-        """Like :meth:`add_event_handler`, but the handler runs before the event's ordinary handlers.
+        """Like ``add_event_handler``, but the handler runs before the event's ordinary handlers.
 
         Priority handlers run among themselves in registration order. Metrics use this, so a logger
         attached before a metric still sees the metric's fresh value.
@@ -214,7 +213,7 @@ class EventHandlers:
         return event, check_handler(handler, event, event_args, args, kwargs)
 
     def on(self, event: EventEnum | FilteredEvent | EventsList | str, *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        """Decorator form of :meth:`add_event_handler`; returns the function unchanged.
+        """Decorator form of ``add_event_handler``; returns the function unchanged.
 
         Examples:
             >>> from ember import Engine, Events
@@ -252,6 +251,41 @@ class EventHandlers:
             d = self._dispatch.get(base_event(event))
             dispatches = [d] if d is not None else []
         return any(r.handler == handler for d in dispatches for r in d.regs)
+
+    def wrap_handlers(
+        self, wrap: Callable[[EventEnum | str, Callable[..., Any], Callable[..., Any]], Callable[..., Any]]
+    ) -> Callable[[], None]:
+        """Run every handler registered now through ``wrap(event, handler, call)``; return the undo.
+
+        ``call(engine, *event_args)`` runs the handler as registered; what ``wrap`` returns runs in its
+        place (a profiler times the call). Handlers registered later are not wrapped. The function
+        returned puts the original calls back. Nothing of this costs anything until it is used.
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> engine = Engine(lambda engine, batch: None)
+            >>> _ = engine.add_event_handler(Events.COMPLETED, lambda: print("done"))
+            >>> def announce(event, handler, call):
+            ...     return lambda engine, *args: (print(f"{event.name}:"), call(engine, *args))
+            >>> undo = engine.wrap_handlers(announce)
+            >>> _ = engine.run([0])
+            COMPLETED:
+            done
+            >>> undo()
+        """
+        wrapped = []
+        for event, d in self._dispatch.items():
+            for reg in d.regs:
+                original = reg.call
+                reg.call = wrap(event, reg.handler, original)
+                wrapped.append((reg, original, reg.call))
+
+        def undo() -> None:
+            for reg, original, call in wrapped:
+                if reg.call is call:  # not removed since
+                    reg.call = original
+
+        return undo
 
     def remove_event_handler(self, handler: Callable[..., Any], event: EventEnum | FilteredEvent | str) -> None:
         """Remove every registration of ``handler`` on ``event``, whatever filters they had.

@@ -154,7 +154,7 @@ class ResumableLoop(RunLoop):
 
     @property
     def state_dict_user_keys(self) -> list[str]:
-        """Names of ``state`` attributes that :meth:`state_dict` saves too; append to it.
+        """Names of ``state`` attributes that [`state_dict`][ember.engine.Engine.state_dict] saves too; append to it.
 
         Examples:
             >>> from ember import Engine
@@ -169,8 +169,8 @@ class ResumableLoop(RunLoop):
     def state_dict(self) -> dict[str, Any]:
         """The run's position: ``epoch_length``, ``iteration``, ``max_epochs`` or ``max_iters``, user keys.
 
-        When the data's iterator has ``get_state()`` (Grain's protocol: :class:`~ember.data.ArrayDataset`,
-        Grain loaders and datasets), its position is saved under ``"data"``.
+        When the data's iterator has ``get_state()`` (Grain's protocol: [`ArrayDataset`][ember.data.ArrayDataset], Grain
+        loaders and datasets), its position is saved under ``"data"``.
 
         Examples:
             >>> from ember import Engine
@@ -190,9 +190,9 @@ class ResumableLoop(RunLoop):
     def mark_epoch_incomplete(self) -> None:
         """From an EPOCH_COMPLETED handler: a checkpoint taken now makes a resumed run fire this EPOCH_COMPLETED again.
 
-        :class:`~ember.handlers.Preemption` calls it when a signal cut the epoch's evaluation short, so
-        the evaluation runs again, whole, after the resume. It holds for every checkpoint taken until the
-        next epoch starts (the save at COMPLETED of a run stopped there included).
+        [`Preemption`][ember.handlers.Preemption] calls it when a signal cut the epoch's evaluation short, so the
+        evaluation runs again, whole, after the resume. It holds for every checkpoint taken until the next epoch starts
+        (the save at COMPLETED of a run stopped there included).
 
         Examples:
             >>> from ember import Engine, Events
@@ -213,7 +213,7 @@ class ResumableLoop(RunLoop):
         self._epoch_owed = True
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore a position saved by :meth:`state_dict`; the next :meth:`run` continues from it.
+        """Restore a position saved by [`state_dict`][ember.engine.Engine.state_dict]; the next `run` continues from it.
 
         ``epoch`` may stand in for ``iteration`` (the start of that epoch's successor). Resuming in the
         middle of an epoch delivers the batches an uninterrupted run would have seen: data whose iterator

@@ -7,11 +7,11 @@ from typing import Any
 
 
 class State:
-    """What an :class:`Engine` knows about its run, read and written by handlers.
+    """What an [`Engine`][ember.engine.Engine] knows about its run, read and written by handlers.
 
-    Counters are Python ints, 1-based once running: the first iteration is 1, the first epoch is 1.
-    Handlers may add their own attributes (``engine.state.best_score = ...``); list the ones a
-    checkpoint must carry in :attr:`Engine.state_dict_user_keys`.
+    Counters are Python ints, 1-based once running: the first iteration is 1, the first epoch is 1. Handlers may add
+    their own attributes (``engine.state.best_score = ...``); list the ones a checkpoint must carry in
+    [`Engine.state_dict_user_keys`][ember.engine.Engine.state_dict_user_keys].
 
     Attributes:
         iteration: iterations run so far, over all epochs.
@@ -21,10 +21,10 @@ class State:
         max_iters: the iteration at which the run ends, when the run was given ``max_iters``.
         output: what the process function returned for the current iteration, untouched.
         batch: the current batch.
-        metrics: values written by metrics, by name.
-        dataloader: the data the engine iterates: an :class:`Engine`'s is the data passed to ``run()``; a
-            trainer's or evaluator's wraps it to put batches on the device (the data passed is its
-            ``source``).
+        metrics: values written by metrics, by name: host numbers once computed, 0-d device arrays while
+            only published every step (``RunningAverage``); ``float(v)`` and ``f"{v:.4f}"`` take either.
+        dataloader: the data the engine iterates: an [`Engine`][ember.engine.Engine]'s is the data passed to ``run()``;
+            a trainer's or evaluator's wraps it to put batches on the device (the data passed is its ``source``).
         times: seconds taken by the last epoch (``"EPOCH_COMPLETED"``) and by the run
             (``"COMPLETED"``), including handlers.
 

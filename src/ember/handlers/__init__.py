@@ -1,10 +1,12 @@
 """Stock handlers: what a run reports and decides."""
 
-from ember.handlers._checkpoint import Checkpoint, load_objects
+from ember.handlers._checkpoint import Checkpoint
 from ember.handlers._common import setup_common_training_handlers
 from ember.handlers._early_stopping import EarlyStopping
 from ember.handlers._evaluation import Evaluate
+from ember.handlers._handler_times import HandlersTimeProfiler
 from ember.handlers._layers import GradsHistHandler, GradsScalarHandler, WeightsHistHandler, WeightsScalarHandler
+from ember.handlers._loading import load_objects
 from ember.handlers._logging import ScalarLogger, attach_writer
 from ember.handlers._lr_monitor import LRMonitor
 from ember.handlers._model_checkpoint import ModelCheckpoint
@@ -15,6 +17,7 @@ from ember.handlers._readers import CheckpointReader, HighestCheckpointReader, L
 from ember.handlers._savers import DiskSaver, global_step_from_engine
 from ember.handlers._statistics import GradientSpikeMonitor, ParamStats, count_parameters
 from ember.handlers._terminate_on_nan import NonFiniteError, TerminateOnNan
+from ember.handlers._throughput import Throughput
 from ember.handlers._timing import TimeLimit, Timer
 from ember.handlers._watchdog import ProcessWatchdog
 
@@ -27,6 +30,7 @@ __all__ = [
     "GradientSpikeMonitor",
     "GradsHistHandler",
     "GradsScalarHandler",
+    "HandlersTimeProfiler",
     "HighestCheckpointReader",
     "LRMonitor",
     "LowestCheckpointReader",
@@ -39,6 +43,7 @@ __all__ = [
     "ProgressBar",
     "ScalarLogger",
     "TerminateOnNan",
+    "Throughput",
     "TimeLimit",
     "Timer",
     "WeightsHistHandler",

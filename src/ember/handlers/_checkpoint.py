@@ -6,25 +6,13 @@ import contextlib
 import os
 import warnings
 from collections.abc import Callable, Generator, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
-from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, check_retention, open_store
+from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, check_retention
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.handlers._loading import kind_of, load_objects
 from ember.handlers._renamed import renamed
 from ember.handlers._savers import DiskSaver, as_store
-
-
-def kind_of(name: str, obj: Any) -> str:
-    """``"tree"`` or ``"state"``: how ``to_save[name]`` is saved; a ``TypeError`` naming it if neither."""
-    if callable(getattr(obj, "tree_state_dict", None)):
-        return "tree"  # contributes arrays (a training engine's train state), and maybe a state dict too
-    if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
-        return "state"
-    raise TypeError(
-        f"`to_save[{name!r}]` must have state_dict()/load_state_dict() (an engine, a handler) or "
-        f"tree_state_dict()/load_tree_state_dict() (a trainer); got {type(obj).__name__}."
-    )
 
 
 class _Unset:
@@ -35,7 +23,7 @@ _UNSET = _Unset()
 
 
 class Checkpoint:
-    """Saves ``to_save`` into a :class:`~ember.checkpoint.CheckpointStore` when its event fires, Ignite's way.
+    """Saves ``to_save`` into a ``CheckpointStore`` when its event fires, Ignite's way.
 
     Ignite's arguments: ``Checkpoint(to_save, save_handler, filename_prefix, score_function, score_name,
     n_saved, global_step_transform)``. Objects with ``state_dict()``/``load_state_dict()`` (engines,
@@ -50,15 +38,15 @@ class Checkpoint:
 
     Args:
         to_save: what to save, by name.
-        save_handler: where: a folder, a :class:`~ember.checkpoint.CheckpointStore`, or a
-            :class:`DiskSaver`.
+        save_handler: where: a folder, a [`CheckpointStore`][ember.checkpoint.CheckpointStore], or a
+            [`DiskSaver`][ember.handlers.DiskSaver].
         filename_prefix: starts every checkpoint's name, with ``_`` after it (``mnist_step_00000400``);
             retention only touches names with it.
         score_function: ``score_function(engine) -> float``, e.g. an evaluator's validation accuracy.
         score_name: the score's name in checkpoint names and manifests (default ``"score"``).
         n_saved: checkpoints kept: the best by ``score_function``, else the newest; ``None`` keeps all.
-        global_step_transform: ``global_step_transform(engine, event_name) -> int``, the step that names a
-            checkpoint (Ignite's signature; :func:`global_step_from_engine` for a handler on an
+        global_step_transform: ``global_step_transform(engine, event_name) -> int``, the step that names a checkpoint
+            (Ignite's signature; [`global_step_from_engine`][ember.handlers.global_step_from_engine] for a handler on an
             evaluator); the engine's iteration by default.
         mode: ``"max"`` or ``"min"``: which scores are best.
         keep_every: also keep checkpoints whose step is a multiple of this.
@@ -161,6 +149,8 @@ class Checkpoint:
 
     def __call__(self, engine: Engine) -> None:
         """Save now, then apply the retention policies once the checkpoint is on disk."""
+        if not engine.has_event_handler(self._finish, Events.COMPLETED):  # added by add_event_handler, Ignite's way
+            self._watch(engine)
         transform = self.global_step_transform
         step = int(transform(engine, engine.last_event_name)) if transform is not None else engine.state.iteration
         metrics: dict[str, float] = {}
@@ -188,6 +178,8 @@ class Checkpoint:
                 )
         if not self.background:
             self._prune()
+        elif engine.last_event_name is Events.COMPLETED:
+            self._wait()  # the run ends here; a watcher added just now would not run in this firing
 
     def _unused(self, name: str) -> str:
         """``name``, or ``name.2``, ``name.3`` ... where a valid checkpoint holds it already.
@@ -227,7 +219,7 @@ class Checkpoint:
     def load_objects(
         to_load: Mapping[str, Any], checkpoint: CheckpointInfo | CheckpointStore | str | os.PathLike[str]
     ) -> CheckpointInfo:
-        """Ignite's ``Checkpoint.load_objects``: :func:`load_objects` (a checkpoint's folder, or a folder: its latest).
+        """Ignite's ``Checkpoint.load_objects``: ``load_objects`` (a checkpoint's folder, or a folder: its latest).
 
         Examples:
             >>> import tempfile
@@ -261,9 +253,10 @@ class Checkpoint:
     def resume(self, reader: Any = None) -> CheckpointInfo | None:
         """Restore everything in ``to_save`` from the latest valid checkpoint; ``None`` if there is none.
 
-        One call resumes a run exactly: the trainer's train state and counters, the data position, and
-        every stateful handler in ``to_save``. ``reader`` picks another checkpoint
-        (:class:`HighestCheckpointReader`, ...); it reads this handler's store by default.
+        One call resumes a run exactly: the trainer's train state and counters, the data position, and every stateful
+        handler in ``to_save``. ``reader`` picks another checkpoint
+        ([`HighestCheckpointReader`][ember.handlers.HighestCheckpointReader], ...); it reads this handler's store by
+        default.
 
         Examples:
             >>> import tempfile
@@ -329,69 +322,10 @@ class Checkpoint:
             >>> _ = saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
         """
         handle = engine.add_event_handler(event, self)
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self._check)
-        engine.add_event_handler(Events.COMPLETED, self._finish)  # after a save on COMPLETED itself
+        self._watch(engine)
         return handle
 
-
-def load_objects(
-    to_load: Mapping[str, Any],
-    checkpoint: CheckpointInfo | CheckpointStore | str | os.PathLike[str],
-    *,
-    store: CheckpointStore | None = None,
-) -> CheckpointInfo:
-    """Restore ``to_load`` in place from a checkpoint: one checkpoint's folder, or a store (its latest valid one).
-
-    ``checkpoint`` may name one checkpoint's folder (``runs/x/checkpoints/step_00000400``, as Ignite's
-    ``--resume_from`` passes it), a folder of checkpoints, a store, or a :class:`~ember.checkpoint.CheckpointInfo`.
-    Array trees are checked against the objects' current structure before anything is changed. A folder
-    of orbax-written checkpoints is read through :class:`~ember.checkpoint.OrbaxStore`; ``store`` names the
-    store a :class:`~ember.checkpoint.CheckpointInfo` came from.
-
-    Examples:
-        >>> import tempfile
-        >>> from ember import Engine
-        >>> from ember.handlers import Checkpoint, load_objects
-        >>> trainer = Engine(lambda e, b: b)
-        >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp(), background=False)
-        >>> _ = trainer.run([1, 2, 3]); saver(trainer)
-        >>> fresh = Engine(lambda e, b: b)
-        >>> load_objects({"trainer": fresh}, saver.store).step, fresh.state.iteration
-        (3, 3)
-    """
-    kinds = {name: kind_of(name, obj) for name, obj in to_load.items()}
-    if isinstance(checkpoint, str | os.PathLike) and (Path(checkpoint) / "manifest.json").is_file():
-        checkpoint = _one_checkpoint(Path(checkpoint), store)  # Ignite's --resume_from: one checkpoint's folder
-    if isinstance(checkpoint, CheckpointInfo):
-        store, info = store or open_store(checkpoint.path.parent), checkpoint
-    else:
-        store = checkpoint if isinstance(checkpoint, CheckpointStore) else open_store(checkpoint)
-        info = store.latest()
-        if info is None:
-            raise FileNotFoundError(f"No valid checkpoint in {store.root} to load from.")
-    targets = {name: obj.tree_state_dict() for name, obj in to_load.items() if kinds[name] == "tree"}
-    trees, info = store.restore(target=targets or None, checkpoint=info)
-    states = info.manifest.get("metadata", {}).get("state_dicts", {})
-    missing = [
-        name for name, obj in to_load.items() if callable(getattr(obj, "load_state_dict", None)) and name not in states
-    ]
-    if missing:
-        raise KeyError(f"The checkpoint {info.path.name!r} holds no state for {missing}; it holds {sorted(states)}.")
-    for name, obj in to_load.items():
-        if callable(getattr(obj, "load_state_dict", None)):
-            obj.load_state_dict(states[name])
-        if kinds[name] == "tree":
-            obj.load_tree_state_dict(trees[name])
-    return info
-
-
-def _one_checkpoint(folder: Path, store: CheckpointStore | None) -> CheckpointInfo:
-    """The checkpoint whose folder is ``folder``, read through the store of its parent folder."""
-    store = store or open_store(folder.parent)
-    for info in store.checkpoints():
-        if info.path.resolve() == folder.resolve():
-            return info
-    raise CorruptCheckpointError(
-        f"{str(folder)!r} holds a manifest but is not a valid checkpoint of {str(folder.parent)!r} (a write that "
-        "never finished, or damaged files); load the folder of checkpoints instead to get its latest valid one."
-    )
+    def _watch(self, engine: Engine) -> None:
+        """Surface background errors each iteration; finish writing at COMPLETED (after a save there)."""
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self._check)
+        engine.add_event_handler(Events.COMPLETED, self._finish)

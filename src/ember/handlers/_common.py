@@ -42,14 +42,14 @@ def setup_common_training_handlers(
 ) -> dict[str, Any]:
     """Attach NaN stop, a running-average loss, progress bars, checkpoints and logging in one call.
 
-    - ``stop_on_nan``: :class:`TerminateOnNan` on ``output[output_key]``;
-    - ``running_average``: a :class:`~ember.metrics.RunningAverage` of ``output[output_key]`` with this
+    - ``stop_on_nan``: [`TerminateOnNan`][ember.handlers.TerminateOnNan] on ``output[output_key]``;
+    - ``running_average``: a [`RunningAverage`][ember.metrics.RunningAverage] of ``output[output_key]`` with this
       ``alpha``, published as ``state.metrics[output_key]`` every iteration (on device);
-    - ``progress``: a :class:`ProgressBar` refreshed every ``log_every`` iterations showing it;
-    - ``writer``: a :class:`ScalarLogger` writing it every ``log_every`` iterations, and with ``log_lr`` an
-      :class:`LRMonitor` (``lr_schedule``, else the step's ``"lr"`` extra);
-    - ``output_path`` (or ``save_handler``): a :class:`Checkpoint` of ``to_save`` (default: the trainer)
-      every ``save_every_iters`` iterations and at COMPLETED, keeping the ``n_saved`` newest.
+    - ``progress``: a [`ProgressBar`][ember.handlers.ProgressBar] refreshed every ``log_every`` iterations showing it;
+    - ``writer``: a [`ScalarLogger`][ember.handlers.ScalarLogger] writing it every ``log_every`` iterations, and with
+      ``log_lr`` an [`LRMonitor`][ember.handlers.LRMonitor] (``lr_schedule``, else the step's ``"lr"`` extra);
+    - ``output_path`` (or ``save_handler``): a [`Checkpoint`][ember.handlers.Checkpoint] of ``to_save`` (default: the
+      trainer) every ``save_every_iters`` iterations and at COMPLETED, keeping the ``n_saved`` newest.
 
     The arguments are Ignite's (``to_save``, ``save_every_iters``, ``output_path``, ``save_handler``,
     ``n_saved``, ``with_pbars``, ``log_every_iters``, ``stop_on_nan``); ember's earlier names

@@ -15,14 +15,13 @@ log = logging.getLogger("ember")
 class EarlyStopping:
     """Calls ``trainer.terminate()`` after ``patience`` calls without improvement of ``score_function``, as Ignite.
 
-    Ignite's arguments and rule (Ignite 0.5.5 names). A score improves when it beats the best so far by more
-    than ``threshold``: ``score > best + threshold`` (``mode="max"``) or ``score < best - threshold``
-    (``"min"``); with ``threshold_mode="rel"``, ``score > best * (1 + threshold)`` or
-    ``score < best * (1 - threshold)``. Without ``cumulative`` a small gain that does not clear the
-    threshold still becomes the new best (Ignite's default). Usually attached to an evaluator's
-    COMPLETED; its counter and best score are in :meth:`state_dict`, so a resumed run stops where the
-    original would. In a multi-process run the score should be a global metric (ember's are), so every
-    process decides the same.
+    Ignite's arguments and rule (Ignite 0.5.5 names). A score improves when it beats the best so far by more than
+    ``threshold``: ``score > best + threshold`` (``mode="max"``) or ``score < best - threshold`` (``"min"``); with
+    ``threshold_mode="rel"``, ``score > best * (1 + threshold)`` or ``score < best * (1 - threshold)``. Without
+    ``cumulative`` a small gain that does not clear the threshold still becomes the new best (Ignite's default). Usually
+    attached to an evaluator's COMPLETED; its counter and best score are in
+    [`state_dict`][ember.handlers.EarlyStopping.state_dict], so a resumed run stops where the original would. In a
+    multi-process run the score should be a global metric (ember's are), so every process decides the same.
 
     Args:
         patience: calls without improvement before stopping (at least 1).

@@ -15,10 +15,10 @@ class Evaluate:
 
     Metrics are written at the trainer's iteration, so validation curves line up with training ones.
     The evaluator's own handlers (early stopping, a best-checkpoint saver on its COMPLETED) run as usual.
-    :attr:`history` keeps ``(trainer iteration, metrics)`` of every evaluation.
+    `history` keeps ``(trainer iteration, metrics)`` of every evaluation.
 
     Args:
-        evaluator: the engine to run (from :func:`~ember.training.create_evaluator`).
+        evaluator: the engine to run (from [`create_evaluator`][ember.training.create_evaluator]).
         data: validation data, iterated from the start at every evaluation.
         writer: where the metrics go (wrapped in an ``AsyncWriter``); ``None`` to write nothing.
         tag: the label in front of every metric name.

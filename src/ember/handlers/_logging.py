@@ -19,9 +19,9 @@ _attached: weakref.WeakKeyDictionary[AsyncWriter, weakref.WeakSet[Engine]] = wea
 def attach_writer(writer: AsyncWriter, engine: Engine) -> RemovableEventHandle:
     """Raise ``writer``'s thread errors at each ITERATION_COMPLETED of ``engine``; flush at COMPLETED and on errors.
 
-    The handlers that write (:class:`ScalarLogger`, :class:`LRMonitor`, ...) do this for the writer they
-    are given, once per engine; call it for an :class:`~ember.writers.AsyncWriter` you write to yourself.
-    Returns the handle that detaches it.
+    The handlers that write ([`ScalarLogger`][ember.handlers.ScalarLogger], [`LRMonitor`][ember.handlers.LRMonitor],
+    ...) do this for the writer they are given, once per engine; call it for an
+    [`AsyncWriter`][ember.writers.AsyncWriter] you write to yourself. Returns the handle that detaches it.
 
     Examples:
         >>> import pathlib, tempfile
@@ -55,9 +55,9 @@ def attach_writer(writer: AsyncWriter, engine: Engine) -> RemovableEventHandle:
 def as_async(writer: Writer, engine: Engine) -> AsyncWriter:
     """``writer`` behind a background thread (itself if it already is one), attached to ``engine``.
 
-    Handlers that share one writer share one :class:`AsyncWriter`, so its records keep their order on one
-    thread (a writer such as tensorboardX's is not safe to call from two). Call it after registering the
-    handler that writes, so the writer's flush at COMPLETED comes after that handler's last write.
+    Handlers that share one writer share one [`AsyncWriter`][ember.writers.AsyncWriter], so its records keep their order
+    on one thread (a writer such as tensorboardX's is not safe to call from two). Call it after registering the handler
+    that writes, so the writer's flush at COMPLETED comes after that handler's last write.
     """
     if not isinstance(writer, Writer):
         raise TypeError(f"`writer` must be an ember.writers.Writer, got {type(writer).__name__}.")
@@ -74,14 +74,14 @@ def as_async(writer: Writer, engine: Engine) -> AsyncWriter:
 class ScalarLogger:
     """Writes ``engine.state.metrics`` and scalar outputs to a writer when its event fires.
 
-    Values go to the writer untouched (device arrays included); the :class:`~ember.writers.AsyncWriter`
-    it is wrapped in converts them on its own thread, so logging never stalls the step. Names get
-    ``tag/`` in front when a tag is given (``val/accuracy``); the step is
-    ``global_step_transform(engine, event_name)`` (Ignite's signature), by default the engine's iteration;
-    use :func:`global_step_from_engine` to log an evaluator's metrics at the trainer's step.
+    Values go to the writer untouched (device arrays included); the [`AsyncWriter`][ember.writers.AsyncWriter] it is
+    wrapped in converts them on its own thread, so logging never stalls the step. Names get ``tag/`` in front when a tag
+    is given (``val/accuracy``); the step is ``global_step_transform(engine, event_name)`` (Ignite's signature), by
+    default the engine's iteration; use [`global_step_from_engine`][ember.handlers.global_step_from_engine] to log an
+    evaluator's metrics at the trainer's step.
 
     Args:
-        writer: any :class:`~ember.writers.Writer` (wrapped in an ``AsyncWriter`` if it is not one).
+        writer: any [`Writer`][ember.writers.Writer] (wrapped in an ``AsyncWriter`` if it is not one).
         tag: prefix for every name.
         metric_names: ``"all"`` (default), ``None`` or names in ``state.metrics``.
         output_keys: scalar keys of a mapping output to log (``"all"``: every scalar), e.g. ``["loss"]``.

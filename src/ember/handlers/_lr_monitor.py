@@ -20,7 +20,7 @@ class LRMonitor:
     evaluated on the host CPU, no accelerator involved. Without it the rate is the step's own
     ``output["lr"]`` (``create_trainer(..., extras=("lr",))`` computes it in the step, from an
     ``optax.inject_hyperparams`` state or the schedule), a device scalar converted on the writer's
-    thread. Either way the training loop never waits. :attr:`last` holds the last value written.
+    thread. Either way the training loop never waits. `last` holds the last value written.
 
     Args:
         writer: where the rate goes (wrapped in an ``AsyncWriter``).

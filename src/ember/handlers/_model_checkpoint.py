@@ -7,28 +7,30 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ember.engine import Engine
-from ember.handlers._checkpoint import Checkpoint, kind_of
+from ember.handlers._checkpoint import Checkpoint
+from ember.handlers._loading import kind_of
 from ember.handlers._savers import DiskSaver
 
 
 class ModelCheckpoint(Checkpoint):
-    """Ignite's ``ModelCheckpoint``: a :class:`Checkpoint` into a folder, given ``to_save`` as a handler argument.
+    """Ignite's ``ModelCheckpoint``: a ``Checkpoint`` into a folder, given ``to_save`` as a handler argument.
 
-    Ignite's usage carries over: ``trainer.add_event_handler(Events.EPOCH_COMPLETED, handler, {"model":
-    trainer})``; the mapping passed there is what each call saves (a trainer, an engine, handlers). It
-    saves before returning (``background=False``), as it cannot know when the run ends to wait for a
-    background write; use :class:`Checkpoint` and its ``attach`` for background saves.
+    Ignite's usage carries over: ``trainer.add_event_handler(Events.EPOCH_COMPLETED, handler, {"model": trainer})``; the
+    mapping passed there is what each call saves (a trainer, an engine, handlers). It saves before returning
+    (``background=False``), as it cannot know when the run ends to wait for a background write; use
+    [`Checkpoint`][ember.handlers.Checkpoint] and its ``attach`` for background saves.
 
     Args:
-        dirname: the folder (a :class:`DiskSaver` with ``atomic``, ``create_dir``, ``require_empty``).
-        filename_prefix: as :class:`Checkpoint`'s.
-        score_function: as :class:`Checkpoint`'s.
-        score_name: as :class:`Checkpoint`'s.
-        n_saved: as :class:`Checkpoint`'s.
+        dirname: the folder (a [`DiskSaver`][ember.handlers.DiskSaver] with ``atomic``, ``create_dir``,
+            ``require_empty``).
+        filename_prefix: as [`Checkpoint`][ember.handlers.Checkpoint]'s.
+        score_function: as [`Checkpoint`][ember.handlers.Checkpoint]'s.
+        score_name: as [`Checkpoint`][ember.handlers.Checkpoint]'s.
+        n_saved: as [`Checkpoint`][ember.handlers.Checkpoint]'s.
         atomic: must be ``True`` (every write is atomic).
         require_empty: refuse a folder that already holds checkpoints.
         create_dir: create the folder if it is missing.
-        global_step_transform: as :class:`Checkpoint`'s.
+        global_step_transform: as [`Checkpoint`][ember.handlers.Checkpoint]'s.
 
     Examples:
         >>> import tempfile

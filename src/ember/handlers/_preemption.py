@@ -11,7 +11,7 @@ from typing import Any
 
 from ember.checkpoint import CheckpointInfo
 from ember.engine import Engine, Events
-from ember.handlers._agreement import any_process
+from ember.handlers._agreement import any_process, check_interval, positive_or_none
 from ember.handlers._checkpoint import Checkpoint
 
 log = logging.getLogger("ember")
@@ -27,14 +27,18 @@ class Preemption:
     the evaluator stops at its next iteration without firing COMPLETED (so no handler acts on a partial
     evaluation), and the trainer saves and stops right after it; the checkpoint records that epoch's
     EPOCH_COMPLETED as still owed, so the resumed run evaluates that epoch again, whole, and everything
-    continues exactly. :attr:`saved` holds the checkpoint taken.
+    continues exactly. `saved` holds the checkpoint taken.
     The previous signal handlers come back when the run ends. In a multi-process run the processes agree
-    at every boundary (a small collective): a signal delivered to any one process makes all of them
-    save and stop at the same iteration.
+    (a small collective): a signal delivered to any one process makes all of them save and stop at the
+    same iteration. They agree every ``check_every`` iterations (10 by default; a single process looks at
+    its flag every iteration, which costs nothing) and at every EPOCH_COMPLETED, so a run on many hosts
+    does not pay a collective per step; the save comes at most ``check_every - 1`` iterations later.
 
     Args:
-        checkpoint: the :class:`Checkpoint` handler whose ``to_save`` and store are used.
+        checkpoint: the [`Checkpoint`][ember.handlers.Checkpoint] handler whose ``to_save`` and store are used.
         signals: the signals to catch (``SIGTERM`` by default; add ``SIGINT`` for Ctrl-C).
+        check_every: look for a signal at the iterations that are multiples of it (the trainer's, and an
+            evaluator's own); ``None``: 1 in a single process, 10 with several.
 
     Examples:
         >>> import os, signal, tempfile
@@ -51,12 +55,16 @@ class Preemption:
         (4, 4)
     """
 
-    def __init__(self, checkpoint: Checkpoint, signals: Sequence[int] = (signal.SIGTERM,)) -> None:
+    def __init__(
+        self, checkpoint: Checkpoint, signals: Sequence[int] = (signal.SIGTERM,), *, check_every: int | None = None
+    ) -> None:
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"`checkpoint` must be an ember.handlers.Checkpoint, got {type(checkpoint).__name__}.")
         if isinstance(signals, int) or not signals:
             raise TypeError(f"`signals` must be a non-empty sequence of signal numbers, got {signals!r}.")
         self.checkpoint, self.signals = checkpoint, tuple(signals)
+        self.check_every = positive_or_none("check_every", check_every)
+        self._interval = 1
         self.requested: int | None = None
         self.saved: CheckpointInfo | None = None
         self._cut_short = False  # an evaluation was stopped early by the signal
@@ -69,6 +77,7 @@ class Preemption:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("Preemption catches signals, which Python only delivers to the main thread.")
         self.requested, self.saved, self._cut_short = None, None, False
+        self._interval = check_interval(self.check_every)
         for s in self.signals:
             self._previous[s] = signal.signal(s, self._on_signal)
 
@@ -77,8 +86,14 @@ class Preemption:
             signal.signal(s, previous)
         self._previous.clear()
 
+    def _due(self, engine: Engine) -> bool:
+        """Whether this boundary is one where the processes agree: an epoch's end, or a multiple of the interval."""
+        return engine.last_event_name is Events.EPOCH_COMPLETED or engine.state.iteration % self._interval == 0
+
     def _trainer_boundary(self, trainer: Engine) -> None:
-        if self.saved is None and any_process(self.requested is not None):  # all processes save and stop together
+        if self.saved is not None or not self._due(trainer):
+            return
+        if any_process(self.requested is not None):  # all processes save and stop together
             if self._cut_short and trainer.last_event_name is Events.EPOCH_COMPLETED:
                 trainer.mark_epoch_incomplete()  # the resumed run fires it again: the evaluation runs whole
             self.saved = self.checkpoint.save_now(trainer)
@@ -91,7 +106,7 @@ class Preemption:
             trainer.terminate()
 
     def _evaluator_boundary(self, evaluator: Engine) -> None:
-        if any_process(self.requested is not None):  # every process's evaluator stops at the same batch
+        if self._due(evaluator) and any_process(self.requested is not None):  # all evaluators stop at one batch
             self._cut_short = True
             evaluator.terminate(skip_completed=True)
 

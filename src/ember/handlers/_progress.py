@@ -19,12 +19,12 @@ def _postfix(values: dict[str, Any]) -> dict[str, str]:
 class ProgressBar:
     """An iteration bar per epoch (and optionally an epoch bar), with the loss and metrics in the postfix.
 
-    The bar moves every ``refresh_every`` iterations. Its postfix shows values fetched at the previous
-    refresh: at each refresh the current values start copying to the host and the ones started last time
-    are displayed, so the bar never waits for the device. At EPOCH_COMPLETED the epoch's metrics (already
-    host numbers) are shown. Totals come from ``epoch_length``; data of unknown length gets a bar without a
-    total or ETA. A bar attached to an evaluator while the trainer's is open is drawn below it and
-    removed when the evaluation ends. Only the primary process draws.
+    Needs tqdm: ``pip install 'ember[progress]'``. The bar moves every ``refresh_every`` iterations. Its postfix
+    shows values fetched at the previous refresh: at each refresh the current values start copying to the host and
+    the ones started last time are displayed, so the bar never waits for the device. At EPOCH_COMPLETED the epoch's
+    metrics (already host numbers) are shown. Totals come from ``epoch_length``; data of unknown length gets a bar
+    without a total or ETA. A bar attached to an evaluator while the trainer's is open is drawn below it and removed
+    when the evaluation ends. Only the primary process draws.
 
     Args:
         refresh_every: iterations between refreshes.

@@ -12,13 +12,13 @@ from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointE
 class CheckpointReader:
     """Picks the checkpoint to start from: the latest valid one (flax-extra's ``CheckpointFileReader``).
 
-    :meth:`load` restores objects from it, or returns ``None`` when the folder holds no valid checkpoint
-    (it may not exist yet), so the same script starts from scratch the first time and resumes after. A
-    checkpoint that turns out damaged while it is read (a checksum that does not match) is moved aside
-    with a warning naming its folder and file, and the next one in line is used.
+    [`load`][ember.handlers.CheckpointReader.load] restores objects from it, or returns ``None`` when the folder holds
+    no valid checkpoint (it may not exist yet), so the same script starts from scratch the first time and resumes after.
+    A checkpoint that turns out damaged while it is read (a checksum that does not match) is moved aside with a warning
+    naming its folder and file, and the next one in line is used.
 
     Args:
-        directory: a checkpoint folder (a :class:`~ember.checkpoint.CheckpointStore`'s root) or a store.
+        directory: a checkpoint folder (a [`CheckpointStore`][ember.checkpoint.CheckpointStore]'s root) or a store.
 
     Examples:
         >>> import tempfile
@@ -37,7 +37,7 @@ class CheckpointReader:
         return self.store.ranked()
 
     def select(self) -> CheckpointInfo | None:
-        """The checkpoint :meth:`load` would use, or ``None``."""
+        """The checkpoint [`load`][ember.handlers.CheckpointReader.load] would use, or ``None``."""
         found = self.candidates()
         return found[0] if found else None
 
@@ -46,7 +46,7 @@ class CheckpointReader:
 
         Nothing is changed unless a checkpoint was restored.
         """
-        from ember.handlers._checkpoint import load_objects
+        from ember.handlers._loading import load_objects
 
         for info in self.candidates():
             try:
@@ -75,7 +75,7 @@ class LowestCheckpointReader(_BestReader):
 
     Args:
         directory: a checkpoint folder or store.
-        metric: a metric saved with the checkpoints (a :class:`Checkpoint`'s ``score_name``).
+        metric: a metric saved with the checkpoints (a [`Checkpoint`][ember.handlers.Checkpoint]'s ``score_name``).
 
     Examples:
         >>> import tempfile, numpy as np

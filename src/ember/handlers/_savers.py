@@ -11,7 +11,7 @@ from ember.engine import Engine
 
 
 class DiskSaver:
-    """Ignite's ``DiskSaver``: a folder for :class:`Checkpoint`, as a :class:`~ember.checkpoint.CheckpointStore`.
+    """Ignite's ``DiskSaver``: a folder for ``Checkpoint``, as a ``CheckpointStore``.
 
     A thin mapping: ember's store writes every checkpoint atomically (a temporary folder, fsynced,
     renamed), so ``atomic=False`` is refused rather than ignored.
@@ -29,7 +29,7 @@ class DiskSaver:
         >>> from ember.handlers import Checkpoint, DiskSaver
         >>> trainer = Engine(lambda e, b: b)
         >>> saver = Checkpoint({"trainer": trainer}, DiskSaver(tempfile.mkdtemp()), "mnist", n_saved=2)
-        >>> _ = trainer.run([1, 2]); saver(trainer); saver.store.wait().path.name
+        >>> _ = trainer.run([1, 2]); saver(trainer); saver.last_checkpoint.path.name
         'mnist_step_00000002'
     """
 
@@ -56,7 +56,7 @@ class DiskSaver:
 
 
 def as_store(save_handler: Any) -> CheckpointStore:
-    """The store a ``save_handler`` (a folder, a store, a :class:`DiskSaver`) names."""
+    """The store a ``save_handler`` (a folder, a store, a [`DiskSaver`][ember.handlers.DiskSaver]) names."""
     if isinstance(save_handler, CheckpointStore):
         return save_handler
     if isinstance(save_handler, DiskSaver):

@@ -38,7 +38,7 @@ class ParamStats:
     """At STARTED, writes ``params/count`` and ``params/bytes`` of the trainer's parameters (step 0).
 
     Args:
-        writer: where the numbers go; ``None`` to only keep them in :attr:`count` and :attr:`bytes`.
+        writer: where the numbers go; ``None`` to only keep them in `count` and `bytes`.
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -99,7 +99,7 @@ class GradientSpikeMonitor:
 
     The trainer computes the norm in the step (``create_trainer(..., extras=("grad_norm",))``); the moving
     average and the comparison run on device, and the flag is read one iteration late, so nothing
-    stalls. A spike is not folded into the average. Each spike is appended to :attr:`spikes` as
+    stalls. A spike is not folded into the average. Each spike is appended to `spikes` as
     ``(iteration, norm)``, logged, and passed to ``on_spike(engine, iteration, norm)`` if given (which
     may, say, terminate the run or lower the learning rate).
 
@@ -197,7 +197,7 @@ class GradientSpikeMonitor:
         return {"ema": float(self._ema), "seen": int(self._seen), "spikes": [list(s) for s in self.spikes]}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned.
+        """Restore what [`state_dict`][ember.handlers.GradientSpikeMonitor.state_dict] returned.
 
         Examples:
             >>> from ember.handlers import GradientSpikeMonitor

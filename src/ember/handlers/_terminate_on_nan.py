@@ -25,13 +25,13 @@ def _all_finite(tree: Any) -> jax.Array:
 
 
 class TerminateOnNan:
-    """Stops the engine (or raises :class:`NonFiniteError`) once an output holds a NaN or an infinity.
+    """Stops the engine (or raises ``NonFiniteError``) once an output holds a NaN or an infinity.
 
     The finiteness of ``output_transform(engine.state.output)`` is computed on device each iteration and
     read **one iteration late**: the flag of iteration ``i`` is read at iteration ``i + 1``, when its copy
     to the host has long finished, so the check never stalls the step. A NaN at iteration ``i`` therefore
     stops the run after iteration ``i + 1`` (``action="terminate"``) or raises there (``"raise"``); the
-    flag of the last iteration is read at EPOCH_COMPLETED and COMPLETED. :attr:`nan_iteration` records
+    flag of the last iteration is read at EPOCH_COMPLETED and COMPLETED. `nan_iteration` records
     where the value went bad.
 
     Args:

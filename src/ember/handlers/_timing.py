@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent
-from ember.handlers._agreement import any_process
+from ember.handlers._agreement import any_process, check_interval, positive_or_none
 from ember.handlers._renamed import renamed
 
 log = logging.getLogger("ember")
@@ -26,7 +26,7 @@ class Timer:
     waits for the engine's output at each pause (and costs the overlap between host and device).
 
     Args:
-        average: :meth:`value` divides the total by the number of ``step`` events.
+        average: [`value`][ember.handlers.Timer.value] divides the total by the number of ``step`` events.
         sync: wait for ``engine.state.output`` to be computed before reading the clock at a pause.
         clock: seconds since some origin; injectable for tests.
 
@@ -112,11 +112,13 @@ class TimeLimit:
     as a plain ITERATION_COMPLETED handler, as Ignite's examples do, it counts from its making). The
     engine finishes cleanly (COMPLETED fires, so checkpoints at COMPLETED are written). In a
     multi-process run the processes agree (a small collective each check): when one process's clock
-    runs out, all stop at the same iteration. ``check_every`` spaces the checks out.
+    runs out, all stop at the same iteration. ``check_every`` spaces the checks out; by default a single
+    process checks every iteration (a local test) and a multi-process run every 10 (a collective each).
 
     Args:
         limit_sec: the budget in seconds, positive (Ignite's default: 8 hours).
-        check_every: check every this many iterations.
+        check_every: check at the iterations that are multiples of it; ``None``: 1, or 10 with several
+            processes.
         clock: seconds since some origin; injectable for tests.
         seconds: deprecated name of ``limit_sec``.
 
@@ -135,32 +137,35 @@ class TimeLimit:
         self,
         limit_sec: float = 28800,
         *,
-        check_every: int = 1,
+        check_every: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         seconds: float | None = None,
     ) -> None:
         limit_sec = renamed("TimeLimit", "seconds", seconds, "limit_sec", limit_sec)
         if isinstance(limit_sec, bool) or not isinstance(limit_sec, int | float) or limit_sec <= 0:
             raise ValueError(f"`limit_sec` must be a positive number, got {limit_sec!r}.")
-        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
-            raise ValueError(f"`check_every` must be a positive int, got {check_every!r}.")
-        self.check_every = check_every
+        self.check_every = positive_or_none("check_every", check_every)
         self.limit_sec, self._clock = float(limit_sec), clock
         self._start = clock()
+        self._interval: int | None = None
         self.reached = False
 
     def _started(self) -> None:
         self._start, self.reached = self._clock(), False
 
     def __call__(self, engine: Engine) -> None:
-        """Stop ``engine`` when the budget is spent."""
+        """Stop ``engine`` when the budget is spent (checked at multiples of ``check_every``)."""
+        if self._interval is None:
+            self._interval = check_interval(self.check_every)
+        if engine.state.iteration % self._interval:
+            return
         if not self.reached and any_process(self._clock() - self._start >= self.limit_sec):
             self.reached = True
             log.info("TimeLimit: %.1f s reached at iteration %d; stopping.", self.limit_sec, engine.state.iteration)
             engine.terminate()
 
     def attach(self, engine: Engine) -> Any:
-        """Start the clock at STARTED; check at every ITERATION_COMPLETED.
+        """Start the clock at STARTED; check at ITERATION_COMPLETED (every ``check_every`` iterations).
 
         Examples:
             >>> from ember import Engine
@@ -168,4 +173,4 @@ class TimeLimit:
             >>> handle = TimeLimit(60).attach(Engine(lambda e, b: b))
         """
         engine.add_event_handler(Events.STARTED, self._started)
-        return engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.check_every), self)
+        return engine.add_event_handler(Events.ITERATION_COMPLETED, self)

@@ -41,7 +41,7 @@ class ProcessWatchdog:
     the watchdog does nothing.
 
     Args:
-        checkpoint: the :class:`Checkpoint` whose last complete checkpoint the message names.
+        checkpoint: the [`Checkpoint`][ember.handlers.Checkpoint] whose last complete checkpoint the message names.
         poll_every: seconds between two questions to the coordination service.
         confirm_within: after a failed collective, how long to wait (with recoverability on) for the
             service to say which process was lost; the message says "another process" if it has not.

@@ -1,5 +1,7 @@
 """Metrics whose accumulators live on device: Ignite's attach API over mergeable accumulators."""
 
+import warnings
+
 from ember.metrics._classification import Accuracy, Fbeta, Precision, Recall, TopKAccuracy
 from ember.metrics._collect import Collect, Last, RocAuc
 from ember.metrics._composite import AttachedMetric, MetricsLambda
@@ -9,13 +11,23 @@ from ember.metrics._moments import R2Score, Std
 from ember.metrics._reductions import Average, Loss, Max, Min, Perplexity, Sum
 from ember.metrics._regression import MeanAbsoluteError, MeanSquaredError, RootMeanSquaredError
 from ember.metrics._running_average import RunningAverage
-from ember.metrics._usage import BATCH_WISE, EPOCH_WISE, RUNNING, SINGLE_EPOCH_RUNNING, MetricUsage
+from ember.metrics._usage import (
+    BATCH_WISE,
+    EPOCH_WISE,
+    RENAMED,
+    RUNNING_BATCH_WISE,
+    RUNNING_EPOCH_WISE,
+    SINGLE_EPOCH_RUNNING_BATCH_WISE,
+    USAGES,
+    MetricUsage,
+)
 
 __all__ = [
     "BATCH_WISE",
     "EPOCH_WISE",
-    "RUNNING",
-    "SINGLE_EPOCH_RUNNING",
+    "RUNNING_BATCH_WISE",
+    "RUNNING_EPOCH_WISE",
+    "SINGLE_EPOCH_RUNNING_BATCH_WISE",
     "Accuracy",
     "AttachedMetric",
     "Average",
@@ -44,3 +56,17 @@ __all__ = [
     "TopKAccuracy",
     "mIoU",
 ]
+
+
+def __getattr__(name: str) -> MetricUsage:
+    """``RUNNING`` and ``SINGLE_EPOCH_RUNNING``, ember's names before Ignite's, for one release with a warning."""
+    old = {"RUNNING": "running", "SINGLE_EPOCH_RUNNING": "single_epoch_running"}.get(name)
+    if old is None:
+        raise AttributeError(f"module 'ember.metrics' has no attribute {name!r}")
+    new = RENAMED[old]
+    warnings.warn(
+        f"ember.metrics.{name} is deprecated and goes in the next release: use {new.upper()} (Ignite's name).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return USAGES[new]

@@ -32,10 +32,10 @@ class _Attachment:
 class EngineAttachment:
     """Resets, updates and computes a metric on an engine's events; ``Metric`` inherits it.
 
-    Per engine the metric keeps one attachment: its usage, the names it writes in ``state.metrics``, and
-    the handles that undo it. A training engine may take the update into its compiled step
-    (``engine.fuse_metric``); otherwise an ITERATION_COMPLETED handler runs it. The metric's accumulators
-    are saved with the engine (:meth:`ember.Engine.track_state`).
+    Per engine the metric keeps one attachment: its usage, the names it writes in ``state.metrics``, and the handles
+    that undo it. A training engine may take the update into its compiled step (``engine.fuse_metric``); otherwise an
+    ITERATION_COMPLETED handler runs it. The metric's accumulators are saved with the engine
+    ([`ember.Engine.track_state`][ember.engine.Engine.track_state]).
 
     Examples:
         >>> from ember import Engine
@@ -72,9 +72,10 @@ class EngineAttachment:
     def attach(self, engine: Engine, name: str, usage: str | MetricUsage = EPOCH_WISE) -> AttachedMetric:
         """Reset, update and compute on ``engine``'s events; write ``engine.state.metrics[name]``; return the handle.
 
-        Usages: ``"epoch_wise"`` (default), ``"batch_wise"``, ``"running"``, ``"single_epoch_running"``,
-        or :meth:`MetricUsage.filtered`. The metric's handlers run before the engine's other handlers
-        on the same event. Attached under two names, it still updates once per iteration.
+        Usages, by Ignite's names: ``"epoch_wise"`` (default), ``"batch_wise"``, ``"running_epoch_wise"``,
+        ``"running_batch_wise"``, ``"single_epoch_running_batch_wise"``, or
+        [`MetricUsage.filtered`][ember.metrics.MetricUsage.filtered]. The metric's handlers run before the engine's
+        other handlers on the same event. Attached under two names, it still updates once per iteration.
 
         Examples:
             >>> import jax.numpy as jnp

@@ -201,7 +201,7 @@ class Precision(_ClassCounts):
 
 
 class Recall(_ClassCounts):
-    """True positives over actual positives, per class, averaged like :class:`Precision`.
+    """True positives over actual positives, per class, averaged like [`Precision`][ember.metrics.Precision].
 
     Examples:
         >>> import jax.numpy as jnp
@@ -218,7 +218,7 @@ class Recall(_ClassCounts):
 
 
 class Fbeta(_ClassCounts):
-    """The F-beta score per class, averaged like :class:`Precision`.
+    """The F-beta score per class, averaged like [`Precision`][ember.metrics.Precision].
 
     Per class ``(1 + b^2) TP / ((1 + b^2) TP + b^2 FN + FP)``; macro F1 is the mean of per-class F1, as
     scikit-learn computes it.

@@ -41,9 +41,10 @@ class Last(Metric):
 class Collect(Metric):
     """Keeps every batch's values, on device, for metrics that need them all at the epoch's end.
 
-    Updates append the (device) arrays without reading them; :meth:`compute` reads them back once and
-    concatenates them along the example axis, dropping masked examples. Subclasses (such as
-    :class:`RocAuc`) compute from the concatenated arrays in :meth:`finalize_collected`.
+    Updates append the (device) arrays without reading them; [`compute`][ember.metrics.Collect.compute] reads them back
+    once and concatenates them along the example axis, dropping masked examples. Subclasses (such as
+    [`RocAuc`][ember.metrics.RocAuc]) compute from the concatenated arrays in
+    [`finalize_collected`][ember.metrics.Collect.finalize_collected].
 
     Examples:
         >>> import jax.numpy as jnp

@@ -47,7 +47,7 @@ class AttachedMetric:
 
 
 class MetricArithmetic:
-    """Operators shared by metrics and composite metrics: each builds a :class:`MetricsLambda`."""
+    """Operators shared by metrics and composite metrics: each builds a ``MetricsLambda``."""
 
     def __add__(self, other: Any) -> MetricsLambda:
         return MetricsLambda(operator.add, self, other)

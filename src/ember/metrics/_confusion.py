@@ -84,7 +84,7 @@ def IoU(cm: ConfusionMatrix, ignore_index: int | None = None) -> MetricsLambda:
 
 
 def mIoU(cm: ConfusionMatrix, ignore_index: int | None = None) -> MetricsLambda:
-    """The mean of :func:`IoU` over classes.
+    """The mean of [`IoU`][ember.metrics.IoU] over classes.
 
     Examples:
         >>> import jax.numpy as jnp

@@ -17,21 +17,23 @@ from ember.metrics._saved import decode_tree, encode_tree
 class Metric(EngineAttachment, MetricArithmetic):
     """Base of ember's metrics: a pytree of device accumulators with a pure, jittable merge.
 
-    Subclasses define :meth:`empty` (the zero accumulators), :meth:`batch_state` (one batch's
-    accumulators), :meth:`merge` (default: add) and :meth:`finalize` (accumulators to value, with
-    ``jnp``). :meth:`update` runs ``merge(state, batch_state(...))`` as one jitted call on device;
-    :meth:`compute` is the only host read. Arithmetic between metrics builds a lazy metric.
+    Subclasses define [`empty`][ember.metrics.Metric.empty] (the zero accumulators),
+    [`batch_state`][ember.metrics.Metric.batch_state] (one batch's accumulators), [`merge`][ember.metrics.Metric.merge]
+    (default: add) and [`finalize`][ember.metrics.Metric.finalize] (accumulators to value, with ``jnp``).
+    [`update`][ember.metrics.Metric.update] runs ``merge(state, batch_state(...))`` as one jitted call on device;
+    [`compute`][ember.metrics.Metric.compute] is the only host read. Arithmetic between metrics builds a lazy metric.
 
-    Updates inside a compiled step: a training engine (:func:`ember.training.create_trainer`) offers
-    ``engine.fuse_metric(metric, reset=, compute=, per_step=)`` and, when it accepts, runs
-    :meth:`fused_update` inside its compiled step for every batch: :attr:`state` goes in beside the train
-    state (donated: copy an array of it you keep across steps), and the engine hands back the new
-    accumulators, with this step's :meth:`published_value`, through :meth:`set_state`. A metric whose
-    :meth:`update` is the standard merge and whose accumulators exist before the first batch is
-    :attr:`fusable`; others are updated by an ITERATION_COMPLETED handler.
+    Updates inside a compiled step: a training engine ([`ember.training.create_trainer`][ember.training.create_trainer])
+    offers ``engine.fuse_metric(metric, reset=, compute=, per_step=)`` and, when it accepts, runs
+    [`fused_update`][ember.metrics.Metric.fused_update] inside its compiled step for every batch:
+    [`state`][ember.metrics.Metric.state] goes in beside the train state (donated: copy an array of it you keep across
+    steps), and the engine hands back the new accumulators, with this step's
+    [`published_value`][ember.metrics.Metric.published_value], through [`set_state`][ember.metrics.Metric.set_state]. A
+    metric whose [`update`][ember.metrics.Metric.update] is the standard merge and whose accumulators exist before the
+    first batch is [`fusable`][ember.metrics.Metric.fusable]; others are updated by an ITERATION_COMPLETED handler.
 
     The metric reads ``engine.state.output``. A mapping output must hold the keys the metric names in
-    :attr:`keys` (``output_transform`` can pick or rename them); its ``"mask"`` entry, if any, marks the
+    `keys` (``output_transform`` can pick or rename them); its ``"mask"`` entry, if any, marks the
     elements that count (padding, a padded last batch). Otherwise the output (or what
     ``output_transform`` returns) is taken as the positional arguments: a tuple or a list (Ignite's
     ``[y_pred, y]``), or one value.
@@ -49,7 +51,7 @@ class Metric(EngineAttachment, MetricArithmetic):
         0.5
     """
 
-    #: the keys a mapping output must hold, in the order of :meth:`batch_state`'s arguments.
+    #: the keys a mapping output must hold, in the order of ``batch_state``'s arguments.
     keys: tuple[str, ...] = ("y_pred", "y")
 
     def __init__(self, output_transform: Callable[[Any], Any] | None = None, *, mask_key: str | None = "mask") -> None:
@@ -89,7 +91,7 @@ class Metric(EngineAttachment, MetricArithmetic):
         return batch if state is None else self.merge(state, batch)  # None: shapes known only from data
 
     def arguments(self, output: Any) -> tuple[tuple[Any, ...], Any]:
-        """``(args, mask)`` for :meth:`batch_state` from an engine output."""
+        """``(args, mask)`` for [`batch_state`][ember.metrics.Metric.batch_state] from an engine output."""
         out = self._output_transform(output) if self._output_transform is not None else output
         if isinstance(out, Mapping):
             missing = [k for k in self.keys if k not in out]
@@ -122,8 +124,8 @@ class Metric(EngineAttachment, MetricArithmetic):
     def state_dict(self) -> dict[str, Any]:
         """The accumulators (as exact JSON: dtype, shape and values) and the count of updates.
 
-        Attached metrics are saved with their engine (:meth:`ember.Engine.track_state`), so a checkpoint
-        of a trainer carries them and a resumed run computes exactly the values of an uninterrupted one.
+        Attached metrics are saved with their engine ([`ember.Engine.track_state`][ember.engine.Engine.track_state]), so
+        a checkpoint of a trainer carries them and a resumed run computes exactly the values of an uninterrupted one.
 
         Examples:
             >>> import jax.numpy as jnp
@@ -137,7 +139,7 @@ class Metric(EngineAttachment, MetricArithmetic):
         return {"state": encode_tree(self._state), "updates": self._updates}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Take accumulators saved by :meth:`state_dict`; they survive the STARTED of the resumed run.
+        """Take accumulators saved by ``state_dict``; they survive the STARTED of the resumed run.
 
         Examples:
             >>> import jax.numpy as jnp
@@ -206,11 +208,11 @@ class Metric(EngineAttachment, MetricArithmetic):
     def global_state(self) -> Any:
         """The accumulators of every process merged, leaving this process's own untouched.
 
-        In a multi-process run each process usually updates from its own data, so :meth:`compute` merges
-        the processes' accumulators (a collective: every process must compute at the same point, as they
-        do when the same engine runs everywhere). Accumulators that are already global arrays (updated from
-        a step jitted over a mesh spanning the processes) are returned as they are, so nothing is counted
-        twice. In a single process this is just :attr:`state`.
+        In a multi-process run each process usually updates from its own data, so
+        [`compute`][ember.metrics.Metric.compute] merges the processes' accumulators (a collective: every process must
+        compute at the same point, as they do when the same engine runs everywhere). Accumulators that are already
+        global arrays (updated from a step jitted over a mesh spanning the processes) are returned as they are, so
+        nothing is counted twice. In a single process this is just [`state`][ember.metrics.Metric.state].
 
         Examples:
             >>> import jax.numpy as jnp
@@ -228,7 +230,7 @@ class Metric(EngineAttachment, MetricArithmetic):
         return self.merge_processes(parts)
 
     def merge_processes(self, parts: list[Any]) -> Any:
-        """Combine the processes' accumulators; by default :meth:`merge` them in order."""
+        """Combine the processes' accumulators; by default [`merge`][ember.metrics.Metric.merge] them in order."""
         merged = parts[0]
         for part in parts[1:]:
             merged = self.merge(merged, part)
@@ -249,8 +251,8 @@ class Metric(EngineAttachment, MetricArithmetic):
     def fusable(self) -> bool:
         """Whether a training engine may fold this metric's update into its compiled step.
 
-        True when the accumulators exist before the first batch (:meth:`empty` is not ``None``) and
-        :meth:`update` is the standard jitted merge.
+        True when the accumulators exist before the first batch ([`empty`][ember.metrics.Metric.empty] is not ``None``)
+        and [`update`][ember.metrics.Metric.update] is the standard jitted merge.
 
         Examples:
             >>> from ember.metrics import Accuracy, Precision
@@ -262,9 +264,10 @@ class Metric(EngineAttachment, MetricArithmetic):
     def set_state(self, state: Any, published: Any = None) -> None:
         """Take accumulators updated elsewhere (inside an engine's compiled step) as one more update.
 
-        A training engine calls this after each compiled call that ran :meth:`fused_update` (the class
-        docstring has the whole contract). ``published`` is :meth:`published_value` of ``state``, computed
-        in the same step as an output of its own (the accumulators are donated to the next step).
+        A training engine calls this after each compiled call that ran
+        [`fused_update`][ember.metrics.Metric.fused_update] (the class docstring has the whole contract). ``published``
+        is [`published_value`][ember.metrics.Metric.published_value] of ``state``, computed in the same step as an
+        output of its own (the accumulators are donated to the next step).
 
         Examples:
             >>> import jax.numpy as jnp
@@ -280,7 +283,7 @@ class Metric(EngineAttachment, MetricArithmetic):
 
     @property
     def publishes_per_step(self) -> bool:
-        """Whether the metric publishes a value every step (it overrides :meth:`published_value`).
+        """Whether the metric publishes a value every step (it overrides ``published_value``).
 
         Examples:
             >>> from ember.metrics import RunningAverage, Sum

@@ -53,7 +53,7 @@ class MeanAbsoluteError(_MeanError):
 
 
 class RootMeanSquaredError(MeanSquaredError):
-    """The square root of :class:`MeanSquaredError`.
+    """The square root of [`MeanSquaredError`][ember.metrics.MeanSquaredError].
 
     Examples:
         >>> import jax.numpy as jnp

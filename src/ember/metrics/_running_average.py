@@ -7,25 +7,20 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ember.engine import Engine, Events
+from ember.engine import Engine
 from ember.metrics._composite import AttachedMetric
 from ember.metrics._metric import Metric
-from ember.metrics._usage import MetricUsage
-
-#: reset at STARTED, update every iteration, and publish the (device) value every iteration.
-RUNNING_BATCH_WISE = MetricUsage(
-    "running_batch_wise", Events.STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED
-)
+from ember.metrics._usage import RUNNING_BATCH_WISE
 
 
 class RunningAverage(Metric):
     """``avg = alpha * avg + (1 - alpha) * value`` each iteration, starting from the first value, as Ignite.
 
-    ``value`` is ``src``'s value on the current batch (its accumulators for that batch alone, finalised on
-    device), or ``output_transform(output)``. The average stays on device: attached (by default every
-    iteration, over the whole run), ``engine.state.metrics[name]`` holds a device scalar, so nothing is read
-    back until a handler converts it; :meth:`compute` returns a float. In a multi-process run the published
-    value is this process's (no collective per step) and :meth:`compute` is the mean over processes.
+    ``value`` is ``src``'s value on the current batch (its accumulators for that batch alone, finalised on device), or
+    ``output_transform(output)``. The average stays on device: attached (by default every iteration, over the whole
+    run), ``engine.state.metrics[name]`` holds a device scalar, so nothing is read back until a handler converts it;
+    [`compute`][ember.metrics.Metric.compute] returns a float. In a multi-process run the published value is this
+    process's (no collective per step) and [`compute`][ember.metrics.Metric.compute] is the mean over processes.
 
     Args:
         src: a metric whose per-batch value is averaged; or ``None`` to average an output.

@@ -11,7 +11,7 @@ from jax.experimental import multihost_utils
 
 
 def encode_tree(tree: Any) -> Any:
-    """``tree`` (tuples, lists, dicts of arrays and Python scalars, ``None``) as JSON that :func:`decode_tree` reads.
+    """``tree`` (tuples, lists, dicts of arrays and Python scalars, ``None``) as JSON that `decode_tree` reads.
 
     Floats go through Python floats, which hold every float16/bfloat16/float32/float64 value exactly;
     NumPy arrays come back as NumPy arrays, device arrays as device arrays; an array sharded across
@@ -45,7 +45,7 @@ def encode_tree(tree: Any) -> Any:
 
 
 def decode_tree(saved: Any) -> Any:
-    """The tree :func:`encode_tree` saved, with device arrays of the saved dtypes and shapes."""
+    """The tree `encode_tree` saved, with device arrays of the saved dtypes and shapes."""
     if saved is None or isinstance(saved, bool | int | float | str):
         return saved
     if not isinstance(saved, dict) or len(saved) not in (1, 3, 4):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from ember.engine import Events, FilteredEvent
@@ -51,19 +52,36 @@ EPOCH_WISE = MetricUsage("epoch_wise", Events.EPOCH_STARTED, Events.ITERATION_CO
 #: reset at ITERATION_STARTED, update and compute at ITERATION_COMPLETED: the value of each batch.
 BATCH_WISE = MetricUsage("batch_wise", Events.ITERATION_STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED)
 #: reset once at STARTED, update every iteration, compute at EPOCH_COMPLETED: over the whole run so far.
-RUNNING = MetricUsage("running", Events.STARTED, Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED)
+RUNNING_EPOCH_WISE = MetricUsage(
+    "running_epoch_wise", Events.STARTED, Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED
+)
+#: reset once at STARTED, update and compute every iteration: the whole run so far, at every iteration.
+RUNNING_BATCH_WISE = MetricUsage(
+    "running_batch_wise", Events.STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED
+)
 #: reset at EPOCH_STARTED, update and compute every iteration: the epoch so far (a host read per iteration).
-SINGLE_EPOCH_RUNNING = MetricUsage(
-    "single_epoch_running", Events.EPOCH_STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED
+SINGLE_EPOCH_RUNNING_BATCH_WISE = MetricUsage(
+    "single_epoch_running_batch_wise", Events.EPOCH_STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED
 )
 
-USAGES = {u.name: u for u in (EPOCH_WISE, BATCH_WISE, RUNNING, SINGLE_EPOCH_RUNNING)}
+USAGES = {
+    u.name: u for u in (EPOCH_WISE, BATCH_WISE, RUNNING_EPOCH_WISE, RUNNING_BATCH_WISE, SINGLE_EPOCH_RUNNING_BATCH_WISE)
+}
+#: ember's names before Ignite's (one release of warnings, then gone): old name -> Ignite's.
+RENAMED = {"running": "running_epoch_wise", "single_epoch_running": "single_epoch_running_batch_wise"}
 
 
 def resolve_usage(usage: str | MetricUsage) -> MetricUsage:
     """A usage from its name or itself; raise naming the choices."""
     if isinstance(usage, MetricUsage):
         return usage
+    if isinstance(usage, str) and usage in RENAMED:
+        warnings.warn(
+            f"usage={usage!r} is deprecated and goes in the next release: use {RENAMED[usage]!r} (Ignite's name).",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        usage = RENAMED[usage]
     if isinstance(usage, str) and usage in USAGES:
         return USAGES[usage]
     raise ValueError(

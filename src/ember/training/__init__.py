@@ -1,6 +1,8 @@
 """Training: `TrainState`, compiled steps from a loss function, placement on devices, trainers."""
 
+from ember.training._ema import ema, ema_params
 from ember.training._placement import DataParallel, Placement, Pmap, SingleDevice, default_placement
+from ember.training._plateau import ReduceLROnPlateau, scale_by_plateau
 from ember.training._sharded import Sharded, fsdp
 from ember.training._step_output import StepOutput
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
@@ -14,6 +16,7 @@ __all__ = [
     "DataParallel",
     "Placement",
     "Pmap",
+    "ReduceLROnPlateau",
     "Sharded",
     "SingleDevice",
     "StepOutput",
@@ -25,7 +28,10 @@ __all__ = [
     "create_supervised_trainer",
     "create_trainer",
     "default_placement",
+    "ema",
+    "ema_params",
     "fsdp",
     "make_eval_step",
     "make_train_step",
+    "scale_by_plateau",
 ]

@@ -8,6 +8,8 @@ from typing import Any
 import jax
 import optax
 
+from ember.training._opt_state import states_of
+
 #: The extras ``make_train_step(extras=...)`` accepts: global norms, the learning rate, and for per-layer
 #: logging each parameter's gradient norm and norm (``grad_norms``, ``param_norms``: ``{"Dense_0.kernel":
 #: norm}``) or the gradient itself (``grads``, the params' tree).
@@ -74,8 +76,16 @@ def compute_extras(
                 "extras=('lr',) needs the learning rate: wrap the optimizer in optax.inject_hyperparams, "
                 "or pass lr_schedule= (the schedule the optimizer uses)."
             )
-        out["lr"] = lr
+        out["lr"] = lr * plateau_scale(opt_state)  # what the step applies, after a plateau's reductions
     return out
+
+
+def plateau_scale(opt_state: Any) -> Any:
+    """The scale a ``scale_by_plateau`` optimizer applies to its updates (1 without one)."""
+    from ember.training._plateau import PlateauState
+
+    found = states_of(opt_state, PlateauState)
+    return found[0].plateau.scale if found else 1.0
 
 
 def layer_norms(tree: Any) -> dict[str, jax.Array]:

@@ -27,7 +27,7 @@ class _Groups:
 
 
 class _GroupReader(Mapped):
-    """One pass of :class:`_Groups`; its position is the source's, after the latest group."""
+    """One pass of `_Groups`; its position is the source's, after the latest group."""
 
     def __init__(self, it: Iterator[Any], k: int) -> None:
         super().__init__(it, lambda group: group)
@@ -59,10 +59,10 @@ def _stack(host: list[Any]) -> Any:
 class StepGroups:
     """Reads K host batches at a time, stacks them, and puts each group on device ahead of time.
 
-    Iterating yields the host batches one by one, so the engine fires its events per step; while the
-    first batch of a group is current, :attr:`group` holds the whole group stacked on a leading axis
-    (placed for the step) and :attr:`slot` is 0. The last group of a pass may be shorter than K. Groups
-    travel ahead through the same :class:`~ember.data.DevicePrefetch` that single batches use.
+    Iterating yields the host batches one by one, so the engine fires its events per step; while the first batch of a
+    group is current, `group` holds the whole group stacked on a leading axis (placed for the step) and `slot` is 0. The
+    last group of a pass may be shorter than K. Groups travel ahead through the same
+    [`DevicePrefetch`][ember.data.DevicePrefetch] that single batches use.
     """
 
     def __init__(
@@ -93,7 +93,7 @@ class StepGroups:
 
 
 class _Steps(Mapped):
-    """One pass of :class:`StepGroups`: the host batches one by one; the position is after the current one."""
+    """One pass of `StepGroups`: the host batches one by one; the position is after the current one."""
 
     def __init__(self, owner: StepGroups, groups: Iterator[Any]) -> None:
         super().__init__(groups, lambda group: group)

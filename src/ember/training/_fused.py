@@ -1,12 +1,11 @@
 """`FusedMetrics`: the metric updates a training engine folds into its compiled step.
 
-The contract with a metric (see :class:`ember.metrics.Metric`, "Updates inside a compiled step") is
-small: the metric owns its accumulators (``metric.state``) and gives the pure update
-``fused_update(state, output)`` and, optionally, a value it publishes every step
-(``published_value(state)``, a running average). Each compiled call takes every fused metric's state as a
-plain tuple next to the train state, donates both, and hands the new states (and published values) back
-with ``metric.set_state``. A metric whose state changed between calls (a reset at EPOCH_STARTED, a
-restore) needs nothing more: the next call reads it.
+The contract with a metric (see [`ember.metrics.Metric`][ember.metrics.Metric], "Updates inside a compiled step") is
+small: the metric owns its accumulators (``metric.state``) and gives the pure update ``fused_update(state, output)``
+and, optionally, a value it publishes every step (``published_value(state)``, a running average). Each compiled call
+takes every fused metric's state as a plain tuple next to the train state, donates both, and hands the new states (and
+published values) back with ``metric.set_state``. A metric whose state changed between calls (a reset at EPOCH_STARTED,
+a restore) needs nothing more: the next call reads it.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ class FusedMetrics:
     """The metrics whose updates a training engine runs inside its compiled step.
 
     ``version`` changes with every metric added or removed; the engine compiles one step per version
-    (:meth:`wrap`) and calls it with :meth:`call`.
+    (`wrap`) and calls it with `call`.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -91,10 +90,10 @@ class FusedMetrics:
         return split
 
     def call(self, fn: Callable[..., Any], state: Any, batch: Any, *, steps: int = 1) -> tuple[Any, Any]:
-        """Run ``fn`` (compiled from :meth:`wrap`) on ``state`` and ``batch``; returns ``(state, out)``.
+        """Run ``fn`` (compiled from `wrap`) on ``state`` and ``batch``; returns ``(state, out)``.
 
-        With ``steps`` = K > 1 (``fn`` from :meth:`split_published`), the metrics get their states step
-        by step from :meth:`give`.
+        With ``steps`` = K > 1 (``fn`` from `split_published`), the metrics get their states step
+        by step from `give`.
         """
         metrics = self.metrics
         states = tuple(m.state for m in metrics)

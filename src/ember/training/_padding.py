@@ -44,7 +44,7 @@ def pad_batch(batch: Any, n: int) -> tuple[Any, np.ndarray] | None:
 class PaddedBatches:
     """Iterates ``source``, padding each batch that does not split over ``n`` devices into ``(batch, mask)``.
 
-    :attr:`padded` says, batch by batch in order, whether it was padded (read it as the batches are
+    `padded` says, batch by batch in order, whether it was padded (read it as the batches are
     used; device prefetch may have read some ahead).
     """
 

@@ -57,7 +57,7 @@ def model_names(params: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:
 
 
 class Partitioner:
-    """Resolves a :class:`PartitionSpec` for every leaf of a train state on ``mesh``.
+    """Resolves a `PartitionSpec` for every leaf of a train state on ``mesh``.
 
     Args:
         mesh: the device mesh.
@@ -160,7 +160,7 @@ class Partitioner:
     def shardings(self, abstract: Any, names: Mapping[str, tuple[Any, ...]]) -> Any:
         """A ``NamedSharding`` for every leaf of the train state ``abstract`` (shapes suffice).
 
-        ``params`` and ``model_state`` get :meth:`spec`; the optimizer state follows its parameters
+        ``params`` and ``model_state`` get `spec`; the optimizer state follows its parameters
         (``optax.tree_map_params``: moments sharded like their parameter, counts replicated); ``step`` and
         ``rng`` are replicated.
         """

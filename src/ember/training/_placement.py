@@ -1,8 +1,8 @@
 """Placement: how state and batches meet devices, and how a step is compiled for them.
 
-Three policies share one small interface: :class:`SingleDevice` (``jit``, state donated),
-:class:`DataParallel` (``jit`` over a ``Mesh`` with ``NamedSharding``: state replicated, batch
-sharded on its leading axis) and :class:`Pmap` (``pmap`` with an axis name; the state stays an ordinary
+Three policies share one small interface: [`SingleDevice`][ember.training.SingleDevice] (``jit``, state donated),
+[`DataParallel`][ember.training.DataParallel] (``jit`` over a ``Mesh`` with ``NamedSharding``: state replicated, batch
+sharded on its leading axis) and [`Pmap`][ember.training.Pmap] (``pmap`` with an axis name; the state stays an ordinary
 replicated ``jax.Array``, so nothing indexes ``x[0]`` and no removed API is used).
 """
 
@@ -75,7 +75,7 @@ def global_batch(batch: Any, sharding: Any, local_ways: int, *, stacked: bool) -
 
 
 class Placement:
-    """Base of the placement policies; see :class:`SingleDevice`, :class:`DataParallel`, :class:`Pmap`.
+    """Base of the placement policies; see ``SingleDevice``, ``DataParallel``, ``Pmap``.
 
     A placement puts the train state and batches on devices and compiles the step for them. Trainers call
     it; users pick one and pass it as ``create_trainer(..., placement=...)``.
@@ -295,7 +295,7 @@ class Pmap(Placement):
 
 
 def default_placement() -> Placement:
-    """:class:`DataParallel` over all devices when more than one is visible, else :class:`SingleDevice`.
+    """``DataParallel`` over all devices when more than one is visible, else ``SingleDevice``.
 
     Examples:
         >>> from ember.training import default_placement

@@ -94,7 +94,7 @@ class EvalProcess:
 
     ``source``: the trainer whose current train state each call uses, or ``None`` for the evaluator's own. A batch that
     does not split over the devices comes padded, with a mask of its real examples
-    (:class:`~ember.training._padding.PaddedBatches`); it compiles once more. Each run's data may have batches of
+    (`PaddedBatches`); it compiles once more. Each run's data may have batches of
     its own shape (the train set in 64s, the validation set in 1000s): the step compiles once per shape, and
     keeps each compilation; within one run every batch must match the first (a short last one aside).
 

@@ -35,9 +35,9 @@ class Sharded(Placement):
        ``nnx.with_partitioning`` (``out_sharding`` metadata);
     2. ``rules``: ``(regex, PartitionSpec)`` pairs matched against the array's dotted path
        (``params.Dense_0.kernel``), first match wins, as Keras 3's ``LayoutMap``;
-    3. the automatic FSDP rule, with ``fsdp_axis``: a parameter of at least ``min_size`` elements is
-       split along its largest dimension that the axis divides; smaller ones, and those no dimension of
-       which it divides (listed in :meth:`summary`), stay replicated.
+    3. the automatic FSDP rule, with ``fsdp_axis``: a parameter of at least ``min_size`` elements is split along its
+       largest dimension that the axis divides; smaller ones, and those no dimension of which it divides (listed in
+       [`summary`][ember.training.Sharded.summary]), stay replicated.
 
     Optimizer moments follow their parameters, counts stay replicated; ``step`` and ``rng`` are replicated.
     The batch is split over ``batch_axes`` (by default every mesh axis but ``model``/``tensor``). Build
@@ -98,7 +98,7 @@ class Sharded(Placement):
     # -- the state -------------------------------------------------------------------------------
 
     def state_shardings(self, state: Any) -> Any:
-        """A ``NamedSharding`` for every leaf of ``state`` (a :class:`TrainState`, or its ``jax.eval_shape``).
+        """A ``NamedSharding`` for every leaf of ``state`` (a ``TrainState``, or its ``jax.eval_shape``).
 
         Examples:
             >>> import jax, jax.numpy as jnp, numpy as np, optax
@@ -112,7 +112,7 @@ class Sharded(Placement):
         return self.partitioner.shardings(state, dict(getattr(state, "partitioning", ()) or ()))
 
     def put_state(self, state: Any) -> Any:
-        """Place ``state`` by :meth:`state_shardings` (arrays already placed so stay where they are)."""
+        """Place ``state`` by ``state_shardings`` (arrays already placed so stay where they are)."""
         return jax.tree.map(place, state, self.state_shardings(state))
 
     def init_state(self, make: Callable[[], Any]) -> Any:

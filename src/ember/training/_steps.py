@@ -127,7 +127,7 @@ def make_train_step(
     update. ``output`` is ``{"loss": loss, **aux, **extras}``, left on device.
 
     Args:
-        loss_fn: ``loss_fn(model, batch)``, where ``model`` is a :class:`BoundModel`.
+        loss_fn: ``loss_fn(model, batch)``, where ``model`` is a [`BoundModel`][ember.training.BoundModel].
         accumulate_steps: split the batch into this many micro-batches and average their gradients,
             for one optimizer update; per-example aux values are concatenated, scalar ones averaged.
         extras: in-step values for handlers, from ``"grad_norm"``, ``"update_norm"``, ``"param_norm"``,

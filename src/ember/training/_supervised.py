@@ -11,7 +11,7 @@ from flax import nnx
 
 from ember.engine import Engine
 from ember.training._steps import BoundModel
-from ember.training._train_state import TrainState
+from ember.training._train_state import TrainState, as_train_state, is_flax_train_state
 from ember.training._trainer import create_evaluator, create_trainer
 from ember.training._training_engine import TrainingEngine
 
@@ -37,17 +37,20 @@ def create_supervised_trainer(
     """A trainer for ``(x, y)`` batches minimising ``loss_fn(y_pred, y)``, as Ignite's shortcut.
 
     A linen module is initialised from the first batch's ``x``; an NNX module is used as it is; a
-    :class:`TrainState` is taken as the starting point (``optimizer`` is then ignored). The step's output is
-    ``{"loss": ..., "y_pred": ..., "y": ...}``, on device.
+    [`TrainState`][ember.training.TrainState] is taken as the starting point (``optimizer`` is then ignored). The step's
+    output is ``{"loss": ..., "y_pred": ..., "y": ...}``, on device.
 
     Args:
-        model: a ``flax.linen.Module``, a ``flax.nnx.Module``, or a :class:`TrainState`.
+        model: a ``flax.linen.Module``, a ``flax.nnx.Module``, or a [`TrainState`][ember.training.TrainState] (ember's,
+            or a ``flax.training.train_state.TrainState``, converted by
+            [`TrainState.from_flax`][ember.training.TrainState.from_flax]).
         optimizer: an optax optimizer.
         loss_fn: ``loss_fn(y_pred, y) -> scalar``, e.g. ``optax.softmax_cross_entropy_with_integer_labels``
             followed by a mean.
         seed: the initialisation and per-step RNG seed.
         rngs: RNG streams a linen model needs, such as ``("dropout",)``.
-        **trainer_kwargs: passed to :func:`create_trainer` (``placement``, ``steps_per_call``, ...).
+        **trainer_kwargs: passed to [`create_trainer`][ember.training.create_trainer] (``placement``,
+            ``steps_per_call``, ...).
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -67,8 +70,8 @@ def create_supervised_trainer(
         return loss_fn(y_pred, y), {"y_pred": y_pred, "y": y}
 
     state: TrainState | Callable[[Any], TrainState]
-    if isinstance(model, TrainState):
-        state = model
+    if isinstance(model, TrainState) or is_flax_train_state(model):
+        state = as_train_state(model, "model")
     elif isinstance(model, nnx.Module):
         state = TrainState.from_nnx(model, optimizer, seed=seed)
     elif isinstance(model, nn.Module):
@@ -79,7 +82,10 @@ def create_supervised_trainer(
 
         state = build
     else:
-        raise TypeError(f"`model` must be a linen Module, an NNX Module or a TrainState, got {type(model).__name__}.")
+        raise TypeError(
+            "`model` must be a flax.linen.Module, a flax.nnx.Module, an ember.training.TrainState or a "
+            f"flax.training.train_state.TrainState, got {type(model).__module__}.{type(model).__qualname__}."
+        )
     return create_trainer(state, loss, **trainer_kwargs)
 
 
@@ -91,9 +97,10 @@ def create_supervised_evaluator(
     """An evaluator for ``(x, y)`` batches whose output is ``{"y_pred": ..., "y": ...}``, as Ignite's shortcut.
 
     Args:
-        source: the trainer (its current train state is used at each run) or a :class:`TrainState`.
+        source: the trainer (its current train state is used at each run) or a
+            [`TrainState`][ember.training.TrainState].
         metrics: metrics to attach by name; each needs an ``attach(engine, name)`` method.
-        **evaluator_kwargs: passed to :func:`create_evaluator`.
+        **evaluator_kwargs: passed to [`create_evaluator`][ember.training.create_evaluator].
 
     Examples:
         >>> import jax.numpy as jnp, optax

@@ -35,9 +35,10 @@ def _check_seed(seed: object) -> None:
 class TrainState(struct.PyTreeNode):
     """Everything a training step reads and writes: step, params, optimizer state, model state, RNG key.
 
-    A pytree, so it passes through ``jax.jit`` and ``jax.pmap`` and is donated to the step. The model's
-    calling convention (``apply_fn``) and the optimizer (``tx``) are static fields. Build one with
-    :meth:`from_linen`, :meth:`from_nnx` or :meth:`create`.
+    A pytree, so it passes through ``jax.jit`` and ``jax.pmap`` and is donated to the step. The model's calling
+    convention (``apply_fn``) and the optimizer (``tx``) are static fields. Build one with
+    [`from_linen`][ember.training.TrainState.from_linen], [`from_nnx`][ember.training.TrainState.from_nnx] or
+    [`create`][ember.training.TrainState.create].
 
     Attributes:
         step: optimizer updates applied so far (an int32 scalar array).
@@ -47,9 +48,10 @@ class TrainState(struct.PyTreeNode):
         rng: the run's base key; each step draws from ``fold_in(rng, step)``.
         apply_fn: ``apply_fn(params, model_state, key, train, *args, **kwargs) -> (out, model_state)``.
         tx: the optax optimizer.
-        graphdef: for a state built :meth:`from_nnx`, the module's graph definition.
+        graphdef: for a state built [`from_nnx`][ember.training.TrainState.from_nnx], the module's graph definition.
         partitioning: the partition names the model put on its parameters (``nn.with_logical_partitioning``,
-            ``nnx.with_partitioning``), as ``((path, names), ...)``; a :class:`Sharded` placement reads them.
+            ``nnx.with_partitioning``), as ``((path, names), ...)``; a [`Sharded`][ember.training.Sharded] placement
+            reads them.
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -165,9 +167,9 @@ class TrainState(struct.PyTreeNode):
     ) -> TrainState:
         """Initialise a Flax linen module; ``params`` apart, the other collections become ``model_state``.
 
-        Partition annotations (``nn.with_logical_partitioning``) are recorded in :attr:`partitioning` and
-        the arrays unboxed. With a :class:`Sharded` ``placement`` the state is built already sharded
-        (``jax.eval_shape``, then one ``jit`` with ``out_shardings``): it never exists whole on one device.
+        Partition annotations (``nn.with_logical_partitioning``) are recorded in `partitioning` and the arrays unboxed.
+        With a [`Sharded`][ember.training.Sharded] ``placement`` the state is built already sharded (``jax.eval_shape``,
+        then one ``jit`` with ``out_shardings``): it never exists whole on one device.
 
         Args:
             module: the linen module.
@@ -176,7 +178,7 @@ class TrainState(struct.PyTreeNode):
             seed: seeds both initialisation and the per-step RNG.
             rngs: names of the RNG streams the model draws from when training, e.g. ``("dropout",)``.
             train_arg: the name of the module's boolean training flag; passed when ``__call__`` takes it.
-            placement: a :class:`Sharded` placement to build the state sharded on; others are ignored
+            placement: a [`Sharded`][ember.training.Sharded] placement to build the state sharded on; others are ignored
                 here (the trainer places the state).
 
         Examples:
@@ -223,17 +225,17 @@ class TrainState(struct.PyTreeNode):
     ) -> TrainState:
         """Split a Flax NNX module into graph definition, params and the rest; train it functionally.
 
-        The module's RNG streams are reseeded every step from ``fold_in(rng, step)``, so dropout differs
-        per step and a resumed run draws the same numbers. :meth:`to_nnx` merges a state back. Partition
-        annotations (``nnx.with_partitioning``) are recorded in :attr:`partitioning`. With a
-        :class:`Sharded` ``placement`` and ``model`` given as a function that builds the module, the
+        The module's RNG streams are reseeded every step from ``fold_in(rng, step)``, so dropout differs per step and a
+        resumed run draws the same numbers. [`to_nnx`][ember.training.TrainState.to_nnx] merges a state back. Partition
+        annotations (``nnx.with_partitioning``) are recorded in `partitioning`. With a
+        [`Sharded`][ember.training.Sharded] ``placement`` and ``model`` given as a function that builds the module, the
         module is built already sharded, under the placement's mesh (``nnx.eval_shape``, then one ``jit``).
 
         Args:
             model: the module, or a function of no arguments that builds it.
             tx: the optax optimizer.
             seed: seeds the per-step RNG.
-            placement: a :class:`Sharded` placement to build the state sharded on.
+            placement: a [`Sharded`][ember.training.Sharded] placement to build the state sharded on.
 
         Examples:
             >>> import jax.numpy as jnp, optax
@@ -262,3 +264,84 @@ class TrainState(struct.PyTreeNode):
             return placement.init_state(lambda: build(factory(), names))
         module = model if isinstance(model, nnx.Module) else model()
         return build(module, model_names(nnx_split(module)[1]))
+
+    @classmethod
+    def from_flax(
+        cls,
+        state: Any,
+        *,
+        seed: int = 0,
+        rngs: Sequence[str] = ("dropout",),
+        train_arg: str | None = "train",
+    ) -> TrainState:
+        """A state from a ``flax.training.train_state.TrainState``, keeping its step and optimizer state.
+
+        ``apply_fn``, ``params``, ``tx``, ``opt_state`` and ``step`` carry over; a ``batch_stats`` field (the usual
+        subclass for batch norm) becomes ``model_state``. An ``apply_fn`` that is a linen module's ``apply``
+        (``model.apply``) trains as [`from_linen`][ember.training.TrainState.from_linen] would: the step passes
+        ``train`` when the module takes it and draws the ``rngs`` streams from its key. Any other ``apply_fn`` is called
+        as Flax calls it, ``apply_fn({"params": params}, *inputs)``. [`create_trainer`][ember.training.create_trainer]
+        and [`create_evaluator`][ember.training.create_evaluator] convert a Flax state with this themselves.
+
+        Args:
+            state: the Flax ``TrainState`` (or a subclass of it).
+            seed: seeds the per-step RNG (a Flax state carries none).
+            rngs: the RNG streams a linen module draws from when training.
+            train_arg: the name of a linen module's boolean training flag.
+
+        Examples:
+            >>> import jax.numpy as jnp, optax
+            >>> from flax import linen as nn
+            >>> from flax.training import train_state
+            >>> from ember.training import TrainState
+            >>> model = nn.Dense(2)
+            >>> params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 3)))["params"]
+            >>> flax_state = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=optax.sgd(0.1))
+            >>> state = TrainState.from_flax(flax_state)
+            >>> int(state.step), sorted(state.params), state.opt_state is flax_state.opt_state
+            (0, ['bias', 'kernel'], True)
+        """
+        if not is_flax_train_state(state):
+            raise TypeError(f"`state` must be a flax.training.train_state.TrainState, got {_qualified(state)}.")
+        _check_seed(seed)
+        module = getattr(state.apply_fn, "__self__", None)
+        if isinstance(module, nn.Module):
+            apply_fn = linen_apply_fn(module, tuple(rngs), train_arg)
+        else:
+            flax_apply = state.apply_fn
+            apply_fn = plain_apply_fn(lambda params, *args, **kwargs: flax_apply({"params": params}, *args, **kwargs))
+        batch_stats = getattr(state, "batch_stats", None)
+        return cls(
+            step=jnp.asarray(state.step, jnp.int32),
+            params=nn.unbox(state.params),
+            opt_state=state.opt_state,
+            model_state={"batch_stats": batch_stats} if batch_stats is not None else {},
+            rng=jax.random.PRNGKey(seed),
+            apply_fn=apply_fn,
+            tx=state.tx,
+            partitioning=model_names(state.params),
+        )
+
+
+def is_flax_train_state(value: object) -> bool:
+    """Whether ``value`` is a ``flax.training.train_state.TrainState`` (Flax's, not ember's)."""
+    from flax.training import train_state
+
+    return isinstance(value, train_state.TrainState)
+
+
+def _qualified(value: object) -> str:
+    """``module.Class`` of a value, so two classes of one name (two ``TrainState`` s) tell apart."""
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def as_train_state(value: object, argument: str, alternatives: str = "") -> TrainState:
+    """``value`` as ember's ``TrainState``: itself, or a Flax ``TrainState`` converted; else a ``TypeError``."""
+    if isinstance(value, TrainState):
+        return value
+    if is_flax_train_state(value):
+        return TrainState.from_flax(value)
+    raise TypeError(
+        f"`{argument}` must be an ember.training.TrainState or a flax.training.train_state.TrainState"
+        f"{alternatives}, got {_qualified(value)}."
+    )

@@ -6,10 +6,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ember.engine import Engine
+from ember.training._ema import with_ema_params
 from ember.training._placement import Placement, Pmap, default_placement
 from ember.training._process import EvalProcess, TrainProcess
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
-from ember.training._train_state import TrainState
+from ember.training._train_state import TrainState, as_train_state, is_flax_train_state
 from ember.training._training_engine import TrainingEngine
 
 
@@ -54,12 +55,15 @@ def create_trainer(
     showing both batches.
 
     Args:
-        state: the initial :class:`TrainState`, or a function building it from the first batch. Its
-            arrays are donated to the compiled step (deleted after the first step); the current state
-            is ``engine.state.train_state``. Pass ``jax.tree.map(jnp.copy, state)`` to keep yours.
-        loss_fn: ``loss_fn(model, batch) -> loss | (loss, aux)``; see :func:`make_train_step`.
-        placement: :class:`SingleDevice`, :class:`DataParallel`, :class:`Pmap` or :class:`Sharded`; by
-            default data parallel when several devices are visible.
+        state: the initial [`TrainState`][ember.training.TrainState] (or a ``flax.training.train_state.TrainState``,
+            converted by [`TrainState.from_flax`][ember.training.TrainState.from_flax]), or a function building it from
+            the first batch. Its arrays are donated to the compiled step (deleted after the first step); the current
+            state is ``engine.state.train_state``. Pass ``jax.tree.map(jnp.copy, state)`` to keep yours.
+        loss_fn: ``loss_fn(model, batch) -> loss | (loss, aux)``; see
+            [`make_train_step`][ember.training.make_train_step].
+        placement: [`SingleDevice`][ember.training.SingleDevice], [`DataParallel`][ember.training.DataParallel],
+            [`Pmap`][ember.training.Pmap] or [`Sharded`][ember.training.Sharded]; by default data parallel when several
+            devices are visible.
         steps_per_call: run K steps per compiled call (``lax.scan`` over K stacked batches). On the CPU
             backend a step with convolutions is unrolled instead (XLA:CPU runs convolutions inside a loop
             about 10x slower), which takes about K times longer to compile.
@@ -74,7 +78,7 @@ def create_trainer(
         debug: run the step uncompiled, to step through it with a debugger.
 
     Returns:
-        A :class:`TrainingEngine`.
+        A [`TrainingEngine`][ember.training.TrainingEngine].
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -96,8 +100,8 @@ def create_trainer(
         lr_schedule=lr_schedule,
         axis_name=placement.axis_name,
     )
-    if not callable(state) and not isinstance(state, TrainState):
-        raise TypeError(f"`state` must be a TrainState or a function of the first batch, got {type(state).__name__}.")
+    if not callable(state) or is_flax_train_state(state):
+        state = as_train_state(state, "state", ", or a function of the first batch returning one")
     process = TrainProcess(step, placement, steps_per_call, debug)
     engine = TrainingEngine(process, placement, prefetch, steps_per_call, debug=debug)
     if isinstance(state, TrainState):
@@ -114,18 +118,22 @@ def create_evaluator(
     placement: Placement | None = None,
     prefetch: int | None = None,
     debug: bool = False,
+    use_ema: bool = False,
 ) -> TrainingEngine:
     """An engine that evaluates: each iteration runs the compiled ``eval_fn`` with the model in eval mode.
 
     Args:
-        source: a :class:`TrainState`, or the trainer whose current ``state.train_state`` each run uses.
+        source: a [`TrainState`][ember.training.TrainState], or the trainer whose current ``state.train_state`` each run
+            uses.
         eval_fn: ``eval_fn(model, batch) -> output``; the output lands in ``state.output``.
-        placement: as for :func:`create_trainer`; the trainer's placement is a good choice.
-        prefetch: batches kept in flight to the device, as for :func:`create_trainer`.
+        placement: as for [`create_trainer`][ember.training.create_trainer]; the trainer's placement is a good choice.
+        prefetch: batches kept in flight to the device, as for [`create_trainer`][ember.training.create_trainer].
         debug: run the step uncompiled.
+        use_ema: evaluate the average of the parameters that an optimizer wrapped in
+            [`ema`][ember.training.ema] keeps, instead of the parameters (inside the compiled step).
 
     Returns:
-        A :class:`TrainingEngine` (``steps_per_call`` is 1); a short last batch is accepted.
+        A [`TrainingEngine`][ember.training.TrainingEngine] (``steps_per_call`` is 1); a short last batch is accepted.
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -136,12 +144,26 @@ def create_evaluator(
         [3.0]
     """
     placement, prefetch = _check_options(1, prefetch, placement, debug)
-    if not isinstance(source, TrainState | Engine):
-        raise TypeError(f"`source` must be a TrainState or a trainer Engine, got {type(source).__name__}.")
+    if not isinstance(source, Engine):
+        source = as_train_state(source, "source", ", or a trainer Engine")
     trainer = None if isinstance(source, TrainState) else source
-    process = EvalProcess(make_eval_step(eval_fn), placement, trainer, debug)
+    if not isinstance(use_ema, bool):
+        raise TypeError(f"`use_ema` must be True or False, got {use_ema!r}.")
+    step = make_eval_step(eval_fn)
+    if use_ema:
+        step = _on_average(step)
+    process = EvalProcess(step, placement, trainer, debug)
     engine = TrainingEngine(process, placement, prefetch, 1, debug=debug)
     engine.pads_batches = True
     if isinstance(source, TrainState):
         engine.state.train_state = placement.put_state(source)
     return engine
+
+
+def _on_average(step: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``step`` run on the state's averaged parameters (``use_ema=True``)."""
+
+    def on_average(state: Any, batch: Any) -> Any:
+        return step(with_ema_params(state), batch)
+
+    return on_average

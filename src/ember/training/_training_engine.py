@@ -19,10 +19,11 @@ from ember.training._train_state import TrainState
 
 
 class TrainingState(State):
-    """The :class:`~ember.State` of a training engine, plus the train state it runs the step on.
+    """The [`State`][ember.engine.State] of a training engine, plus the train state it runs the step on.
 
     Attributes:
-        train_state: the current :class:`TrainState` (on device); ``None`` until built for a lazy state.
+        train_state: the current [`TrainState`][ember.training.TrainState] (on device); ``None`` until built for a lazy
+            state.
 
     Examples:
         >>> from ember.training import TrainingState
@@ -36,12 +37,13 @@ class TrainingState(State):
 
 
 class TrainingEngine(Engine):
-    """An :class:`~ember.Engine` whose data is put on device ahead of the step that needs it.
+    """An [`Engine`][ember.engine.Engine] whose data is put on device ahead of the step that needs it.
 
-    Built by :func:`create_trainer` and :func:`create_evaluator`; ``engine.state.train_state`` holds the
-    state the compiled step reads. With ``steps_per_call=K`` one compiled call runs K steps and the
-    engine still fires the iteration events once per step; :meth:`terminate` then takes effect at the
-    end of the K-step group, so the engine's counters and the train state never disagree.
+    Built by [`create_trainer`][ember.training.create_trainer] and
+    [`create_evaluator`][ember.training.create_evaluator]; ``engine.state.train_state`` holds the state the compiled
+    step reads. With ``steps_per_call=K`` one compiled call runs K steps and the engine still fires the iteration events
+    once per step; [`terminate`][ember.training.TrainingEngine.terminate] then takes effect at the end of the K-step
+    group, so the engine's counters and the train state never disagree.
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -101,10 +103,10 @@ class TrainingEngine(Engine):
     def fuse_metric(self, metric: Any, *, reset: Any, compute: Any, per_step: bool) -> Callable[[], None] | None:
         """Run ``metric``'s update inside the compiled step; returns how to take it out, or ``None`` if refused.
 
-        Metrics call this when they attach (the contract is in :class:`ember.metrics.Metric`). Refused under
-        ``Pmap`` or ``debug=True``. With K steps per call one call updates K batches at once, so only metrics
-        that reset at run or epoch boundaries are taken, and that compute there too or publish a value for
-        every step (``per_step``; iteration i then reads step i's own value).
+        Metrics call this when they attach (the contract is in [`ember.metrics.Metric`][ember.metrics.Metric]). Refused
+        under ``Pmap`` or ``debug=True``. With K steps per call one call updates K batches at once, so only metrics that
+        reset at run or epoch boundaries are taken, and that compute there too or publish a value for every step
+        (``per_step``; iteration i then reads step i's own value).
 
         Examples:
             >>> import jax.numpy as jnp, optax
@@ -162,6 +164,31 @@ class TrainingEngine(Engine):
             raise RuntimeError("This engine has no state factory; give create_trainer a TrainState or a function.")
         self.state.train_state = self.placement.put_state(_build_state(self._factory, batch))
 
+    def step_cost(self, batch: Any) -> dict[str, float]:
+        """XLA's cost analysis of one step on the current train state and ``batch``: ``flops``, ``bytes accessed``.
+
+        The step is lowered and compiled once more to read it (call it once, not per step); with a sharded or
+        data-parallel placement the numbers are per device, as the compiled program runs on each. Not under
+        ``Pmap``, whose state carries a device axis.
+
+        Examples:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.training import TrainState, create_trainer
+            >>> state = TrainState.create(lambda p, x: x @ p, jnp.zeros((256, 512)), optax.sgd(0.1))
+            >>> trainer = create_trainer(state, lambda model, x: jnp.mean(model(x) ** 2))
+            >>> flops = trainer.step_cost(jnp.ones((64, 256)))["flops"]
+            >>> round(flops / (4 * 64 * 256 * 512), 2)  # forward and weight gradient: two matmuls
+            1.01
+        """
+        if self.state.train_state is None:
+            raise RuntimeError(_NOT_BUILT)
+        if isinstance(self.placement, Pmap):
+            raise ValueError("step_cost reads one jit-compiled step; under Pmap the state has a device axis.")
+        process: Any = self._process_fn  # a TrainProcess or an EvalProcess: its step, before compilation
+        cost = jax.jit(process.step).lower(self.state.train_state, batch).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost  # one entry per program in older JAX
+        return {name: float(value) for name, value in (cost or {}).items()}
+
     def load_tree_state_dict(self, tree: dict[str, Any]) -> None:
         """Take a restored ``{path: array}`` train state and place it, in the live structure, on device.
 
@@ -180,7 +207,7 @@ class TrainingEngine(Engine):
         self.state.train_state = self.placement.put_state(unflatten_like(self.state.train_state, tree))
 
     def terminate(self, skip_completed: bool = False) -> None:
-        """As :meth:`Engine.terminate`; with K steps per call, at the end of the current group.
+        """As ``Engine.terminate``; with K steps per call, at the end of the current group.
 
         Examples:
             >>> import jax.numpy as jnp, optax

@@ -42,15 +42,15 @@ def is_primary_process() -> bool:
 class AsyncWriter(Writer):
     """Runs ``writer`` on one background thread, in call order; device arrays become numbers there.
 
-    A call returns at once: device values start copying to the host (``copy_to_host_async``) and the
-    thread waits for them, so logging never stalls the training loop. An exception on the thread is kept
-    and raised by the next call, :meth:`raise_if_failed` or :meth:`flush` (once; later records are
-    dropped, since the writer is broken). Only the primary process writes unless ``primary_only=False``.
-    :meth:`attach` makes an engine surface errors at every iteration and flush at COMPLETED and on an
+    A call returns at once: device values start copying to the host (``copy_to_host_async``) and the thread waits for
+    them, so logging never stalls the training loop. An exception on the thread is kept and raised by the next call,
+    [`raise_if_failed`][ember.writers.AsyncWriter.raise_if_failed] or [`flush`][ember.writers.AsyncWriter.flush] (once;
+    later records are dropped, since the writer is broken). Only the primary process writes unless
+    ``primary_only=False``. `attach` makes an engine surface errors at every iteration and flush at COMPLETED and on an
     exception.
 
     Args:
-        writer: the writer to drive (often a :class:`MultiWriter`).
+        writer: the writer to drive (often a [`MultiWriter`][ember.writers.MultiWriter]).
         primary_only: drop every record on processes other than process 0.
         max_pending: records queued before a call waits for the thread (bounds memory).
 
@@ -155,7 +155,7 @@ class AsyncWriter(Writer):
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called.
+        """Whether [`close`][ember.writers.AsyncWriter.close] was called.
 
         Examples:
             >>> from ember.writers import AsyncWriter, ConsoleWriter

@@ -17,7 +17,7 @@ def _format(value: float) -> str:
 
 
 class ConsoleWriter(Writer):
-    """Prints ``step N | s/step | name value | ...`` to a stream, one line per :meth:`write_scalars`.
+    """Prints ``step N | s/step | name value | ...`` to a stream, one line per ``write_scalars``.
 
     Seconds per step are measured between consecutive reports on the host clock (dispatch is asynchronous,
     so they are exact over a run and smoothed between reports).

@@ -31,27 +31,27 @@ class MultiWriter(Writer):
             raise TypeError(f"`writers` must all be ember.writers.Writer instances, got {bad!r}.")
 
     def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
-        """Fan out :meth:`Writer.write_scalars`."""
+        """Fan out [`Writer.write_scalars`][ember.writers.Writer.write_scalars]."""
         for w in self.writers:
             w.write_scalars(step, values)
 
     def write_histogram(self, step: int, name: str, values: Any) -> None:
-        """Fan out :meth:`Writer.write_histogram`."""
+        """Fan out [`Writer.write_histogram`][ember.writers.Writer.write_histogram]."""
         for w in self.writers:
             w.write_histogram(step, name, values)
 
     def write_image(self, step: int, name: str, image: Any) -> None:
-        """Fan out :meth:`Writer.write_image`."""
+        """Fan out [`Writer.write_image`][ember.writers.Writer.write_image]."""
         for w in self.writers:
             w.write_image(step, name, image)
 
     def write_text(self, step: int, name: str, text: str) -> None:
-        """Fan out :meth:`Writer.write_text`."""
+        """Fan out [`Writer.write_text`][ember.writers.Writer.write_text]."""
         for w in self.writers:
             w.write_text(step, name, text)
 
     def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
-        """Fan out :meth:`Writer.write_hparams`."""
+        """Fan out [`Writer.write_hparams`][ember.writers.Writer.write_hparams]."""
         for w in self.writers:
             w.write_hparams(hparams, metrics)
 

@@ -23,7 +23,7 @@ def create_run_writer(
     csv: bool = False,
     primary_only: bool = True,
 ) -> AsyncWriter:
-    """An :class:`AsyncWriter` over the chosen writers: ``run_dir/tb``, ``run_dir/metrics.jsonl``, ``.csv``.
+    """An ``AsyncWriter`` over the chosen writers: ``run_dir/tb``, ``run_dir/metrics.jsonl``, ``.csv``.
 
     Args:
         run_dir: the run's folder (created on the primary process).

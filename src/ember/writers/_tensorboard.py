@@ -24,13 +24,36 @@ def _tensorflow_bins() -> list[float]:
     return [-e for e in reversed(edges)] + [0.0] + edges
 
 
+#: tensorboardX majors whose private ``event_file_writer.EventsWriter`` this writer was checked against.
+TESTED_MAJORS = ("2",)
+
+
+def events_writer_class() -> Any:
+    """The ``EventsWriter`` of tensorboardX: private, used because only it flushes what was written (see below).
+
+    Imported here, so the rest of ember works without loading tensorboardX; a tensorboardX major it was not
+    checked against is refused by name rather than trusted (``tests/writers`` checks the API it relies on).
+    """
+    import tensorboardX
+
+    major = str(tensorboardX.__version__).split(".", 1)[0]
+    if major not in TESTED_MAJORS:
+        raise ImportError(
+            f"TensorBoardWriter uses tensorboardX's EventsWriter, checked with tensorboardX {TESTED_MAJORS[-1]}.x; "
+            f"tensorboardX {tensorboardX.__version__} is installed: pip install 'tensorboardX<{int(major)}'."
+        )
+    from tensorboardX.event_file_writer import EventsWriter
+
+    return EventsWriter
+
+
 class TensorBoardWriter(Writer):
     """Writes TensorBoard event files in ``logdir`` (scalars, histograms, images, text, hparams).
 
-    Events are written in the caller's thread (an :class:`~ember.writers.AsyncWriter` around it keeps that
-    off the training loop), so :meth:`flush` puts every event written so far on disk. tensorboardX's own
-    ``SummaryWriter`` queues events for a thread of its own, and its ``flush()`` does not wait for that
-    queue: the last events of a run could be missing until ``close()``. Summaries are built with
+    Events are written in the caller's thread (an [`AsyncWriter`][ember.writers.AsyncWriter] around it keeps that off
+    the training loop), so [`flush`][ember.writers.TensorBoardWriter.flush] puts every event written so far on disk.
+    tensorboardX's own ``SummaryWriter`` queues events for a thread of its own, and its ``flush()`` does not wait for
+    that queue: the last events of a run could be missing until ``close()``. Summaries are built with
     ``tensorboardX.summary``.
 
     Args:
@@ -65,9 +88,7 @@ class TensorBoardWriter(Writer):
         from tensorboardX.proto.event_pb2 import Event  # pyright: ignore[reportAttributeAccessIssue]  # generated
 
         if self._events is None:
-            # imported here: the rest of ember works without loading tensorboardX
-            from tensorboardX.event_file_writer import EventsWriter
-
+            EventsWriter = events_writer_class()  # a class
             suffix = f".{os.getpid()}.{next(_opened)}"
             self._events = EventsWriter(os.path.join(self.logdir, "events"), suffix)
         self._events.write_event(Event(summary=summary, step=int(step), wall_time=time.time()))

@@ -14,12 +14,12 @@ from ember.writers._writer import Writer
 class WandbWriter(Writer):
     """Logs to a Weights & Biases run; ``mode="offline"`` (the default here) writes locally, for ``wandb sync``.
 
-    Scalars go to ``run.log(values, step=step)``; histograms and images become ``wandb.Histogram`` and
-    ``wandb.Image``; text is logged as a string; hyperparameters go to the run's config and final metrics to
-    its summary. Values written at the same step (training loss and validation metrics at iteration 100)
-    merge into one row, which W&B commits when a later step arrives or at :meth:`close`. W&B drops values
-    for a step below the last one committed (with a warning of its own), so give every writer the
-    trainer's iteration as its step. Install with ``pip install 'ember[wandb]'``.
+    Scalars go to ``run.log(values, step=step)``; histograms and images become ``wandb.Histogram`` and ``wandb.Image``;
+    text is logged as a string; hyperparameters go to the run's config and final metrics to its summary. Values written
+    at the same step (training loss and validation metrics at iteration 100) merge into one row, which W&B commits when
+    a later step arrives or at [`close`][ember.writers.WandbWriter.close]. W&B drops values for a step below the last
+    one committed (with a warning of its own), so give every writer the trainer's iteration as its step. Install with
+    ``pip install 'ember[wandb]'``.
 
     Args:
         project: the W&B project.

@@ -9,10 +9,10 @@ from typing import Any
 class Writer:
     """Where a run's numbers go: scalars, and optionally histograms, images, text and hyperparameters.
 
-    Subclasses implement :meth:`write_scalars`; the other kinds default to doing nothing, so a writer that
-    cannot show an image (a CSV file) simply skips it. Values arrive as host numbers and numpy arrays: the
-    :class:`AsyncWriter` in front of every run's writers converts device arrays on its own thread, so the
-    training loop never waits for a transfer.
+    Subclasses implement [`write_scalars`][ember.writers.Writer.write_scalars]; the other kinds default to doing
+    nothing, so a writer that cannot show an image (a CSV file) simply skips it. Values arrive as host numbers and numpy
+    arrays: the [`AsyncWriter`][ember.writers.AsyncWriter] in front of every run's writers converts device arrays on its
+    own thread, so the training loop never waits for a transfer.
 
     Examples:
         >>> from ember.writers import Writer
