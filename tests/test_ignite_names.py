@@ -297,6 +297,13 @@ def _rows_checks() -> dict[str, object]:
                 training.ReduceLROnPlateau, "trainer", "metric_name", mode="max", factor=0.5, patience=3, cooldown=1
             ),
         ),
+        "`FastaiLRFinder().attach(trainer, to_save)`, `lr_finder.lr_suggestion()`, `plot()`": lambda: (
+            accepts(training.lr_find, "trainer", "data", start_lr=1e-6, end_lr=1.0, num_iter=50),
+            accepts(training.LRFinderResult.plot, "self", "lr.png"),
+        ),
+        "`optuna_integration.PyTorchIgnitePruningHandler(trial, metric, trainer)`": lambda: accepts(
+            handlers.OptunaPruning, trial="trial", metric="loss", trainer="trainer"
+        ),
         "`HandlersTimeProfiler()`, `attach(engine)`, `get_results()` / `print_results()`": lambda: (
             accepts(handlers.HandlersTimeProfiler),
             accepts(handlers.HandlersTimeProfiler.attach, "self", "engine"),

@@ -257,3 +257,13 @@ def test_your_own_data_from_a_folder_of_npy_files_and_from_a_grain_function(tmp_
         train({**base, "data": {"name": "npy"}, "output": str(tmp_path / "bad")}, stream=io.StringIO())
     with pytest.raises(ConfigError, match=re.escape("data.path: expected 'package.module:function', got 'nowhere:f'")):
         train({**base, "data": {"name": "grain", "path": "nowhere:f"}, "output": str(tmp_path / "bad2")})
+
+
+def test_lr_find_runs_the_range_test_on_a_config_and_plots_it(tmp_path, capsys):
+    png = tmp_path / "lr.png"
+    args = ["lr-find", "model.name=mlp", "--start", "1e-4", "--end", "1", "--num-iter", "20", "--output", str(png)]
+    assert main(args) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"suggested learning rate: [\d.e-]+ \(\d+ steps tried\)", line), line
+    assert 1e-4 <= float(line.split()[3]) <= 1.0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

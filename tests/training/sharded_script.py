@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from ember import Events  # noqa: E402
+from ember import Engine, Events  # noqa: E402
 from ember.checkpoint import OrbaxStore  # noqa: E402
 from ember.handlers import (  # noqa: E402
     Checkpoint,
@@ -30,6 +30,7 @@ from ember.handlers import (  # noqa: E402
 from ember.metrics import Accuracy, Average  # noqa: E402
 from ember.training import (  # noqa: E402
     DataParallel,
+    ReduceLROnPlateau,
     Sharded,
     SingleDevice,
     TrainState,
@@ -38,6 +39,8 @@ from ember.training import (  # noqa: E402
     ema,
     ema_params,
     fsdp,
+    lr_find,
+    scale_by_plateau,
 )
 from tests.training.models import batches  # noqa: E402
 
@@ -315,5 +318,26 @@ out["ema_specs"] = [
         strict=True,
     )
 ]
+
+# The range test and a plateau's scale on sharded state: the trainer's state stays sharded, and untouched.
+tuned = create_trainer(
+    linen_state(scale_by_plateau(optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)), eight),
+    loss,
+    placement=eight,
+)
+before = np.asarray(jax.device_get(tuned.state.train_state.params["Dense_1"]["kernel"]))
+found = lr_find(tuned, DATA[:4], start_lr=1e-4, end_lr=1.0, num_iter=8)
+after = np.asarray(jax.device_get(tuned.state.train_state.params["Dense_1"]["kernel"]))
+plateau, scored = ReduceLROnPlateau(tuned, "loss", patience=1, factor=0.5), Engine(lambda e, b: b)
+for value in (1.0, 1.0):
+    scored.state.metrics["loss"] = value
+    plateau(scored)
+tuned.run(DATA[:2])
+out["tuning"] = {
+    "tried": len(found.lrs),
+    "untouched": bool(np.array_equal(before, after)),
+    "scale": plateau.scale,
+    "kernel_spec": str(tuned.state.train_state.params["Dense_1"]["kernel"].sharding.spec),
+}
 
 print(json.dumps(out))

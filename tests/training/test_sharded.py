@@ -172,3 +172,8 @@ def test_the_average_of_the_parameters_is_sharded_as_they_are(eight_devices):
     pairs = eight_devices["ema_specs"]
     assert all(param == average for param, average in pairs), pairs
     assert "P('fsdp',)" in {param for param, _ in pairs}
+
+
+def test_the_range_test_and_a_plateau_scale_work_on_sharded_state(eight_devices):
+    """lr_find leaves the trainer's sharded state untouched; the plateau's scale applies; the state stays sharded."""
+    assert eight_devices["tuning"] == {"tried": 8, "untouched": True, "scale": 0.5, "kernel_spec": "P('fsdp',)"}

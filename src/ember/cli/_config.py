@@ -103,7 +103,7 @@ class HandlersConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     early_stopping: EarlyStoppingConfig | None = field(default_factory=EarlyStoppingConfig)
     progress: bool = True
-    writers: list[Literal["console", "tensorboard", "jsonl", "csv"]] = field(
+    writers: list[Literal["console", "tensorboard", "jsonl", "csv", "mlflow"]] = field(
         default_factory=lambda: ["tensorboard", "jsonl"]
     )
     log_every: int = 50

@@ -1,4 +1,4 @@
-"""The ``ember`` command: ``train``, ``resume``, ``inspect``, ``plot`` and ``--version``."""
+"""The ``ember`` command: ``train``, ``lr-find``, ``resume``, ``inspect``, ``plot`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -80,6 +80,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="start jax.distributed first: from EMBER_COORDINATOR, EMBER_NUM_PROCESSES and EMBER_PROCESS_ID "
         "when set, else JAX's own detection (Slurm, Open MPI, TPU)",
     )
+    p_lr = sub.add_parser("lr-find", help="the learning-rate range test on a config's model, optimizer and data")
+    p_lr.add_argument("config", nargs="*", metavar="[CONFIG] [KEY=VALUE ...]", help="as for ember train")
+    p_lr.add_argument("--start", type=float, default=1e-7, help="the first learning rate (default 1e-7)")
+    p_lr.add_argument("--end", type=float, default=10.0, help="the last learning rate (default 10)")
+    p_lr.add_argument("--num-iter", type=int, default=100, help="steps at most (default 100)")
+    p_lr.add_argument("--output", help="a PNG of the curve")
     p_resume = sub.add_parser("resume", help="continue the run in RUN_DIR with the config saved there")
     p_resume.add_argument("run_dir")
     p_inspect = sub.add_parser("inspect", help="print what a checkpoint holds")
@@ -93,19 +99,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         if args.command == "train":
-            from ember.cli._config import load_config
             from ember.cli._train import train
 
-            files = [item for item in args.config if "=" not in item]
-            if len(files) > 1:
-                raise ValueError(f"ember train takes one config file, got {files}; overrides are KEY=VALUE.")
-            overrides = [item for item in args.config if "=" in item]
-            config = load_config(files[0] if files else None, overrides)
+            config = _config_from(args.config, "train")
             if args.distributed:
                 start_distributed()
             if args.output:
                 config.output = args.output
             train(config)
+        elif args.command == "lr-find":
+            from ember.cli._lr_find import find_learning_rate
+
+            result = find_learning_rate(
+                _config_from(args.config, "lr-find"),
+                start_lr=args.start,
+                end_lr=args.end,
+                num_iter=args.num_iter,
+                output=args.output,
+            )
+            print(f"suggested learning rate: {result.suggestion:.3g} ({len(result.lrs)} steps tried)")
         elif args.command == "resume":
             from ember.cli._train import train
 
@@ -128,3 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ember: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _config_from(items: Sequence[str], command: str) -> Any:
+    """The config a command line names: at most one file, then ``KEY=VALUE`` overrides."""
+    from ember.cli._config import load_config
+
+    files = [item for item in items if "=" not in item]
+    if len(files) > 1:
+        raise ValueError(f"ember {command} takes one config file, got {files}; overrides are KEY=VALUE.")
+    return load_config(files[0] if files else None, [item for item in items if "=" in item])

@@ -97,15 +97,23 @@ def build_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
     )
 
 
-def build_optimizer(config: OptimizerConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
-    """The optax optimizer: gradient clipping (if set), then the named update rule."""
-    rules = {
-        "adamw": lambda: optax.adamw(schedule, weight_decay=config.weight_decay),
-        "adam": lambda: optax.adam(schedule),
-        "sgd": lambda: optax.sgd(schedule, momentum=config.momentum),
-        "lamb": lambda: optax.lamb(schedule, weight_decay=config.weight_decay),
+def build_optimizer(config: OptimizerConfig, schedule: optax.Schedule | None) -> optax.GradientTransformation:
+    """The optax optimizer: gradient clipping (if set), then the named update rule.
+
+    With ``schedule=None`` the rule's learning rate is an ``optax.inject_hyperparams`` hyperparameter, starting
+    at ``config.learning_rate`` (what ``ember lr-find`` sets step by step).
+    """
+    rules: dict[str, tuple[Any, dict[str, Any]]] = {
+        "adamw": (optax.adamw, {"weight_decay": config.weight_decay}),
+        "adam": (optax.adam, {}),
+        "sgd": (optax.sgd, {"momentum": config.momentum}),
+        "lamb": (optax.lamb, {"weight_decay": config.weight_decay}),
     }
-    rule = rules[config.name]()
+    make, kwargs = rules[config.name]
+    if schedule is None:
+        rule = optax.inject_hyperparams(make)(learning_rate=config.learning_rate, **kwargs)
+    else:
+        rule = make(schedule, **kwargs)
     return optax.chain(optax.clip_by_global_norm(config.clip_norm), rule) if config.clip_norm else rule
 
 

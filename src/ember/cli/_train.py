@@ -47,7 +47,28 @@ def _writers(config: Config, run_dir: Path, stream: TextIO) -> AsyncWriter:
         tensorboard="tensorboard" in kinds,
         jsonl="jsonl" in kinds,
         csv="csv" in kinds,
+        mlflow="mlflow" in kinds,
+        params=config,
     )
+
+
+def build_trainer(cfg: Config, sample: Any, schedule: Any = None, steps_per_call: int | None = None) -> Any:
+    """The config's trainer (model, optimizer, placement) for inputs like ``sample``.
+
+    With ``schedule=None`` the optimizer takes its learning rate as an injected hyperparameter (for the
+    range test of ``ember lr-find``); else it follows ``schedule``.
+    """
+    placement = build_placement(cfg.trainer)
+    state = TrainState.from_linen(
+        build_model(cfg.model),
+        sample,
+        build_optimizer(cfg.optimizer, schedule),
+        seed=cfg.trainer.seed,
+        rngs=("dropout",),
+        placement=placement,  # a sharded placement builds the state sharded
+    )
+    k = cfg.trainer.steps_per_call if steps_per_call is None else steps_per_call
+    return create_trainer(state, _loss, placement=placement, steps_per_call=k)
 
 
 def train(
@@ -98,17 +119,7 @@ def train(
         )
     total = cfg.trainer.max_iters or cfg.trainer.max_epochs * (steps_per_epoch or 0)
     schedule = build_schedule(cfg.optimizer, total)
-    model = build_model(cfg.model)
-    placement = build_placement(cfg.trainer)
-    state = TrainState.from_linen(
-        model,
-        sample,
-        build_optimizer(cfg.optimizer, schedule),
-        seed=cfg.trainer.seed,
-        rngs=("dropout",),
-        placement=placement,  # a sharded placement builds the state sharded
-    )
-    trainer = create_trainer(state, _loss, placement=placement, steps_per_call=cfg.trainer.steps_per_call)
+    trainer = build_trainer(cfg, sample, schedule)
     evaluator = create_evaluator(trainer, _predict, placement=trainer.placement)
     Accuracy().attach(evaluator, "accuracy")
     Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")

@@ -10,6 +10,7 @@ from ember.handlers._loading import load_objects
 from ember.handlers._logging import ScalarLogger, attach_writer
 from ember.handlers._lr_monitor import LRMonitor
 from ember.handlers._model_checkpoint import ModelCheckpoint
+from ember.handlers._optuna import OptunaPruning
 from ember.handlers._preemption import Preemption
 from ember.handlers._profiler import Profiler
 from ember.handlers._progress import ProgressBar
@@ -36,6 +37,7 @@ __all__ = [
     "LowestCheckpointReader",
     "ModelCheckpoint",
     "NonFiniteError",
+    "OptunaPruning",
     "ParamStats",
     "Preemption",
     "ProcessWatchdog",

@@ -1,6 +1,7 @@
 """Training: `TrainState`, compiled steps from a loss function, placement on devices, trainers."""
 
 from ember.training._ema import ema, ema_params
+from ember.training._lr_finder import LRFinderResult, lr_find
 from ember.training._placement import DataParallel, Placement, Pmap, SingleDevice, default_placement
 from ember.training._plateau import ReduceLROnPlateau, scale_by_plateau
 from ember.training._sharded import Sharded, fsdp
@@ -14,6 +15,7 @@ from ember.training._training_engine import TrainingEngine, TrainingState
 __all__ = [
     "BoundModel",
     "DataParallel",
+    "LRFinderResult",
     "Placement",
     "Pmap",
     "ReduceLROnPlateau",
@@ -31,6 +33,7 @@ __all__ = [
     "ema",
     "ema_params",
     "fsdp",
+    "lr_find",
     "make_eval_step",
     "make_train_step",
     "scale_by_plateau",

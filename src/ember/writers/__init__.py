@@ -1,9 +1,10 @@
-"""Where a run's numbers go: console, TensorBoard, JSONL, CSV and W&B, written on one background thread."""
+"""Where a run's numbers go: console, TensorBoard, JSONL, CSV, W&B and MLflow, written on one background thread."""
 
 from ember.writers._async import AsyncWriter, is_primary_process
 from ember.writers._console import ConsoleWriter
 from ember.writers._figures import confusion_matrix_image
 from ember.writers._files import CsvWriter, JsonlWriter
+from ember.writers._mlflow import MlflowWriter
 from ember.writers._multi import MultiWriter
 from ember.writers._run import create_run_writer
 from ember.writers._tensorboard import TensorBoardWriter
@@ -15,6 +16,7 @@ __all__ = [
     "ConsoleWriter",
     "CsvWriter",
     "JsonlWriter",
+    "MlflowWriter",
     "MultiWriter",
     "TensorBoardWriter",
     "WandbWriter",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from ember.writers._async import AsyncWriter
 from ember.writers._console import ConsoleWriter
 from ember.writers._files import CsvWriter, JsonlWriter
+from ember.writers._mlflow import MlflowWriter
 from ember.writers._multi import MultiWriter
 from ember.writers._tensorboard import TensorBoardWriter
 from ember.writers._writer import Writer
@@ -21,6 +22,8 @@ def create_run_writer(
     tensorboard: bool = True,
     jsonl: bool = True,
     csv: bool = False,
+    mlflow: bool = False,
+    params: Any = None,
     primary_only: bool = True,
 ) -> AsyncWriter:
     """An ``AsyncWriter`` over the chosen writers: ``run_dir/tb``, ``run_dir/metrics.jsonl``, ``.csv``.
@@ -31,6 +34,9 @@ def create_run_writer(
         tensorboard: write TensorBoard event files under ``run_dir/tb``.
         jsonl: append to ``run_dir/metrics.jsonl``.
         csv: append to ``run_dir/metrics.csv``.
+        mlflow: log to an MLflow run too (``MLFLOW_TRACKING_URI``; the experiment is named after ``run_dir``,
+            whose files are uploaded at the end).
+        params: hyperparameters for MLflow (a mapping, or ``ember train``'s config).
         primary_only: only process 0 writes (and creates files).
 
     Examples:
@@ -56,5 +62,7 @@ def create_run_writer(
         writers.append(JsonlWriter(root / "metrics.jsonl"))
     if csv:
         writers.append(CsvWriter(root / "metrics.csv"))
+    if mlflow:  # last: it uploads the run folder when it closes, after the others have flushed their files
+        writers.append(MlflowWriter(experiment=root.resolve().name, params=params, artifacts=root))
     writer.writer = MultiWriter(writers)
     return writer
