@@ -1,6 +1,7 @@
-"""Where a run's numbers go: console, TensorBoard, JSONL, CSV, W&B and MLflow, written on one background thread."""
+"""Where a run's numbers go (console, TensorBoard, JSONL, CSV, W&B, MLflow, CLU), written on a background thread."""
 
 from ember.writers._async import AsyncWriter, is_primary_process
+from ember.writers._clu import CluWriter, MetricWriterAdapter, as_clu_writer
 from ember.writers._console import ConsoleWriter
 from ember.writers._figures import confusion_matrix_image
 from ember.writers._files import CsvWriter, JsonlWriter
@@ -13,14 +14,17 @@ from ember.writers._writer import Writer
 
 __all__ = [
     "AsyncWriter",
+    "CluWriter",
     "ConsoleWriter",
     "CsvWriter",
     "JsonlWriter",
+    "MetricWriterAdapter",
     "MlflowWriter",
     "MultiWriter",
     "TensorBoardWriter",
     "WandbWriter",
     "Writer",
+    "as_clu_writer",
     "confusion_matrix_image",
     "create_run_writer",
     "is_primary_process",
