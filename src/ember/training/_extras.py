@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from ember.training._opt_state import states_of
@@ -30,19 +31,29 @@ def check_extras(extras: Sequence[str], lr_schedule: Callable[[Any], Any] | None
     return tuple(extras)
 
 
+def _injects_lr(x: Any) -> bool:
+    """Whether ``x`` is an ``optax.inject_hyperparams`` state holding a learning rate."""
+    hyper = getattr(x, "hyperparams", None)
+    return isinstance(hyper, dict) and "learning_rate" in hyper
+
+
 def find_learning_rate(opt_state: Any) -> jax.Array | None:
     """The learning rate held by an ``optax.inject_hyperparams`` state anywhere in ``opt_state``."""
-    hyper = getattr(opt_state, "hyperparams", None)
-    if isinstance(hyper, dict) and "learning_rate" in hyper:
-        return hyper["learning_rate"]
-    children = (
-        opt_state.values() if isinstance(opt_state, dict) else opt_state if isinstance(opt_state, tuple | list) else ()
-    )
-    for child in children:
-        found = find_learning_rate(child)
-        if found is not None:
-            return found
-    return None
+    found = [s for s in jax.tree.leaves(opt_state, is_leaf=_injects_lr) if _injects_lr(s)]
+    return found[0].hyperparams["learning_rate"] if found else None
+
+
+def with_learning_rate(opt_state: Any, lr: float) -> Any:
+    """``opt_state`` with its ``optax.inject_hyperparams`` learning rate set to ``lr``, placed as before."""
+
+    def set_rate(state: Any) -> Any:
+        if not _injects_lr(state):
+            return state
+        old = state.hyperparams["learning_rate"]
+        new = jax.device_put(jnp.asarray(lr, old.dtype), old.sharding)
+        return state._replace(hyperparams={**state.hyperparams, "learning_rate": new})
+
+    return jax.tree.map(set_rate, opt_state, is_leaf=_injects_lr)
 
 
 def compute_extras(

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ember.engine import Events
+from ember.training._extras import find_learning_rate, with_learning_rate
 from ember.training._process import TrainProcess
 from ember.training._training_engine import TrainingEngine
 
@@ -48,21 +49,6 @@ class LRFinderResult:
         fig.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(fig)
         return Path(path)
-
-
-def _with_learning_rate(opt_state: Any, lr: float) -> tuple[Any, bool]:
-    """``opt_state`` with the ``optax.inject_hyperparams`` learning rate set to ``lr``; whether one was found."""
-    hyper = getattr(opt_state, "hyperparams", None)
-    if isinstance(hyper, dict) and "learning_rate" in hyper:
-        old = hyper["learning_rate"]
-        new = jax.device_put(jnp.asarray(lr, old.dtype), old.sharding)
-        return opt_state._replace(hyperparams={**hyper, "learning_rate": new}), True
-    if isinstance(opt_state, tuple):
-        children = [_with_learning_rate(child, lr) for child in opt_state]
-        if any(found for _, found in children):
-            values = [child for child, _ in children]
-            return (type(opt_state)(*values) if hasattr(opt_state, "_fields") else tuple(values)), True
-    return opt_state, False
 
 
 def lr_find(
@@ -119,7 +105,7 @@ def lr_find(
     if trainer.state.train_state is None:
         trainer.build_state(next(iter(data)))
     state = jax.tree.map(lambda x: jnp.array(x, copy=True), trainer.state.train_state)  # the step donates its input
-    if not _with_learning_rate(state.opt_state, start_lr)[1]:
+    if find_learning_rate(state.opt_state) is None:
         raise ValueError(
             "lr_find sets the learning rate at each step: build the optimizer with optax.inject_hyperparams, "
             "e.g. optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)."
@@ -135,8 +121,8 @@ def lr_find(
 
     def set_rate(engine: TrainingEngine) -> None:
         st = engine.state.train_state
-        opt_state, _ = _with_learning_rate(st.opt_state, rates[engine.state.iteration - 1])
-        engine.state.train_state = st.replace(opt_state=opt_state)
+        rate = rates[engine.state.iteration - 1]
+        engine.state.train_state = st.replace(opt_state=with_learning_rate(st.opt_state, rate))
 
     def record(engine: TrainingEngine) -> None:
         loss = float(engine.state.output["loss"])

@@ -110,9 +110,9 @@ class ReduceLROnPlateau:
             raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
         if not 0 < factor < 1:
             raise ValueError(f"`factor` must be in (0, 1), got {factor!r}.")
-        for name, value in (("patience", patience), ("cooldown", cooldown)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "patience" else 0):
-                raise ValueError(f"`{name}` must be an int >= {1 if name == 'patience' else 0}, got {value!r}.")
+        for name, value, least in (("patience", patience, 1), ("cooldown", cooldown, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"`{name}` must be an int >= {least}, got {value!r}.")
         if threshold < 0 or min_scale < 0:
             raise ValueError(f"`threshold` and `min_scale` must be >= 0, got {threshold!r} and {min_scale!r}.")
         self.trainer, self.metric_name, self.sign = trainer, metric_name, 1.0 if mode == "min" else -1.0
