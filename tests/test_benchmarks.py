@@ -144,7 +144,8 @@ def test_sharded_benchmark_runs_both_sides_and_the_memory_table():
 def test_host_cost_benchmark_reports_the_added_microseconds():
     """A few hundred steps, one repeat: the three rows and ember's added microseconds; nothing is timed."""
     out = run_benchmark("host_cost.py", "--steps", "200", "--repeats", "1", timeout=300)
-    assert re.search(r"^hand loop +[\d.]+ us/step \(best\) +[\d.]+ \(median\)$", out, re.M), out
+    for reference in ("hand loop", "hand loop, metrics"):
+        assert re.search(rf"^{reference} +[\d.]+ us/step \(best\) +[\d.]+ \(median\)$", out, re.M), out
     for row in ("ember", r"ember \+ handlers"):
         assert re.search(
             rf"^{row} +[\d.]+ us/step .* added: [+-][\d.]+ \(best\) / [+-][\d.]+ \(median\) us$", out, re.M
@@ -158,3 +159,10 @@ def test_data_benchmark_reports_each_way_of_feeding_the_step():
         assert re.search(
             rf"^  {row} +[\d.]+ ms/step   throughput x[\d.]+ of memory   waiting for data [\d.]+ ms/step$", out, re.M
         ), out
+
+
+def test_first_step_benchmark_times_a_fresh_process_of_each_side():
+    """One repeat: both sides train the digits CNN for one step in a fresh process; the report names both."""
+    out = run_benchmark("first_step.py", "--repeats", "1", timeout=300)
+    assert re.search(r"^hand loop +median [\d.]+ s \(min [\d.]+, max [\d.]+\)$", out, re.M), out
+    assert re.search(r"^ember +median [\d.]+ s .* [+-][\d.]+% over the hand loop$", out, re.M), out

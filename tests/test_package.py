@@ -11,6 +11,18 @@ def test_engine_does_not_import_jax():
     assert out.split() == ["False", "False"]
 
 
+def test_training_with_a_linen_model_does_not_import_flax_nnx():
+    """flax.nnx (which imports IPython: half a second) is imported only by the NNX paths, not by a linen user's."""
+    code = (
+        "import sys, numpy as np, optax, flax.linen as nn, ember.training as t, ember.handlers, ember.cli\n"
+        "state = t.TrainState.from_linen(nn.Dense(2), np.ones((1, 3), np.float32), optax.sgd(0.1))\n"
+        "t.create_supervised_trainer(nn.Dense(2), optax.sgd(0.1), lambda p, y: ((p - y) ** 2).mean())\n"
+        "print('flax.nnx' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]
+
+
 def test_top_level_reexports_the_engine():
     """`ember` re-exports the engine's public names and a version string."""
     assert ember.__all__ == [

@@ -182,3 +182,21 @@ def test_large_leaves_are_written_and_read_in_pieces(tmp_path, monkeypatch):
     assert tree["b"].tolist() == [0, 1, 2]
     data = (info.path / "state.msgpack").read_bytes()
     assert info.manifest["files"]["state.msgpack"]["crc32"] == f"{zlib.crc32(data):08x}"
+
+
+def test_pruning_verifies_each_checkpoint_once_and_again_when_a_file_of_it_is_rewritten(tmp_path, monkeypatch):
+    """Retention after every save reads each manifest once; a checkpoint damaged on disk since is noticed."""
+    import ember.checkpoint._folder as folder_module
+
+    read = []
+    real = folder_module.read_manifest
+    monkeypatch.setattr(folder_module, "read_manifest", lambda path: (read.append(path.name), real(path))[1])
+    store = CheckpointStore(tmp_path)
+    for step in (1, 2, 3):
+        store.save({"w": np.full(2, step)}, step=step)
+        store.prune(keep_latest=2)
+    assert read == ["step_00000001", "step_00000002", "step_00000003"]
+    manifest = tmp_path / "step_00000003" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"step": 3', '"step": 30'))  # fails its checksum
+    assert [c.step for c in store.checkpoints()] == [2]  # re-read, found damaged, left out (and so not counted)
+    assert read[3:] == ["step_00000003"]

@@ -177,6 +177,30 @@ def test_a_checkpoint_added_ignites_way_finishes_its_last_save_by_the_end_of_run
         trainer.run(range(4))
 
 
+def test_a_best_checkpoint_on_an_evaluator_run_from_the_trainer_is_finished_by_the_trainers_run(tmp_path, monkeypatch):
+    """The evaluator's run returns while its save is written; the trainer's run returns with every save on disk."""
+    release, order = threading.Event(), []
+    real_write = store_module.write_leaves
+
+    def held_write(f, leaves):
+        assert release.wait(timeout=10), "the write was never released"  # no wait: the evaluator's run hung
+        order.append("written")
+        return real_write(f, leaves)
+
+    monkeypatch.setattr(store_module, "write_leaves", held_write)
+    trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
+    scores = iter([0.5, 0.9])
+    saver = Checkpoint({"trainer": trainer}, tmp_path, score_function=lambda e: next(scores), score_name="acc")
+    saver.attach(evaluator, Events.COMPLETED)
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: (evaluator.run([0]), order.append("evaluated")))
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: (order.append("released"), release.set()))
+    trainer.run([1, 2], max_epochs=2)
+    assert order[:2] == ["evaluated", "released"]  # the first save was held while the trainer went on
+    assert order.count("written") == 2  # the trainer's COMPLETED waited for the last save
+    assert not saver.store.writing
+    assert [c.metrics for c in saver.store.checkpoints()] == [{"acc": 0.9}]  # the best one kept
+
+
 def test_evaluator_state_is_not_a_tree(tmp_path):
     """An evaluator built on a trainer has no train state of its own to save until it has one."""
     trainer, _ = new_trainer()

@@ -63,6 +63,7 @@ class CheckpointFolder:
     """
 
     root: Path
+    _verified: dict[tuple[Any, ...], CheckpointInfo]  # by `_written`, for checkpoints()
 
     def prune(
         self,
@@ -201,13 +202,14 @@ class CheckpointFolder:
             >>> [c.step for c in store.checkpoints()]
             [1, 3, 5]
         """
-        found = []
+        known, self._verified = self._verified, {}
         for path in self._candidates():
+            key = _written(path)  # a checkpoint is verified again only when one of its files was rewritten
             try:
-                found.append(self.verify(path))
+                self._verified[key] = known[key] if key in known else self.verify(path)
             except ValueError:
                 continue
-        return sorted(found, key=_newer)
+        return sorted(self._verified.values(), key=_newer)
 
     def ranked(self, metric: str | None = None, mode: Literal["min", "max"] = "max") -> list[CheckpointInfo]:
         """Valid checkpoints, preferred first: newest step first, or best by ``metric`` first (``mode``).
@@ -313,6 +315,11 @@ class CheckpointFolder:
             raise corrupt(info.path, DATA, f"does not match the checksum in {MANIFEST}")
         nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
         return nested if target is None else serialization.from_state_dict(target, nested)
+
+
+def _written(path: Path) -> tuple[Any, ...]:
+    """The folder's name with the modification time and size of each of its files."""
+    return (path.name, *sorted((p.name, st.st_mtime_ns, st.st_size) for p in path.iterdir() for st in [p.stat()]))
 
 
 def _newer(c: CheckpointInfo) -> tuple[int, float, str]:

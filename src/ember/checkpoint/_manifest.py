@@ -29,9 +29,15 @@ def describe(leaf: Any) -> dict[str, Any]:
 
 
 def new_manifest(
-    step: int, metrics: Mapping[str, float] | None, metadata: Mapping[str, Any] | None, leaves: Mapping[str, Any]
+    step: int,
+    metrics: Mapping[str, float] | None,
+    metadata: Mapping[str, Any] | None,
+    leaves: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A checkpoint's manifest, less its ``files`` and checksum; fails here, in the caller's thread, if not JSON."""
+    """A checkpoint's manifest, less its ``files`` and checksum; fails here, in the caller's thread, if not JSON.
+
+    Without ``leaves`` it has no ``tree`` yet: `write_manifest` describes the leaves on the writer thread.
+    """
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "step": step,
@@ -39,10 +45,16 @@ def new_manifest(
         "ember_version": __version__,
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
         "metadata": _encode_bytes(dict(metadata or {})),
-        "tree": {path: describe(leaf) for path, leaf in leaves.items()},
     }
     json.dumps(manifest)
+    if leaves is not None:
+        manifest["tree"] = describe_tree(leaves)
     return manifest
+
+
+def describe_tree(leaves: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest's ``tree``: each leaf's path with its `describe` entry."""
+    return {path: describe(leaf) for path, leaf in leaves.items()}
 
 
 _BYTES = "$bytes"  # a bytes value in the manifest, base64: {"$bytes": "..."} (Grain's DataLoader state is bytes)
@@ -65,15 +77,16 @@ def _decode_bytes(obj: dict[str, Any]) -> Any:
 
 
 def _checksum(manifest: Mapping[str, Any]) -> int:
-    body = _encode_bytes({k: v for k, v in manifest.items() if k != "checksum"})
+    """CRC-32 of the manifest (bytes values in their ``$bytes`` form), less its checksum, as canonical JSON."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
     return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    """Add the manifest's own checksum and write it into ``folder``, fsynced."""
+    """Add the manifest's own checksum and write it into ``folder``, fsynced (one line: JSON's C encoder)."""
     manifest["checksum"] = _checksum(manifest)
     with open(folder / MANIFEST, "w") as f:
-        json.dump(manifest, f, indent=1)
+        f.write(json.dumps(manifest))
         f.flush()
         os.fsync(f.fileno())
 
@@ -91,16 +104,17 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise FileNotFoundError(f"{folder} has no {MANIFEST}") from None
     try:
-        manifest = json.loads(text, object_hook=_decode_bytes)
+        stored = json.loads(text)  # as written: bytes values in their $bytes form, which the checksum covers
     except ValueError as e:  # UnicodeDecodeError and JSONDecodeError both
         raise corrupt(folder, MANIFEST, f"is not valid JSON ({e})") from None
-    if not isinstance(manifest, dict):
-        raise corrupt(folder, MANIFEST, f"holds a {type(manifest).__name__}, not an object")
-    if "checksum" in manifest:
-        if manifest["checksum"] != _checksum(manifest):
+    if not isinstance(stored, dict):
+        raise corrupt(folder, MANIFEST, f"holds a {type(stored).__name__}, not an object")
+    if "checksum" in stored:
+        if stored["checksum"] != _checksum(stored):
             raise corrupt(folder, MANIFEST, "does not match its own checksum (it was changed or damaged on disk)")
-    elif manifest.get("format") != 1:  # only manifests written before checksums may lack one
+    elif stored.get("format") != 1:  # only manifests written before checksums may lack one
         raise corrupt(folder, MANIFEST, "has no checksum")
+    manifest = json.loads(text, object_hook=_decode_bytes)
     for key, kind in (("step", int), ("metrics", dict), ("tree", dict), ("files", dict)):
         if not isinstance(manifest.get(key), kind):
             raise corrupt(folder, MANIFEST, f"has no valid {key!r} field")

@@ -17,6 +17,7 @@ from ember.checkpoint._folder import DATA, CheckpointFolder, CheckpointInfo
 from ember.checkpoint._format import lower_thread_priority, write_leaves
 from ember.checkpoint._manifest import (
     CorruptCheckpointError,
+    describe_tree,
     new_manifest,
     write_manifest,
 )
@@ -73,6 +74,7 @@ class CheckpointStore(CheckpointFolder):
         self._writer: ThreadPoolExecutor | None = None
         self._pending: Future[CheckpointInfo] | None = None
         self._host_buffers: list[np.ndarray] = []  # reused by background saves (see detach)
+        self._verified = {}
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -221,8 +223,7 @@ class CheckpointStore(CheckpointFolder):
         name: str | None,
     ) -> tuple[str, dict[str, Any], dict[str, Any]]:
         name = self._new_name(step, name)
-        leaves = flat_leaves(tree)
-        return name, leaves, new_manifest(step, metrics, metadata, leaves)
+        return name, flat_leaves(tree), new_manifest(step, metrics, metadata)  # the tree is described by _write
 
     def _new_name(self, step: int, name: str | None) -> str:
         """Check ``step`` and ``name``; return the folder name of a new checkpoint."""
@@ -244,6 +245,7 @@ class CheckpointStore(CheckpointFolder):
 
     def _write(self, name: str, leaves: dict[str, Any], manifest: dict[str, Any]) -> CheckpointInfo:
         leaves = on_host(leaves)  # device snapshots (or, saving in the foreground, the state) come over here
+        manifest["tree"] = describe_tree(leaves)
         tmp = temporary_dir(self.root, name)
         try:
             with open(tmp / DATA, "wb") as f:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import math
-import warnings
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -12,14 +11,23 @@ from ember.engine._dispatch import RemovableEventHandle
 from ember.engine._events import EventEnum, FilteredEvent
 from ember.engine._handlers import EventHandlers
 from ember.engine._loop import INTERRUPT, PAUSE
-from ember.engine._resume import ResumableLoop
+from ember.engine._runs import RunSetup
 from ember.engine._state import State
-from ember.engine._validate import already_complete, check_run_args, data_length, same_data
 
 ProcessFn = Callable[["Engine", Any], Any]
 
 
-class Engine(EventHandlers, ResumableLoop):
+class _Driving(threading.local):
+    engines: list[Engine]  # the engines whose run is in progress on this thread's stack, outermost first
+
+    def __init__(self) -> None:
+        self.engines = []
+
+
+_driving = _Driving()
+
+
+class Engine(EventHandlers, RunSetup):
     """Runs ``process_fn(engine, batch)`` over data, firing [`Events`][ember.engine.Events] to registered handlers.
 
     The engine owns the loop and the counters (Python ints in `state`); the process function owns the work. Handlers
@@ -62,12 +70,8 @@ class Engine(EventHandlers, ResumableLoop):
             ) from None
         except ValueError:  # no signature to inspect: trust it
             pass
-        ResumableLoop.__init__(self, process_fn)
+        RunSetup.__init__(self, process_fn)
         EventHandlers.__init__(self)
-
-    def _wrap_data(self, data: Iterable[Any]) -> Iterable[Any]:
-        """Hook for subclasses: what the engine iterates for ``data`` (a trainer puts it on device)."""
-        return data
 
     def track_state(self, name: str, obj: Any) -> Callable[[], None]:
         """Save ``obj.state_dict()`` inside this engine's ``state_dict``, and restore it with it.
@@ -160,26 +164,6 @@ class Engine(EventHandlers, ResumableLoop):
         self._signal = True
 
     # -- running ---------------------------------------------------------------------------------
-
-    def set_data(self, data: Iterable[Any]) -> None:
-        """Switch the data source: the next batch comes from the start of ``data``.
-
-        The epoch length is not changed.
-
-        Examples:
-            >>> from ember import Engine, Events
-            >>> engine = Engine(lambda engine, batch: print(batch, end=" "))
-            >>> _ = engine.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda e: e.set_data("xyz"))
-            >>> _ = engine.run("abc", max_epochs=2)
-            a b x y z x
-        """
-        if not isinstance(data, Iterable):
-            raise TypeError(f"`data` must be an iterable of batches, got {type(data).__name__}.")
-        self._release_data()
-        self._source = data
-        self.state.dataloader = self._wrap_data(data)
-        self._iter = iter(self.state.dataloader)
-        self._data_state, self._released = None, False
 
     def run(
         self,
@@ -279,9 +263,30 @@ class Engine(EventHandlers, ResumableLoop):
             handle.remove()
             self._release_data()
 
+    @property
+    def outer_engine(self) -> Engine | None:
+        """The engine whose run this engine's run was started from (by one of its handlers), or ``None``.
+
+        The outermost one when runs nest deeper. A handler that finishes work at COMPLETED (a background
+        checkpoint) can leave an evaluator's run nested in a trainer's and finish when the trainer's run ends.
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
+            >>> seen = []
+            >>> _ = evaluator.add_event_handler(Events.COMPLETED, lambda e: seen.append(e.outer_engine is trainer))
+            >>> _ = trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run([1]))
+            >>> _ = trainer.run([1, 2]); _ = evaluator.run([1])
+            >>> seen, evaluator.outer_engine
+            ([True, False], None)
+        """
+        outer = _driving.engines[0] if self._running else self
+        return None if outer is self else outer
+
     def _drive(self) -> Iterator[str]:
         while self._gen is not None:
             self._running = True
+            _driving.engines.append(self)
             try:
                 signal = next(self._gen)
             except StopIteration:
@@ -292,97 +297,5 @@ class Engine(EventHandlers, ResumableLoop):
                 raise
             finally:
                 self._running = False
+                _driving.engines.pop()
             yield signal
-
-    def _prepare_run(
-        self,
-        data: Iterable[Any] | None,
-        max_epochs: int | None = None,
-        max_iters: int | None = None,
-        epoch_length: int | None = None,
-    ) -> bool:
-        """Set up the run ``run()`` asked for; ``False`` when there is nothing to run (a finished run was loaded)."""
-        if self._running:
-            raise RuntimeError(
-                "run() was called while this engine is running (from a handler or the process function); "
-                "use a second Engine, or call terminate()/interrupt() instead."
-            )
-        check_run_args(data, max_epochs, max_iters, epoch_length)
-        st = self.state
-        undetermined = st.max_iters is not None and st.epoch_length is None
-        if st.max_epochs is not None or undetermined:  # a run exists: apply what the caller changes first
-            self._update_limits(max_epochs, max_iters, epoch_length)
-        if st.max_epochs is None and not undetermined:
-            self._start_new_run(data, max_epochs, max_iters, epoch_length)
-        elif self._gen is None and self._is_done():
-            if self._loaded:
-                warnings.warn(already_complete(st), UserWarning, stacklevel=3)
-                return False
-            self._start_new_run(data, max_epochs, max_iters, epoch_length)
-        else:
-            self._continue_run(data)
-        self._loaded = False
-        if self._gen is None:
-            self._gen = self._run_gen()
-        return True
-
-    def _start_new_run(
-        self,
-        data: Iterable[Any] | None,
-        max_epochs: int | None,
-        max_iters: int | None,
-        epoch_length: int | None,
-    ) -> None:
-        st = self.state
-        if epoch_length is None:
-            if data is None:
-                raise ValueError("`epoch_length` is required when `data` is None: the engine cannot count batches.")
-            epoch_length = data_length(data)
-        if max_iters is None and max_epochs is None:
-            max_epochs = 1
-        if max_iters is not None and epoch_length is not None:
-            max_epochs = math.ceil(max_iters / epoch_length)
-        st.iteration = st.epoch = 0
-        st.max_epochs, st.max_iters, st.epoch_length = max_epochs, max_iters, epoch_length
-        self._epoch_owed = False
-        self._release_data()
-        self._source = data
-        st.dataloader = None if data is None else self._wrap_data(data)
-        self._gen = self._iter = self._data_state = None
-        self._released = False
-        self._epoch_open, self._epoch_pos = False, 0
-        self._reset_filters()
-
-    def _update_limits(self, max_epochs: int | None, max_iters: int | None, epoch_length: int | None) -> None:
-        st = self.state
-        if max_epochs is not None:
-            if max_epochs < st.epoch:
-                raise ValueError(
-                    f"`max_epochs`={max_epochs} is below the epoch this engine reached ({st.epoch}); pass a "
-                    "larger value to continue, or set engine.state.max_epochs = None to restart from zero."
-                )
-            st.max_epochs, st.max_iters = max_epochs, None
-        if max_iters is not None:
-            if max_iters < st.iteration:
-                raise ValueError(
-                    f"`max_iters`={max_iters} is below the iteration this engine reached ({st.iteration}); "
-                    "pass a larger value to continue, or set engine.state.max_epochs = None to restart from zero."
-                )
-            st.max_iters = max_iters
-            st.max_epochs = math.ceil(max_iters / st.epoch_length) if st.epoch_length else None
-        if epoch_length is not None and epoch_length != st.epoch_length:
-            raise ValueError(
-                f"`epoch_length`={epoch_length} differs from the run being continued ({st.epoch_length}); "
-                "omit it, or set engine.state.max_epochs = None to restart from zero."
-            )
-
-    def _continue_run(self, data: Iterable[Any] | None) -> None:
-        st = self.state
-        if data is None and st.dataloader is None and st.epoch_length is None:
-            raise ValueError("`epoch_length` is required when `data` is None: the engine cannot count batches.")
-        if data is not None and not same_data(data, self._source):
-            if self._iter is None and not self._released:  # loaded or failed: position the new data there
-                self._source = data
-                st.dataloader = self._wrap_data(data)
-            else:
-                self.set_data(data)

@@ -149,8 +149,10 @@ class Checkpoint:
 
     def __call__(self, engine: Engine) -> None:
         """Save now, then apply the retention policies once the checkpoint is on disk."""
-        if not engine.has_event_handler(self._finish, Events.COMPLETED):  # added by add_event_handler, Ignite's way
-            self._watch(engine)
+        outer = engine.outer_engine  # an evaluator's run inside a trainer's: the trainer's run ends the writing
+        for watched in (engine,) if outer is None else (engine, outer):
+            if not watched.has_event_handler(self._finish, Events.COMPLETED):  # add_event_handler, Ignite's way
+                self._watch(watched)
         transform = self.global_step_transform
         step = int(transform(engine, engine.last_event_name)) if transform is not None else engine.state.iteration
         metrics: dict[str, float] = {}
@@ -178,7 +180,7 @@ class Checkpoint:
                 )
         if not self.background:
             self._prune()
-        elif engine.last_event_name is Events.COMPLETED:
+        elif engine.last_event_name is Events.COMPLETED and outer is None:
             self._wait()  # the run ends here; a watcher added just now would not run in this firing
 
     def _unused(self, name: str) -> str:
@@ -299,8 +301,8 @@ class Checkpoint:
             with self._failures():
                 self.store.raise_if_failed()
 
-    def _finish(self) -> None:
-        if self.background:
+    def _finish(self, engine: Engine) -> None:
+        if self.background and engine.outer_engine is None:
             self._wait()
 
     def attach(
@@ -311,7 +313,9 @@ class Checkpoint:
         With background writes, retention runs on the writer thread once each save is committed, so a
         checkpoint is only deleted after its successor is safely on disk and the training thread waits for
         neither; COMPLETED waits for the last save. Attached to an evaluator's COMPLETED, each save is
-        therefore finished before the evaluator's run returns.
+        finished before the evaluator's run returns, unless that run was started from another engine's
+        handler (``Evaluate`` on a trainer): then the trainer goes on while the save is written, its iterations
+        surface a failed write, and its COMPLETED waits for the last one.
 
         Examples:
             >>> import tempfile

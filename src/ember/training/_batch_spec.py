@@ -1,4 +1,9 @@
-"""`BatchSpec`: the structure, shapes and dtypes of the first batch, checked on every later one."""
+"""`BatchSpec`: the structure, shapes and dtypes of the first batch, checked on every later one.
+
+The compiled steps check a batch when JAX traces them, which it does only for a batch whose structure, shapes or
+dtypes it has not compiled for: the check costs nothing per step, and a differing batch is refused before XLA
+compiles for it (a short last batch passes, and compiles once more).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +16,9 @@ Leaf = tuple[tuple[int, ...], np.dtype[Any]]
 
 
 def _leaf(x: Any) -> Leaf:
-    if hasattr(x, "dtype"):
-        return tuple(x.shape), np.dtype(x.dtype)
-    return tuple(np.shape(x)), np.asarray(x).dtype
+    """Shape and dtype as the compiled step sees them: a float64 NumPy array is float32 unless x64 is on."""
+    dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+    return tuple(np.shape(x)), np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def _leaf_str(leaf: Leaf) -> str:
@@ -34,17 +39,22 @@ def _paths(treedef: Any) -> list[str]:
 class BatchSpec:
     """Records the first batch; raises, showing both, when a later batch differs.
 
-    The check costs a tree flatten and two comparisons per leaf. With ``allow_short=True`` a batch whose
-    leading axis is shorter (a short last batch) passes. With ``stacked=True`` the batches hold K steps on
-    a leading axis and only the per-step shape is compared, so a shorter trailing group passes.
+    With ``allow_short=True`` a batch whose leading axis is shorter (a short last batch) passes. With
+    ``stacked=True`` the batches hold K steps on a leading axis and only the per-step shape is compared, so a
+    shorter trailing group passes. With ``per_device=True`` the first batch carries a device axis first
+    (``Pmap``) and the later ones are each device's share, as ``jax.pmap`` traces them.
     """
 
     __slots__ = ("allow_short", "leaves", "stacked", "treedef")
 
-    def __init__(self, batch: Any, *, allow_short: bool = False, stacked: bool = False) -> None:
+    def __init__(
+        self, batch: Any, *, allow_short: bool = False, stacked: bool = False, per_device: bool = False
+    ) -> None:
         flat, self.treedef = jax.tree.flatten(batch)
         self.stacked = stacked
         self.leaves = [self._key(x) for x in flat]
+        if per_device:
+            self.leaves = [(shape[1:], dtype) for shape, dtype in self.leaves]
         self.allow_short = allow_short
 
     def _key(self, x: Any) -> Leaf:
@@ -54,15 +64,6 @@ class BatchSpec:
     def check(self, batch: Any) -> None:
         """Raise ``ValueError`` if ``batch`` differs from the first batch."""
         flat, treedef = jax.tree.flatten(batch)
-        if treedef == self.treedef and not self.stacked:
-            try:  # the hot path: arrays with .shape and .dtype that match exactly
-                for x, (shape, dtype) in zip(flat, self.leaves, strict=True):
-                    if x.shape != shape or x.dtype != dtype:
-                        break
-                else:
-                    return
-            except AttributeError:  # Python scalars: the careful path below
-                pass
         if treedef == self.treedef and all(
             self._fits(self._key(x), want) for x, want in zip(flat, self.leaves, strict=True)
         ):

@@ -75,12 +75,11 @@ class StepGroups:
     ) -> None:
         self.source = source
         self.group: Any = None
-        self.host_group: Any = None
         self.size = 0
         self.slot = -1
         self._groups = DevicePrefetch(
             _Groups(source, k),
-            lambda g: (put(g[0]), *g),
+            lambda g: (put(g[0]), *g[1:]),
             size=prefetch,
             decide=None if decide is None else lambda g: decide(g[0]),
         )
@@ -105,8 +104,8 @@ class _Steps(Mapped):
     def __next__(self) -> Any:
         owner = self._owner
         if self._slot + 1 >= len(self._host):
-            group, stacked, self._host, self._positions = next(self._it)
-            owner.group, owner.host_group, owner.size = group, stacked, len(self._host)
+            owner.group, self._host, self._positions = next(self._it)
+            owner.size = len(self._host)
             self._slot = -1
         self._slot += 1
         owner.slot = self._slot

@@ -32,8 +32,16 @@ def flatten_tree(tree: Any) -> dict[str, Any]:
         >>> {k: v.dtype.name for k, v in flat.items()}
         {'rng.0': 'uint32', 'w': 'float32'}
     """
-    leaves = jax.tree_util.tree_leaves_with_path(tree)
-    return {_name(path): jax.random.key_data(x) if _is_key(x) else x for path, x in leaves}
+    leaves, treedef = jax.tree.flatten(tree)
+    names = _names.get(treedef)
+    if names is None:  # a structure not seen before: name its paths once (a checkpoint each epoch reuses them)
+        if len(_names) > 64:
+            _names.clear()
+        names = _names[treedef] = [_name(path) for path, _ in jax.tree_util.tree_leaves_with_path(tree)]
+    return {name: jax.random.key_data(x) if _is_key(x) else x for name, x in zip(names, leaves, strict=True)}
+
+
+_names: dict[Any, list[str]] = {}  # leaf names by tree structure
 
 
 def unflatten_like(template: Any, flat: dict[str, Any]) -> Any:

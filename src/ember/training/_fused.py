@@ -10,6 +10,7 @@ a restore) needs nothing more: the next call reads it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -96,8 +97,8 @@ class FusedMetrics:
         by step from `give`.
         """
         metrics = self.metrics
-        states = tuple(m.state for m in metrics)
-        if len(states) != len(self._given) or any(a is not b for a, b in zip(states, self._given, strict=True)):
+        states = tuple([m.state for m in metrics])
+        if len(states) != len(self._given) or not all(map(operator.is_, states, self._given)):
             states = _placed_like(states, state)  # changed between calls (created, reset, restored)
         (state, states), (out, published) = fn((state, states), batch)
         self._given = states

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 from flax import linen as nn
-from flax import nnx
+
+if TYPE_CHECKING:
+    from flax import nnx
 
 ApplyFn = Callable[..., tuple[Any, Any]]
 
@@ -61,6 +63,8 @@ def linen_init(
 
 
 def nnx_split(model: nnx.Module) -> tuple[Any, Any, Any]:
+    from flax import nnx  # imported where used: flax.nnx takes half a second to import (IPython)
+
     """``(graphdef, params, model_state)`` of an NNX module; model_state holds everything but params."""
     graphdef, params, model_state = nnx.split(model, nnx.Param, ...)
     return graphdef, params, model_state
@@ -68,6 +72,7 @@ def nnx_split(model: nnx.Module) -> tuple[Any, Any, Any]:
 
 def nnx_apply_fn(graphdef: Any) -> ApplyFn:
     """The adapter for an NNX module split into ``graphdef``: merge, set the mode, reseed, call, split."""
+    from flax import nnx
 
     def apply(params: Any, model_state: Any, key: jax.Array | None, train: bool, *args: Any, **kwargs: Any):
         # Rebuild the variables in the current trace (the step may be inside grad inside jit): NNX refuses to

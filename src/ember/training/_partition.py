@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,18 +37,19 @@ def model_names(params: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:
     ``out_sharding`` (or ``sharding``) metadata. Paths are relative to ``params``.
     """
     from flax import linen as nn
-    from flax import nnx
+
+    nnx = sys.modules.get("flax.nnx")  # without it imported, no leaf is an NNX variable
 
     def names_of(leaf: Any) -> tuple[Any, ...] | None:
         if isinstance(leaf, nn.Partitioned):
             return tuple(leaf.names)
-        if isinstance(leaf, nnx.Variable):
+        if nnx is not None and isinstance(leaf, nnx.Variable):
             meta = leaf.get_metadata()
             found = meta.get("out_sharding") or meta.get("sharding")
             return tuple(found) if found is not None else None
         return None
 
-    boxed = lambda x: isinstance(x, nn.Partitioned | nnx.Variable)  # noqa: E731
+    boxed = lambda x: isinstance(x, nn.Partitioned) or (nnx is not None and isinstance(x, nnx.Variable))  # noqa: E731
     found = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(params, is_leaf=boxed)[0]:
         names = names_of(leaf)

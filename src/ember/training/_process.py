@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +40,11 @@ class TrainProcess:
         self.outputs: Any = None  # the current K-step call's stacked outputs
 
     def compile_for(self, engine: TrainingEngine, size: int, batch: Any) -> Callable[..., Any]:
-        """The step for ``size`` steps per call with the engine's fused metrics, compiled on first use."""
+        """The step for ``size`` steps per call with the engine's fused metrics, compiled on first use.
+
+        The step checks its batch against the first one when JAX traces it (`BatchSpec`), so only a batch
+        of a shape not compiled for yet is checked, before XLA compiles for it.
+        """
         fusion, key = engine._fusion, (size, engine._fusion.version)
         fn = self.compiled.get(key)
         if fn is not None:
@@ -51,38 +56,34 @@ class TrainProcess:
             fn = _scan_k(fn, unroll=unroll)
             if fusion.metrics:
                 fn = fusion.split_published(fn, size)
+        fn = _checked(fn, lambda batch: self.spec.check(batch))  # type: ignore[union-attr]  # set before the first call
         if not self.debug:
             example = _example_output(self.step, self.placement, train_state, batch, stacked=grouped)
             fn = self.placement.compile_train(fn, example, stacked=grouped)
         self.compiled[key] = fn
         return fn
 
-    def call(self, engine: TrainingEngine, fn: Callable[..., Any], batch: Any) -> Any:
-        """Run ``fn`` on the train state (and the fused metrics' states); the new state replaces it."""
-        st = engine.state
-        if engine._fusion.metrics:
-            st.train_state, out = engine._fusion.call(fn, st.train_state, batch, steps=self.steps_per_call)
+    def call(self, engine: TrainingEngine, batch: Any, size: int) -> Any:
+        """Run the step (``size`` steps) on the train state and the fused metrics' states; the new ones replace them."""
+        st, fusion = engine.state, engine._fusion
+        if self.spec is None:  # a short last batch passes (one more compilation); so does a short last group
+            grouped, per_device = self.steps_per_call > 1, isinstance(self.placement, Pmap)
+            self.spec = BatchSpec(batch, stacked=grouped, allow_short=not grouped, per_device=per_device)
+        fn = self.compile_for(engine, size, batch)
+        if fusion.metrics:
+            st.train_state, out = fusion.call(fn, st.train_state, batch, steps=self.steps_per_call)
         else:
             st.train_state, out = fn(st.train_state, batch)
         return out
-
-    def check(self, batch: Any, *, stacked: bool = False) -> None:
-        """Record the first batch's spec; check every later one against it."""
-        if self.spec is None:
-            self.spec = BatchSpec(batch, stacked=stacked, allow_short=not stacked)  # short last batch: a compilation
-        else:
-            self.spec.check(batch)
 
     def __call__(self, engine: TrainingEngine, batch: Any) -> Any:
         if engine.state.train_state is None:
             engine.build_state(batch)
         if self.steps_per_call == 1:
-            self.check(batch)
-            return self.call(engine, self.compile_for(engine, 1, batch), batch)
+            return self.call(engine, batch, 1)
         feeder: StepGroups = engine.state.dataloader  # type: ignore[assignment]
-        if feeder.slot == 0:  # one check per group, on the stacked host batches
-            self.check(feeder.host_group, stacked=True)
-            self.outputs = self.call(engine, self.compile_for(engine, feeder.size, feeder.group), feeder.group)
+        if feeder.slot == 0:
+            self.outputs = self.call(engine, feeder.group, feeder.size)
         engine._group_end = feeder.slot == feeder.size - 1
         if engine._fusion.metrics:
             engine._fusion.give(feeder.slot)
@@ -123,20 +124,35 @@ class EvalProcess:
         if fn is None:
             one = self.masked_step if padded else self.step
             fn = fusion.wrap(lambda state, batch: (state, one(state, batch))) if fusion.metrics else one
+            examples: Callable[[Any], Any] = (lambda batch: batch[0]) if padded else (lambda batch: batch)
+            fn = _checked(fn, lambda batch: self.spec.check(examples(batch)))  # type: ignore[union-attr]
             fn = self.compiled[fusion.version, padded] = fn if self.debug else self.placement.compile_eval(fn)
         return fn
 
     def __call__(self, engine: TrainingEngine, batch: Any) -> Any:
         padded = engine._padded is not None and engine._padded.padded.popleft()
-        examples = batch[0] if padded else batch
-        if self.spec is None or self.spec_data is not engine.state.dataloader:  # each run's data: its own shapes
-            self.spec, self.spec_data = BatchSpec(examples, allow_short=True), engine.state.dataloader
-        else:
-            self.spec.check(examples)
+        if self.spec_data is not engine.state.dataloader:  # each run's data: its own shapes
+            examples = batch[0] if padded else batch
+            per_device = isinstance(self.placement, Pmap)
+            self.spec, self.spec_data = (
+                BatchSpec(examples, allow_short=True, per_device=per_device),
+                engine.state.dataloader,
+            )
         train_state = (engine if self.source is None else self.source).state.train_state
         fn = self.compile_for(engine, padded)
         out = engine._fusion.call(fn, train_state, batch)[1] if engine._fusion.metrics else fn(train_state, batch)
         return merge_device_axis(out) if isinstance(self.placement, Pmap) else out
+
+
+def _checked(step: Callable[..., Any], check: Callable[[Any], None]) -> Callable[..., Any]:
+    """``step`` that runs ``check(batch)`` first: once per trace when compiled, every call when not (``debug``)."""
+
+    @functools.wraps(step)  # compiles under the step's name: jit(fused), jit(train_step)
+    def checked(state: Any, batch: Any) -> Any:
+        check(batch)
+        return step(state, batch)
+
+    return checked
 
 
 def _platform(train_state: Any) -> str:

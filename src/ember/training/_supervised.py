@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optax
 from flax import linen as nn
-from flax import nnx
+
+if TYPE_CHECKING:
+    from flax import nnx
 
 from ember.engine import Engine
 from ember.training._steps import BoundModel
@@ -72,7 +75,7 @@ def create_supervised_trainer(
     state: TrainState | Callable[[Any], TrainState]
     if isinstance(model, TrainState) or is_flax_train_state(model):
         state = as_train_state(model, "model")
-    elif isinstance(model, nnx.Module):
+    elif _is_nnx_module(model):
         state = TrainState.from_nnx(model, optimizer, seed=seed)
     elif isinstance(model, nn.Module):
         module = model
@@ -122,3 +125,9 @@ def create_supervised_evaluator(
             raise TypeError(f"Metric {name!r} has no attach(engine, name) method; got {type(metric).__name__}.")
         metric.attach(evaluator, name)
     return evaluator
+
+
+def _is_nnx_module(model: Any) -> bool:
+    """Whether ``model`` is a ``flax.nnx.Module`` (never, if no one has imported flax.nnx: it is not imported here)."""
+    nnx = sys.modules.get("flax.nnx")
+    return nnx is not None and isinstance(model, nnx.Module)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import linen as nn
-from flax import nnx, struct
+from flax import struct
 
 from ember.training._models import (
     ApplyFn,
@@ -20,6 +20,9 @@ from ember.training._models import (
     plain_apply_fn,
 )
 from ember.training._partition import model_names
+
+if TYPE_CHECKING:
+    from flax import nnx
 
 
 def _check_tx(tx: object) -> None:
@@ -103,6 +106,8 @@ class TrainState(struct.PyTreeNode):
         """
         if self.graphdef is None:
             raise ValueError("to_nnx() needs a state built with TrainState.from_nnx; this one was not.")
+        from flax import nnx  # imported where used: flax.nnx takes half a second to import (IPython)
+
         return nnx.merge(self.graphdef, self.params, self.model_state)
 
     @classmethod
@@ -245,6 +250,8 @@ class TrainState(struct.PyTreeNode):
             >>> sorted(state.params)
             ['bias', 'kernel']
         """
+        from flax import nnx
+
         if not isinstance(model, nnx.Module) and (not callable(model) or isinstance(model, nn.Module)):
             raise TypeError(f"`model` must be an nnx.Module or a function building one, got {type(model).__name__}.")
         _check_seed(seed)

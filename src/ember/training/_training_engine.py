@@ -96,6 +96,9 @@ class TrainingEngine(Engine):
         self._padded = None
         if self.pads_batches and self.placement.n_devices > 1:
             data = self._padded = PaddedBatches(data, self.placement.n_devices)
+        never_ahead = self._prefetch == 0 or (auto is not None and not self.placement.prefers_prefetch)
+        if self._k == 1 and never_ahead and type(self.placement).prepare_batch is Placement.prepare_batch:
+            return data  # nothing to put ahead nor to prepare (one CPU device): the compiled call takes host batches
         if self._k > 1:
             return StepGroups(data, self._k, lambda b: place(b, stacked=True), chosen[0], auto)
         return DevicePrefetch(data, place, size=chosen[0], decide=auto)

@@ -1,0 +1,132 @@
+"""`RunSetup`: what ``run()`` does before the loop starts: start a new run, continue one, or switch data."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+from ember.engine._resume import ResumableLoop
+from ember.engine._validate import already_complete, check_run_args, data_length, same_data
+
+
+class RunSetup(ResumableLoop):
+    """Reconciles ``run()``'s arguments with the run in progress; `Engine` adds the public API on top."""
+
+    def _wrap_data(self, data: Iterable[Any]) -> Iterable[Any]:
+        """Hook for subclasses: what the engine iterates for ``data`` (a trainer puts it on device)."""
+        return data
+
+    def set_data(self, data: Iterable[Any]) -> None:
+        """Switch the data source: the next batch comes from the start of ``data``.
+
+        The epoch length is not changed.
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> engine = Engine(lambda engine, batch: print(batch, end=" "))
+            >>> _ = engine.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda e: e.set_data("xyz"))
+            >>> _ = engine.run("abc", max_epochs=2)
+            a b x y z x
+        """
+        if not isinstance(data, Iterable):
+            raise TypeError(f"`data` must be an iterable of batches, got {type(data).__name__}.")
+        self._release_data()
+        self._source = data
+        self.state.dataloader = self._wrap_data(data)
+        self._iter = iter(self.state.dataloader)
+        self._data_state, self._released = None, False
+
+    def _prepare_run(
+        self,
+        data: Iterable[Any] | None,
+        max_epochs: int | None = None,
+        max_iters: int | None = None,
+        epoch_length: int | None = None,
+    ) -> bool:
+        """Set up the run ``run()`` asked for; ``False`` when there is nothing to run (a finished run was loaded)."""
+        if self._running:
+            raise RuntimeError(
+                "run() was called while this engine is running (from a handler or the process function); "
+                "use a second Engine, or call terminate()/interrupt() instead."
+            )
+        check_run_args(data, max_epochs, max_iters, epoch_length)
+        st = self.state
+        undetermined = st.max_iters is not None and st.epoch_length is None
+        if st.max_epochs is not None or undetermined:  # a run exists: apply what the caller changes first
+            self._update_limits(max_epochs, max_iters, epoch_length)
+        if st.max_epochs is None and not undetermined:
+            self._start_new_run(data, max_epochs, max_iters, epoch_length)
+        elif self._gen is None and self._is_done():
+            if self._loaded:
+                warnings.warn(already_complete(st), UserWarning, stacklevel=3)
+                return False
+            self._start_new_run(data, max_epochs, max_iters, epoch_length)
+        else:
+            self._continue_run(data)
+        self._loaded = False
+        if self._gen is None:
+            self._gen = self._run_gen()
+        return True
+
+    def _start_new_run(
+        self,
+        data: Iterable[Any] | None,
+        max_epochs: int | None,
+        max_iters: int | None,
+        epoch_length: int | None,
+    ) -> None:
+        st = self.state
+        if epoch_length is None:
+            if data is None:
+                raise ValueError("`epoch_length` is required when `data` is None: the engine cannot count batches.")
+            epoch_length = data_length(data)
+        if max_iters is None and max_epochs is None:
+            max_epochs = 1
+        if max_iters is not None and epoch_length is not None:
+            max_epochs = math.ceil(max_iters / epoch_length)
+        st.iteration = st.epoch = 0
+        st.max_epochs, st.max_iters, st.epoch_length = max_epochs, max_iters, epoch_length
+        self._epoch_owed = False
+        self._release_data()
+        self._source = data
+        st.dataloader = None if data is None else self._wrap_data(data)
+        self._gen = self._iter = self._data_state = None
+        self._released = False
+        self._epoch_open, self._epoch_pos = False, 0
+        self._reset_filters()
+
+    def _update_limits(self, max_epochs: int | None, max_iters: int | None, epoch_length: int | None) -> None:
+        st = self.state
+        if max_epochs is not None:
+            if max_epochs < st.epoch:
+                raise ValueError(
+                    f"`max_epochs`={max_epochs} is below the epoch this engine reached ({st.epoch}); pass a "
+                    "larger value to continue, or set engine.state.max_epochs = None to restart from zero."
+                )
+            st.max_epochs, st.max_iters = max_epochs, None
+        if max_iters is not None:
+            if max_iters < st.iteration:
+                raise ValueError(
+                    f"`max_iters`={max_iters} is below the iteration this engine reached ({st.iteration}); "
+                    "pass a larger value to continue, or set engine.state.max_epochs = None to restart from zero."
+                )
+            st.max_iters = max_iters
+            st.max_epochs = math.ceil(max_iters / st.epoch_length) if st.epoch_length else None
+        if epoch_length is not None and epoch_length != st.epoch_length:
+            raise ValueError(
+                f"`epoch_length`={epoch_length} differs from the run being continued ({st.epoch_length}); "
+                "omit it, or set engine.state.max_epochs = None to restart from zero."
+            )
+
+    def _continue_run(self, data: Iterable[Any] | None) -> None:
+        st = self.state
+        if data is None and st.dataloader is None and st.epoch_length is None:
+            raise ValueError("`epoch_length` is required when `data` is None: the engine cannot count batches.")
+        if data is not None and not same_data(data, self._source):
+            if self._iter is None and not self._released:  # loaded or failed: position the new data there
+                self._source = data
+                st.dataloader = self._wrap_data(data)
+            else:
+                self.set_data(data)
