@@ -7,9 +7,14 @@ progress bar), with early stopping off so that both sides run the same epochs. T
 same data, model, optimizer and schedule (ember's CLI builders), a jitted step with the state donated and
 the running average computed in it, the same logging through tensorboardX and a JSONL file, a jitted
 evaluation, ``np.savez`` checkpoints on a writer thread (latest every epoch, best when it improves) and a
-tqdm bar showing the running loss every 10 steps, fetched one refresh late (as ember's bar does). Each run
-is timed whole, from reading the data to the last checkpoint on disk, as a user waits for it; the two
-alternate, so drift hits both alike.
+tqdm bar showing the running loss every 10 steps, fetched one refresh late (as ember's bar does). Keras 3
+``fit`` on the JAX backend runs the same CNN (``Conv2D`` with "same" padding, ``AveragePooling2D``, dropout),
+``AdamW`` with the same cosine decay, weight decay and clipping, the whole batches ember uses, validation in
+one batch each epoch, its ``ModelCheckpoint`` for the latest and the best weights, ``CSVLogger``, and the same
+TensorBoard scalars through tensorboardX (Keras's own TensorBoard callback needs TensorFlow); it tracks the
+training accuracy too (its metrics serve training and validation alike) and draws its own progress bar.
+Each run is timed whole, from reading the data to the last checkpoint on disk, as a user waits for it; the
+sides alternate, so drift hits all alike.
 
 Workload (b), ``chars``: the character transformer of ``examples/char_transformer.py`` (its model, data and
 optimizer; ten steps per compiled call), with a running average of the loss, validation perplexity every
@@ -24,8 +29,10 @@ Run: ``python benchmarks/workloads.py [--workloads digits,chars] [--repeats N] [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -164,6 +171,84 @@ def _hand_run(epochs: int, folder: Path, summary_writer: Any, progress: Any) -> 
     return best
 
 
+def keras_digits(epochs: int) -> Callable[[], float]:
+    """The same run with Keras 3 ``fit`` on the JAX backend; returns the seconds it took."""
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    import keras
+    from tensorboardX import SummaryWriter
+
+    class Scalars(keras.callbacks.Callback):
+        """The loss and learning rate every ``every`` steps and the validation metrics each epoch, via tensorboardX."""
+
+        def __init__(self, folder: Path, every: int, schedule: Any) -> None:
+            super().__init__()
+            self.tb, self.every, self.schedule, self.step = SummaryWriter(str(folder)), every, schedule, 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.step += 1
+            if self.step % self.every == 0:
+                self.tb.add_scalar("train/loss", float(logs["loss"]), self.step)
+                self.tb.add_scalar("train/lr", float(self.schedule(self.step)), self.step)
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.tb.add_scalar("val/accuracy", float(logs["val_accuracy"]), self.step)
+            self.tb.add_scalar("val/loss", float(logs["val_loss"]), self.step)
+
+        def on_train_end(self, logs: Any = None) -> None:
+            self.tb.close()
+
+    def work(folder: Path) -> None:
+        cfg = load_config(config(epochs, folder))
+        train_arrays, val_arrays = load_data(cfg.data)
+        batch, opt = cfg.data.batch_size, cfg.optimizer
+        steps = len(train_arrays["y"]) // batch
+        x, y = train_arrays["x"][: steps * batch], train_arrays["y"][: steps * batch]  # whole batches, as ember
+        keras.utils.set_random_seed(cfg.trainer.seed)
+        layers = keras.layers
+        model = keras.Sequential(
+            [
+                keras.Input((8, 8, 1)),
+                layers.Conv2D(16, 3, padding="same", activation="relu"),
+                layers.Conv2D(32, 3, padding="same", activation="relu"),
+                layers.AveragePooling2D(2),
+                layers.Flatten(),
+                layers.Dense(64, activation="relu"),
+                layers.Dropout(0.1),
+                layers.Dense(10),
+            ]
+        )
+        schedule = keras.optimizers.schedules.CosineDecay(opt.learning_rate, epochs * steps)
+        optimizer = keras.optimizers.AdamW(schedule, weight_decay=opt.weight_decay, global_clipnorm=opt.clip_norm)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        model.compile(optimizer, loss, metrics=["accuracy"], jit_compile=True)
+        callbacks = [
+            keras.callbacks.ModelCheckpoint(str(folder / "latest.weights.h5"), save_weights_only=True),
+            keras.callbacks.ModelCheckpoint(
+                str(folder / "best.weights.h5"),
+                monitor="val_accuracy",
+                mode="max",
+                save_best_only=True,
+                save_weights_only=True,
+            ),
+            keras.callbacks.CSVLogger(str(folder / "metrics.csv")),
+            Scalars(folder / "tb", cfg.handlers.log_every, schedule),
+        ]
+        with contextlib.redirect_stdout(io.StringIO()):  # its progress bar, as ember's and tqdm's go to a buffer
+            history = model.fit(
+                x,
+                y,
+                batch_size=batch,
+                epochs=epochs,
+                shuffle=True,
+                callbacks=callbacks,
+                validation_data=(val_arrays["x"], val_arrays["y"]),
+                validation_batch_size=len(val_arrays["y"]),
+            )
+        assert max(history.history["val_accuracy"]) > 0  # it trained
+
+    return lambda: timed_in_folder(work)
+
+
 def _submit(writer: ThreadPoolExecutor, folder: Path, tree: Any) -> Future[None]:
     return writer.submit(_save, folder, tree)
 
@@ -274,7 +359,7 @@ def _hand_chars(ex: Any, epochs: int, folder: Path) -> None:
 
 
 WORKLOADS: dict[str, dict[str, Callable[[int], Callable[[], float]]]] = {
-    "digits": {"ember": ember_digits, "hand loop": hand_digits},
+    "digits": {"ember": ember_digits, "hand loop": hand_digits, "keras fit": keras_digits},
     "chars": {"ember": ember_chars, "hand loop": hand_chars},
 }
 
@@ -311,6 +396,12 @@ def main(argv: list[str] | None = None) -> None:
                 f"{workload} | {epochs} | {name} | "
                 f"{statistics.median(seconds):.2f} ({min(seconds):.2f}-{max(seconds):.2f}) | "
                 f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+            )
+        if "keras fit" in times:
+            ratios = [k / e for k, e in zip(times["keras fit"], times["ember"], strict=True)]
+            print(
+                f"{workload}: ember's speed vs Keras fit, median (min-max): {statistics.median(ratios):.3f} "
+                f"({min(ratios):.3f}-{max(ratios):.3f})"
             )
     sys.stdout.flush()
 

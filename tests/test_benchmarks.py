@@ -117,6 +117,8 @@ def test_workloads_benchmark_runs_both_sides_and_reports_them():
         hand = rf"^{workload} \| 1 \| hand loop \| [\d.]+ \([\d.]+-[\d.]+\) \| 1\.000 \(1\.000-1\.000\)$"
         assert re.search(ember, out, re.M), out
         assert re.search(hand, out, re.M), out
+    assert re.search(r"^digits \| 1 \| keras fit \| [\d.]+ \([\d.]+-[\d.]+\) \| [\d.]+ \(", out, re.M), out
+    assert re.search(r"^digits: ember's speed vs Keras fit, median \(min-max\): [\d.]+ \(", out, re.M), out
 
 
 def test_workloads_benchmark_names_an_unknown_workload():

@@ -167,7 +167,8 @@ class CheckpointStore(CheckpointFolder):
         self.wait()
         if self.collective_saves:
             return None
-        check_gatherable(tree)  # on every process, so all of them fail alike
+        if jax.process_count() > 1:  # one process addresses every array
+            check_gatherable(tree)  # on every process, so all of them fail alike
         if jax.process_index() == 0:
             return None
         return CheckpointInfo(
