@@ -10,7 +10,7 @@ from types import FrameType
 from typing import Any
 
 from ember.checkpoint import CheckpointInfo
-from ember.engine import Engine, Events
+from ember.engine import Engine, Events, RemovableEventHandle
 from ember.handlers._agreement import any_process, check_interval, positive_or_none
 from ember.handlers._checkpoint import Checkpoint
 
@@ -47,7 +47,7 @@ class Preemption:
         >>> trainer = Engine(lambda e, b: b)
         >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
         >>> preemption = Preemption(saver)
-        >>> preemption.attach(trainer)
+        >>> _ = preemption.attach(trainer)
         >>> def preempt():
         ...     os.kill(os.getpid(), signal.SIGTERM)  # as a cluster scheduler would
         >>> _ = trainer.add_event_handler(Events.ITERATION_COMPLETED(once=3), preempt)
@@ -110,18 +110,24 @@ class Preemption:
             self._cut_short = True
             evaluator.terminate(skip_completed=True)
 
-    def attach(self, trainer: Engine, evaluators: Sequence[Engine] = ()) -> None:
+    def attach(self, trainer: Engine, evaluators: Sequence[Engine] = ()) -> RemovableEventHandle:
         """Catch the signals during ``trainer``'s runs; stop ``evaluators`` early when one arrives.
+
+        Returns the handle of the registration that installs the signal handlers at STARTED: removed, later runs
+        catch no signal (the boundary handlers left behind then never act).
 
         Examples:
             >>> import tempfile
             >>> from ember import Engine
             >>> from ember.handlers import Checkpoint, Preemption
             >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
-            >>> Preemption(Checkpoint({"trainer": trainer}, tempfile.mkdtemp())).attach(trainer, [evaluator])
+            >>> handle = Preemption(Checkpoint({"trainer": trainer}, tempfile.mkdtemp())).attach(trainer, [evaluator])
+            >>> handle.remove(); trainer.run([1]).iteration
+            1
         """
-        trainer.add_event_handler(Events.STARTED, self._install)
+        handle = trainer.add_event_handler(Events.STARTED, self._install)
         trainer.add_event_handler(Events.ITERATION_COMPLETED | Events.EPOCH_COMPLETED, self._trainer_boundary)
         trainer.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED, self._restore)
         for evaluator in evaluators:
             evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._evaluator_boundary)
+        return handle

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from ember.engine import Engine, Events
+from ember.engine import Engine, Events, RemovableEventHandle
 
 
 class Profiler:
@@ -33,7 +33,7 @@ class Profiler:
         >>> from ember.handlers import Profiler
         >>> logdir = tempfile.mkdtemp()
         >>> engine = Engine(lambda e, b: jnp.sin(jnp.float32(b)))
-        >>> profiler = Profiler(logdir, start_step=2, num_steps=2); profiler.attach(engine)
+        >>> profiler = Profiler(logdir, start_step=2, num_steps=2); _ = profiler.attach(engine)
         >>> _ = engine.run(range(5))
         >>> profiler.traced, len(list(Path(logdir).rglob("*.xplane.pb")))
         ([2, 3], 1)
@@ -67,15 +67,18 @@ class Profiler:
             jax.profiler.stop_trace()
             self.active = False
 
-    def attach(self, engine: Engine) -> None:
+    def attach(self, engine: Engine) -> RemovableEventHandle:
         """Start at ``start_step``'s ITERATION_STARTED; stop after the window, at COMPLETED or on an error.
+
+        Returns the handle of the registration that starts the trace: removed, no trace starts.
 
         Examples:
             >>> import tempfile
             >>> from ember import Engine
             >>> from ember.handlers import Profiler
-            >>> Profiler(tempfile.mkdtemp()).attach(Engine(lambda e, b: b))
+            >>> Profiler(tempfile.mkdtemp()).attach(Engine(lambda e, b: b)).remove()
         """
-        engine.add_event_handler(Events.ITERATION_STARTED(once=self.start_step), self._start)
+        handle = engine.add_event_handler(Events.ITERATION_STARTED(once=self.start_step), self._start)
         engine.add_event_handler(Events.ITERATION_COMPLETED, self._step)
         engine.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED, self._stop)
+        return handle
