@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 
@@ -44,9 +44,12 @@ def attach_metrics(trainer: Any, names: str = "LAR") -> None:
         RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "running_loss")
 
 
-def interleaved(sides: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+T = TypeVar("T")
+
+
+def interleaved(sides: dict[str, Callable[[], T]], repeats: int) -> dict[str, list[T]]:
     """Each side's measurements over ``repeats`` rounds; the order alternates from one round to the next."""
-    results: dict[str, list[float]] = {name: [] for name in sides}
+    results: dict[str, list[T]] = {name: [] for name in sides}
     for r in range(repeats):
         for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
             results[name].append(sides[name]())

@@ -40,6 +40,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,22 +58,61 @@ def config(epochs: int, output: Path) -> dict[str, Any]:
     return {"trainer": {"max_epochs": epochs}, "handlers": {"early_stopping": None}, "output": str(output)}
 
 
-def timed_in_folder(work: Callable[[Path], object]) -> float:
-    """The seconds ``work(folder)`` takes, in a fresh temporary folder removed afterwards."""
+@dataclass(frozen=True)
+class Timing:
+    """One run's seconds: in all, its first epoch (compilation included), and per later epoch (``None``: one epoch)."""
+
+    total: float
+    first: float
+    steady: float | None
+
+
+class EpochClock:
+    """Where a side marks each epoch's end: where it prints or logs the epoch's validation line."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.ends: list[float] = []
+
+    def epoch_done(self) -> None:
+        self.ends.append(time.perf_counter())
+
+    def timing(self) -> Timing:
+        total, ends = time.perf_counter() - self.start, self.ends
+        assert ends, "the run marked no epoch's end"
+        steady = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else None
+        return Timing(total, ends[0] - self.start, steady)
+
+
+class EpochLines(io.StringIO):
+    """A stream for ``ember train``'s output that marks an epoch's end at each ``epoch ...`` line it prints."""
+
+    def __init__(self, clock: EpochClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def write(self, s: str) -> int:
+        if s.startswith("epoch"):
+            self.clock.epoch_done()
+        return super().write(s)
+
+
+def timed_in_folder(work: Callable[[Path, EpochClock], object]) -> Timing:
+    """How long ``work(folder, clock)`` takes, in a fresh temporary folder removed afterwards."""
     folder = Path(tempfile.mkdtemp())
     try:
-        start = time.perf_counter()
-        work(folder)
-        return time.perf_counter() - start
+        clock = EpochClock()
+        work(folder, clock)
+        return clock.timing()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def ember_digits(epochs: int) -> Callable[[], float]:
-    """``ember train`` with the default handlers, in a fresh run folder; returns the seconds it took."""
+def ember_digits(epochs: int) -> Callable[[], Timing]:
+    """``ember train`` with the default handlers, in a fresh run folder; returns how long it took."""
 
-    def work(folder: Path) -> None:
-        train(config(epochs, folder / "run"), stream=io.StringIO(), progress_stream=io.StringIO())
+    def work(folder: Path, clock: EpochClock) -> None:
+        train(config(epochs, folder / "run"), stream=EpochLines(clock), progress_stream=io.StringIO())
 
     return lambda: timed_in_folder(work)
 
@@ -82,19 +122,19 @@ def _save(folder: Path, tree: Any) -> None:
     np.savez(folder / "state.npz", *[np.asarray(x) for x in jax.tree.leaves(tree)])
 
 
-def hand_digits(epochs: int) -> Callable[[], float]:
-    """The same run written by hand with jax, optax, tensorboardX and tqdm; returns the seconds it took."""
+def hand_digits(epochs: int) -> Callable[[], Timing]:
+    """The same run written by hand with jax, optax, tensorboardX and tqdm; returns how long it took."""
     from tensorboardX import SummaryWriter
     from tqdm import tqdm
 
-    def work(folder: Path) -> None:
-        best = _hand_run(epochs, folder, SummaryWriter, tqdm)
+    def work(folder: Path, clock: EpochClock) -> None:
+        best = _hand_run(epochs, folder, SummaryWriter, tqdm, clock)
         assert best > 0  # it trained: some validation accuracy
 
     return lambda: timed_in_folder(work)
 
 
-def _hand_run(epochs: int, folder: Path, summary_writer: Any, progress: Any) -> float:
+def _hand_run(epochs: int, folder: Path, summary_writer: Any, progress: Any, clock: EpochClock) -> float:
     cfg = load_config(config(epochs, folder))
     train_arrays, val_arrays = load_data(cfg.data)
     x, y = train_arrays["x"], train_arrays["y"]
@@ -152,6 +192,7 @@ def _hand_run(epochs: int, folder: Path, summary_writer: Any, progress: Any) -> 
             tb.add_scalar("val/accuracy", accuracy, iteration)
             tb.add_scalar("val/loss", val_loss, iteration)
             log.write(json.dumps({"step": iteration, "val/accuracy": accuracy, "val/loss": val_loss}) + "\n")
+            clock.epoch_done()  # where ember train prints its epoch line
             host = jax.device_get(state)  # the copy the writer saves while training goes on
             if pending is not None:
                 pending.result()
@@ -171,8 +212,8 @@ def _hand_run(epochs: int, folder: Path, summary_writer: Any, progress: Any) -> 
     return best
 
 
-def keras_digits(epochs: int) -> Callable[[], float]:
-    """The same run with Keras 3 ``fit`` on the JAX backend; returns the seconds it took."""
+def keras_digits(epochs: int) -> Callable[[], Timing]:
+    """The same run with Keras 3 ``fit`` on the JAX backend; returns how long it took."""
     os.environ.setdefault("KERAS_BACKEND", "jax")
     import keras
     from tensorboardX import SummaryWriter
@@ -197,7 +238,15 @@ def keras_digits(epochs: int) -> Callable[[], float]:
         def on_train_end(self, logs: Any = None) -> None:
             self.tb.close()
 
-    def work(folder: Path) -> None:
+    class EpochEnds(keras.callbacks.Callback):
+        def __init__(self, clock: EpochClock) -> None:
+            super().__init__()
+            self.clock = clock
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.clock.epoch_done()
+
+    def work(folder: Path, clock: EpochClock) -> None:
         cfg = load_config(config(epochs, folder))
         train_arrays, val_arrays = load_data(cfg.data)
         batch, opt = cfg.data.batch_size, cfg.optimizer
@@ -232,6 +281,7 @@ def keras_digits(epochs: int) -> Callable[[], float]:
             ),
             keras.callbacks.CSVLogger(str(folder / "metrics.csv")),
             Scalars(folder / "tb", cfg.handlers.log_every, schedule),
+            EpochEnds(clock),
         ]
         with contextlib.redirect_stdout(io.StringIO()):  # its progress bar, as ember's and tqdm's go to a buffer
             history = model.fit(
@@ -266,7 +316,7 @@ def _char_example() -> Any:
     return module
 
 
-def ember_chars(epochs: int) -> Callable[[], float]:
+def ember_chars(epochs: int) -> Callable[[], Timing]:
     """The char transformer with ember: running loss, validation perplexity, a checkpoint and a line per epoch."""
     from ember import Events
     from ember.handlers import Checkpoint
@@ -275,7 +325,7 @@ def ember_chars(epochs: int) -> Callable[[], float]:
 
     ex = _char_example()
 
-    def work(folder: Path) -> None:
+    def work(folder: Path, clock: EpochClock) -> None:
         tx = optax.adamw(3e-3, weight_decay=0.01)
         state = TrainState.from_linen(ex.CharLM(), ex.windows[:1, :-1], tx, seed=0)
         trainer = create_trainer(state, ex.loss_fn, steps_per_call=10)
@@ -290,6 +340,7 @@ def ember_chars(epochs: int) -> Callable[[], float]:
             evaluator.run(ex.val)
             ppl, loss = evaluator.state.metrics["perplexity"], float(engine.state.metrics["loss"])
             print(f"epoch {engine.state.epoch} loss {loss:.4f} val perplexity {ppl:.2f}", file=log)
+            clock.epoch_done()
 
         saver.attach(trainer, Events.EPOCH_COMPLETED)
         trainer.run(ex.train, max_epochs=epochs)
@@ -297,14 +348,14 @@ def ember_chars(epochs: int) -> Callable[[], float]:
     return lambda: timed_in_folder(work)
 
 
-def hand_chars(epochs: int) -> Callable[[], float]:
+def hand_chars(epochs: int) -> Callable[[], Timing]:
     """The same run by hand: a jitted 10-step ``lax.scan``, a jitted evaluation, ``np.savez`` on a thread."""
     ex = _char_example()
 
-    return lambda: timed_in_folder(lambda folder: _hand_chars(ex, epochs, folder))
+    return lambda: timed_in_folder(lambda folder, clock: _hand_chars(ex, epochs, folder, clock))
 
 
-def _hand_chars(ex: Any, epochs: int, folder: Path) -> None:
+def _hand_chars(ex: Any, epochs: int, folder: Path, clock: EpochClock) -> None:
     model, tx, k = ex.CharLM(), optax.adamw(3e-3, weight_decay=0.01), 10
     key = jax.random.key(0)
     params = model.init({"params": key}, ex.windows[:1, :-1])["params"]
@@ -348,6 +399,7 @@ def _hand_chars(ex: Any, epochs: int, folder: Path) -> None:
                 state = train_one(state, b)
             ppl, loss = float(eval_step(state[0], val)), float(state[2])
             print(f"epoch {epoch + 1} loss {loss:.4f} val perplexity {ppl:.2f}", file=log)
+            clock.epoch_done()
             host = jax.device_get(state)
             if pending is not None:
                 pending.result()
@@ -358,7 +410,7 @@ def _hand_chars(ex: Any, epochs: int, folder: Path) -> None:
         writer.shutdown()
 
 
-WORKLOADS: dict[str, dict[str, Callable[[int], Callable[[], float]]]] = {
+WORKLOADS: dict[str, dict[str, Callable[[int], Callable[[], Timing]]]] = {
     "digits": {"ember": ember_digits, "hand loop": hand_digits, "keras fit": keras_digits},
     "chars": {"ember": ember_chars, "hand loop": hand_chars},
 }
@@ -367,12 +419,51 @@ WORKLOADS: dict[str, dict[str, Callable[[int], Callable[[], float]]]] = {
 DEFAULT_EPOCHS = {"digits": 15, "chars": 3}
 
 
-def measure(workload: str, epochs: int, repeats: int) -> dict[str, list[float]]:
-    """Seconds per run of each side, interleaved (the order alternates from one repeat to the next)."""
+def measure(workload: str, epochs: int, repeats: int) -> dict[str, list[Timing]]:
+    """Each side's runs, interleaved (the order alternates from one repeat to the next)."""
     sides = {name: make(epochs) for name, make in WORKLOADS[workload].items()}
     for run in sides.values():  # warm-up: imports, first compilations of library code
         run()
     return interleaved(sides, repeats)
+
+
+def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
+    """``median (min-max)`` of ``values`` times ``scale``."""
+    v = [x * scale for x in values]
+    return f"{statistics.median(v):.{digits}f} ({min(v):.{digits}f}-{max(v):.{digits}f})"
+
+
+def speeds(reference: list[float], side: list[float]) -> str:
+    """The side's speed against the reference, run by run (``reference / side``), as ``median (min-max)``."""
+    return spread([r / s for r, s in zip(reference, side, strict=True)], digits=3)
+
+
+COLUMNS = (
+    "workload | epochs | side | run, s | speed vs the hand loop | first epoch, s | speed vs the hand loop | "
+    "each later epoch, ms | speed vs the hand loop"
+)
+
+
+def report(workload: str, epochs: int, times: dict[str, list[Timing]]) -> None:
+    """One line per side: each measure as ``median (min-max)`` over the repeats, and its speed against the hand loop."""
+    hand = times["hand loop"]
+    for name, runs in times.items():
+        cells = [workload, str(epochs), name]
+        for measure_of, scale in ((lambda t: t.total, 1.0), (lambda t: t.first, 1.0), (lambda t: t.steady, 1e3)):
+            values, reference = [measure_of(t) for t in runs], [measure_of(t) for t in hand]
+            if None in values or None in reference:
+                cells += ["-", "-"]
+                continue
+            cells += [spread(values, scale), speeds(reference, values)]
+        print(" | ".join(cells))
+    if "keras fit" in times:
+        keras, ember = times["keras fit"], times["ember"]
+        whole = speeds([t.total for t in keras], [t.total for t in ember])
+        line = f"{workload}: ember's speed vs Keras fit, median (min-max): run {whole}"
+        if epochs > 1:
+            later = speeds([t.steady for t in keras], [t.steady for t in ember])  # type: ignore[misc]
+            line += f", later epochs {later}"
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -384,25 +475,11 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [w for w in args.workloads.split(",") if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload {unknown[0]!r}; the workloads are {sorted(WORKLOADS)}")
-    print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {args.repeats} repeats")
-    print("workload | epochs | side | seconds per run (median, min-max) | speed vs the hand loop (median, min-max)")
+    print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {args.repeats} repeats; each cell: median (min-max)")
+    print(COLUMNS)
     for workload in args.workloads.split(","):
         epochs = args.epochs or DEFAULT_EPOCHS[workload]
-        times = measure(workload, epochs, args.repeats)
-        hand = times["hand loop"]
-        for name, seconds in times.items():
-            ratios = [h / s for h, s in zip(hand, seconds, strict=True)]
-            print(
-                f"{workload} | {epochs} | {name} | "
-                f"{statistics.median(seconds):.2f} ({min(seconds):.2f}-{max(seconds):.2f}) | "
-                f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
-            )
-        if "keras fit" in times:
-            ratios = [k / e for k, e in zip(times["keras fit"], times["ember"], strict=True)]
-            print(
-                f"{workload}: ember's speed vs Keras fit, median (min-max): {statistics.median(ratios):.3f} "
-                f"({min(ratios):.3f}-{max(ratios):.3f})"
-            )
+        report(workload, epochs, measure(workload, epochs, args.repeats))
     sys.stdout.flush()
 
 

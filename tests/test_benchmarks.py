@@ -110,15 +110,19 @@ def test_throughput_benchmark_names_an_unknown_row_or_model():
 
 
 def test_workloads_benchmark_runs_both_sides_and_reports_them():
-    """One epoch, one repeat of each workload: both sides report seconds and a speed ratio; nothing is timed."""
-    out = run_benchmark("workloads.py", "--workloads", "digits,chars", "--epochs", "1", "--repeats", "1", timeout=600)
+    """Two epochs, one repeat: each side's run, first epoch and later epochs, each with its speed; nothing timed."""
+    out = run_benchmark("workloads.py", "--workloads", "digits,chars", "--epochs", "2", "--repeats", "1", timeout=600)
+    cell, one = r"[\d.]+ \([\d.]+-[\d.]+\)", r"1\.000 \(1\.000-1\.000\)"
     for workload in ("digits", "chars"):
-        ember = rf"^{workload} \| 1 \| ember \| [\d.]+ \([\d.]+-[\d.]+\) \| [\d.]+ \([\d.]+-[\d.]+\)$"
-        hand = rf"^{workload} \| 1 \| hand loop \| [\d.]+ \([\d.]+-[\d.]+\) \| 1\.000 \(1\.000-1\.000\)$"
+        ember = rf"^{workload} \| 2 \| ember( \| {cell}){{6}}$"
+        hand = rf"^{workload} \| 2 \| hand loop \| {cell} \| {one} \| {cell} \| {one} \| {cell} \| {one}$"
         assert re.search(ember, out, re.M), out
         assert re.search(hand, out, re.M), out
-    assert re.search(r"^digits \| 1 \| keras fit \| [\d.]+ \([\d.]+-[\d.]+\) \| [\d.]+ \(", out, re.M), out
-    assert re.search(r"^digits: ember's speed vs Keras fit, median \(min-max\): [\d.]+ \(", out, re.M), out
+    assert re.search(rf"^digits \| 2 \| keras fit( \| {cell}){{6}}$", out, re.M), out
+    assert re.search(
+        rf"^digits: ember's speed vs Keras fit, median \(min-max\): run {cell}, later epochs {cell}$", out, re.M
+    )
+    assert "workload | epochs | side | run, s | speed vs the hand loop | first epoch, s |" in out
 
 
 def test_workloads_benchmark_names_an_unknown_workload():

@@ -31,6 +31,15 @@ def test_timer_whole_run_and_per_iteration_average():
     assert (per_step.value(), per_step.step_count, per_step.running) == (1.0, 4, False)
 
 
+def test_timer_attach_returns_the_timer_as_ignites_does():
+    """``Timer.attach`` returns the timer itself (Ignite's), so a migrated ``t = Timer().attach(...)`` keeps working."""
+    engine = Engine(lambda e, b: b)
+    timer = Timer(average=True)
+    assert timer.attach(engine, step=Events.ITERATION_COMPLETED) is timer
+    engine.run(range(4))
+    assert timer.step_count == 4
+
+
 def test_timer_sync_waits_for_the_step():
     """With sync=True a pause waits until the output is computed: the timed work is real."""
     t = trainer()

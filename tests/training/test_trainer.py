@@ -7,6 +7,7 @@ from flax import nnx
 
 from ember import Engine, Events
 from ember.data import ArrayDataset
+from ember.metrics import RunningAverage
 from ember.training import SingleDevice, TrainState, create_evaluator, create_trainer
 from tests.training.models import LinenNet, batches, classification_loss
 
@@ -333,6 +334,21 @@ def test_k_steps_are_unrolled_on_cpu_only_for_steps_with_convolutions():
     state = TrainState.from_linen(CNN(), group[0], optax.sgd(0.1))
     found["CNN under pmap"] = _convolves(pmap_step, Pmap(), state, group[None])  # (devices, K, B/n, ...)
     assert found == {"CNN": True, "MLP": False, "CNN under pmap": True}
+
+
+def test_a_k_step_trainer_traces_the_users_step_once():
+    """Deciding whether to unroll traces the K-step loop as its compilation does, which reuses that trace."""
+    traces = []
+
+    def loss_fn(model, batch):
+        traces.append(batch.shape)
+        return jnp.mean((model(batch) - 1.0) ** 2)
+
+    state = TrainState.create(lambda p, x: x * p, jnp.zeros(()), optax.sgd(0.1))  # as a model's: not weakly typed
+    trainer = create_trainer(state, loss_fn, steps_per_call=2)
+    RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "loss")  # a fused carry too
+    trainer.run([np.ones(2, np.float32)] * 4, max_epochs=2)
+    assert traces == [(2,)]
 
 
 class CallTimeRngs(nnx.Module):

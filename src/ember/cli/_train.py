@@ -31,8 +31,7 @@ from ember.writers import AsyncWriter, create_run_writer
 
 
 def _loss(model: Any, batch: Any) -> Any:
-    logits = model(batch["x"])
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(), {"y_pred": logits}
+    return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
 
 
 def _predict(model: Any, batch: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-from ember.engine import Engine, Events, EventsList, FilteredEvent
+from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
 from ember.handlers._agreement import any_process, check_interval, positive_or_none
 from ember.handlers._renamed import renamed
 
@@ -36,7 +36,7 @@ class Timer:
         >>> ticks = iter(range(100))
         >>> timer = Timer(average=True, clock=lambda: float(next(ticks)))
         >>> engine = Engine(lambda e, b: b)
-        >>> timer.attach(engine, start=Events.EPOCH_STARTED, resume=Events.ITERATION_STARTED,
+        >>> _ = timer.attach(engine, start=Events.EPOCH_STARTED, resume=Events.ITERATION_STARTED,
         ...              pause=Events.ITERATION_COMPLETED, step=Events.ITERATION_COMPLETED)
         >>> _ = engine.run([1, 2, 3])
         >>> timer.value()  # each iteration took one tick
@@ -85,15 +85,16 @@ class Timer:
         pause: Event = Events.COMPLETED,
         resume: Event | None = None,
         step: Event | None = None,
-    ) -> None:
-        """Reset at ``start``, pause at ``pause``, resume at ``resume``, count a step at ``step``.
+    ) -> Timer:
+        """Reset at ``start``, pause at ``pause``, resume at ``resume``, count a step at ``step``; return the timer.
+
+        Returns the timer itself, as Ignite's ``Timer.attach`` does, so ``Timer(average=True).attach(...)`` can be kept.
 
         Examples:
             >>> from ember import Engine, Events
             >>> from ember.handlers import Timer
             >>> engine = Engine(lambda e, b: b)
-            >>> timer = Timer()
-            >>> timer.attach(engine)  # the whole run
+            >>> timer = Timer().attach(engine)  # the whole run
             >>> _ = engine.run([1]); timer.value() > 0
             True
         """
@@ -103,6 +104,7 @@ class Timer:
             engine.add_event_handler(resume, self.resume)
         if step is not None:
             engine.add_event_handler(step, self.step)
+        return self
 
 
 class TimeLimit:
@@ -164,8 +166,10 @@ class TimeLimit:
             log.info("TimeLimit: %.1f s reached at iteration %d; stopping.", self.limit_sec, engine.state.iteration)
             engine.terminate()
 
-    def attach(self, engine: Engine) -> Any:
+    def attach(self, engine: Engine) -> RemovableEventHandle:
         """Start the clock at STARTED; check at ITERATION_COMPLETED (every ``check_every`` iterations).
+
+        Returns the handle of the check.
 
         Examples:
             >>> from ember import Engine

@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import multihost_utils
 
 from ember.metrics._attach import EngineAttachment
@@ -62,6 +63,7 @@ class Metric(EngineAttachment, MetricArithmetic):
         self._update_fn = jax.jit(self._merge_batch)
         EngineAttachment.__init__(self)
         self._state: Any = None
+        self._zeros: Any = _UNSET  # empty() fetched once: a reset copies it on the host and dispatches nothing
         self._published: Any = None  # the value the last step published (published_value), on device
         self._updates = 0
         self.reset()
@@ -116,7 +118,9 @@ class Metric(EngineAttachment, MetricArithmetic):
             >>> avg.compute()
             5.0
         """
-        self._state = _distinct_buffers(self.empty())
+        if self._zeros is _UNSET:
+            self._zeros = jax.device_get(self.empty())
+        self._state = jax.tree.map(np.array, self._zeros)  # buffers of its own: a compiled step donates them
         self._updates = 0
         self._published = None
         self._restored = False
@@ -238,12 +242,19 @@ class Metric(EngineAttachment, MetricArithmetic):
 
     @property
     def state(self) -> Any:
-        """The accumulators, on device.
+        """The accumulators: on device once updated; after a reset, zeros in host memory (NumPy).
+
+        A reset copies the zeros [`empty`][ember.metrics.Metric.empty] gave the first time, so it dispatches no
+        device work; the first update (or the compiled step the metric is fused into) puts them on device.
 
         Examples:
+            >>> import jax.numpy as jnp
             >>> from ember.metrics import Sum
-            >>> float(Sum().state)
-            0.0
+            >>> total = Sum()
+            >>> type(total.state).__name__, float(total.state)
+            ('ndarray', 0.0)
+            >>> total.update(jnp.array([1.0, 2.0])); type(total.state).__name__
+            'ArrayImpl'
         """
         return self._state
 
@@ -306,6 +317,9 @@ class Metric(EngineAttachment, MetricArithmetic):
         """The update as a pure function of the accumulators, traced into a compiled step."""
         args, mask = self.arguments(output)
         return self._merge_batch(state, args, mask)
+
+
+_UNSET = object()
 
 
 def _is_global(state: Any) -> bool:

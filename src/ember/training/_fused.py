@@ -127,4 +127,6 @@ def _placed_like(states: tuple[Any, ...], state: Any) -> tuple[Any, ...]:
     if not leaves or not isinstance(leaves[0], jax.Array):
         return states
     sharding = leaves[0].sharding
+    if jax.process_count() == 1:
+        return jax.device_put(states, sharding)  # every leaf in one call
     return jax.tree.map(lambda x: place(x, sharding), states)

@@ -52,7 +52,8 @@ class TrainProcess:
         grouped, train_state = self.steps_per_call > 1, engine.state.train_state
         fn = fusion.wrap(self.step) if fusion.metrics else self.step
         if grouped:
-            unroll = _platform(train_state) == "cpu" and _convolves(self.step, self.placement, train_state, batch)
+            carry = (train_state, tuple(m.state for m in fusion.metrics)) if fusion.metrics else train_state
+            unroll = _platform(train_state) == "cpu" and _convolves(fn, self.placement, carry, batch)
             fn = _scan_k(fn, unroll=unroll)
             if fusion.metrics:
                 fn = fusion.split_published(fn, size)
@@ -177,14 +178,18 @@ def _scan_k(step: Callable[..., Any], *, unroll: bool) -> Callable[..., Any]:
     return multi
 
 
-def _convolves(step: Callable[..., Any], placement: Placement, state: Any, group: Any) -> bool:
-    """Whether ``step`` on one step of the stacked ``group`` contains a convolution (traced; nothing runs)."""
+def _convolves(step: Callable[..., Any], placement: Placement, carry: Any, group: Any) -> bool:
+    """Whether the K-step loop of ``step`` over the stacked ``group`` contains a convolution (traced; nothing runs).
+
+    The loop is traced as the compiled call traces it (the same body, carry and group), so JAX's trace cache
+    gives the compilation this trace of the body instead of tracing the model a second time.
+    """
 
     def found(jaxpr: Any) -> bool:
         for eqn in jaxpr.eqns:
             if eqn.primitive.name == "conv_general_dilated":
                 return True
-            for value in eqn.params.values():  # the bodies of jit, remat, custom_vjp, cond, scan ...
+            for value in eqn.params.values():  # the bodies of scan, jit, remat, custom_vjp, cond ...
                 for sub in value if isinstance(value, tuple | list) else (value,):
                     if isinstance(sub, ClosedJaxpr | Jaxpr) and found(getattr(sub, "jaxpr", sub)):
                         return True
@@ -192,10 +197,10 @@ def _convolves(step: Callable[..., Any], placement: Placement, state: Any, group
 
     if isinstance(placement, Pmap):  # (devices, K, B/devices, ...): one step's per-device batches, vmapped
         one = jax.tree.map(lambda x: x[:, 0], group)
-        step = jax.vmap(step, in_axes=(None, 0), axis_name=placement.axis_name)
+        traced = jax.make_jaxpr(jax.vmap(step, in_axes=(None, 0), axis_name=placement.axis_name))(carry, one)
     else:
-        one = jax.tree.map(lambda x: x[0], group)
-    return found(jax.make_jaxpr(step)(state, one).jaxpr)
+        traced = jax.make_jaxpr(lambda c, g: lax.scan(step, c, g))(carry, group)
+    return found(traced.jaxpr)
 
 
 def _example_output(
