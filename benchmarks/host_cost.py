@@ -61,7 +61,7 @@ def hand_side(data: list[Any], handlers: bool) -> Callable[[], float]:
     trainer = make_trainer(handlers)
     trainer.run(data[:2], max_epochs=1)  # compile, and leave the compiled step in the trainer's cache
     step = next(iter(trainer._process_fn.compiled.values()))
-    metrics = trainer._fusion.metrics  # with handlers: the step carries (train state, metric states)
+    metrics = trainer.fused_metrics  # with handlers: the step carries (train state, metric states)
     holder = [(trainer.state.train_state, tuple(m.state for m in metrics)) if metrics else trainer.state.train_state]
 
     def run() -> float:

@@ -416,7 +416,7 @@ WORKLOADS: dict[str, dict[str, Callable[[int], Callable[[], Timing]]]] = {
 }
 
 
-DEFAULT_EPOCHS = {"digits": 15, "chars": 3}
+DEFAULT_EPOCHS = {"digits": 15, "chars": 5}
 
 
 def measure(workload: str, epochs: int, repeats: int) -> dict[str, list[Timing]]:

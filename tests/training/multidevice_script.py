@@ -104,7 +104,7 @@ def epoch_metrics(placement):
     seen = []
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: seen.append(dict(e.state.metrics)))
     trainer.run(DATA, max_epochs=2)
-    fused = len(trainer._fusion.metrics)
+    fused = len(trainer.fused_metrics)
     return [{k: np.asarray(v).tolist() for k, v in m.items()} for m in seen], fused
 
 

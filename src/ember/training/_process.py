@@ -165,11 +165,9 @@ def _platform(train_state: Any) -> str:
 def _scan_k(step: Callable[..., Any], *, unroll: bool) -> Callable[..., Any]:
     """K steps in one call (``lax.scan``); outputs come back stacked, and each step's view slices only what is read.
 
-    ``unroll``: on the CPU backend, for a step with convolutions. XLA:CPU runs convolutions inside a loop
-    about 10x slower than outside one (the digits CNN of ``ember train`` with 10 steps per call: 1.33 s an
-    epoch looped, 0.12 s unrolled), while unrolling costs compilation about K times over (the char
-    transformer's 3-epoch run: 10.6 s unrolled, 4.2 s looped, almost all of it compiling). Everything
-    else, and every accelerator, keeps the loop.
+    ``unroll``: on the CPU backend, for a step with convolutions, which XLA:CPU runs about 10x slower inside a
+    loop; unrolling costs compilation about K times over, so everything else, and every accelerator, keeps the
+    loop (docs/benchmarks.md, "Hot-path mechanisms").
     """
 
     def multi(state: Any, group: Any) -> Any:

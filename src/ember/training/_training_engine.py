@@ -127,6 +127,25 @@ class TrainingEngine(Engine):
             return None
         return self._fusion.add(metric)
 
+    @property
+    def fused_metrics(self) -> tuple[Any, ...]:
+        """The attached metrics whose updates run inside the compiled step, in the order they were fused.
+
+        A metric that is not listed (refused by [`fuse_metric`][ember.training.TrainingEngine.fuse_metric], or not
+        [`fusable`][ember.metrics.Metric.fusable]) is updated by an ITERATION_COMPLETED handler instead.
+
+        Examples:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.metrics import Average
+            >>> from ember.training import TrainState, create_trainer
+            >>> state = TrainState.create(lambda p, x: x * p, jnp.array(0.0), optax.sgd(0.1))
+            >>> trainer = create_trainer(state, lambda m, b: jnp.mean(m(b) ** 2))
+            >>> _ = Average(key="loss").attach(trainer, "loss")
+            >>> [type(m).__name__ for m in trainer.fused_metrics]
+            ['Average']
+        """
+        return tuple(self._fusion.metrics)
+
     def tree_state_dict(self) -> dict[str, Any]:
         """The arrays a checkpoint saves for this engine: its train state as ``{path: array}`` (on device).
 
@@ -240,10 +259,8 @@ _NOT_BUILT = (
 
 
 #: A call's batch must hold at least this many host bytes for ``prefetch=None`` to put batches on device
-#: ahead (on an accelerator). Below it ``jax.device_put`` from Python costs more than it hides: on an H100
-#: prefetching 2 batches ran batches of 0.1, 0.8 and 1.0 MB at 0.53, 0.75 and 0.71 x the speed of handing
-#: NumPy batches to the compiled call, and batches of 2.0, 3.2 and 12.6 MB at 1.49, 2.08 and 2.65 x
-#: (docs/benchmarks.md).
+#: ahead (on an accelerator): below it ``jax.device_put`` from Python costs more than it hides (measured in
+#: docs/benchmarks.md, "Prefetch against batch size").
 PREFETCH_MIN_BYTES = 3 << 19  # 1.5 MiB
 
 
