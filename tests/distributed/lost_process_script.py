@@ -44,7 +44,7 @@ state = TrainState.from_linen(
 trainer = create_trainer(state, classification_loss, placement=placement)
 data = ArrayDataset(ARRAYS, batch_size=16, shuffle=True, seed=3, drop_remainder=True)
 folder = os.path.join(workdir, "ckpt")
-saver = Checkpoint({"trainer": trainer}, OrbaxStore(folder) if sharded else folder, n_saved=2, background=False)
+saver = Checkpoint({"trainer": trainer}, OrbaxStore(folder) if sharded else folder, n_saved=2)  # background saves
 saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
 ProcessWatchdog(saver, poll_every=0.5).attach(trainer)
 if kill and pid == 1:

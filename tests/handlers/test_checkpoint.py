@@ -284,8 +284,11 @@ def test_a_run_resumed_before_a_truncated_checkpoint_saves_that_step_again(tmp_p
     assert (tmp_path / "corrupt-step_00000004").is_dir()
 
 
-def test_a_second_save_of_one_step_is_skipped_if_unchanged_and_kept_beside_it_if_changed(tmp_path):
-    """EPOCH_COMPLETED | COMPLETED saves once; a changed state at the same step goes to <name>.2, the newest."""
+def test_a_second_save_of_one_step_with_other_state_dicts_rewrites_only_its_manifest(tmp_path, monkeypatch):
+    """Saved again at one step with only a state dict changed: the manifest is rewritten; no array is written again."""
+    writes = []
+    real = store_module.write_leaves
+    monkeypatch.setattr(store_module, "write_leaves", lambda f, leaves: writes.append(f.name) or real(f, leaves))
     trainer = Engine(lambda e, b: b)
     trainer.state_dict_user_keys.append("note")
     trainer.state.note = "first"
@@ -295,8 +298,75 @@ def test_a_second_save_of_one_step_is_skipped_if_unchanged_and_kept_beside_it_if
     assert [p.name for p in tmp_path.iterdir()] == ["step_00000002"]
     trainer.state.note = "second"
     saver(trainer)
-    assert [c.path.name for c in saver.store.checkpoints()] == ["step_00000002", "step_00000002.2"]
+    assert [c.path.name for c in saver.store.checkpoints()] == ["step_00000002"]
     assert saver.store.latest().manifest["metadata"]["state_dicts"]["trainer"]["note"] == "second"
+    assert len(writes) == 1
+
+
+def final_save_run(tmp_path, background):
+    """The docs' checkpoint events on a run that ends on a multiple of N at an epoch's end (issue: written twice)."""
+    trainer, data = new_trainer()  # 4 iterations an epoch
+    saver = Checkpoint({"trainer": trainer}, tmp_path, n_saved=2, background=background)
+    saver.attach(trainer, Events.ITERATION_COMPLETED(every=4) | Events.COMPLETED)
+    return trainer, data, saver
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["background", "foreground"])
+def test_the_final_state_is_written_once_and_the_previous_resume_point_is_kept(tmp_path, monkeypatch, background):
+    """ITERATION_COMPLETED(every=4) | COMPLETED ending at iteration 8: step 8 written once, step 4 kept."""
+    writes = []
+    real = store_module.write_leaves
+    monkeypatch.setattr(store_module, "write_leaves", lambda f, leaves: writes.append(f.name) or real(f, leaves))
+    trainer, data, saver = final_save_run(tmp_path, background)
+    trainer.run(data, max_epochs=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004", "step_00000008"]
+    assert len(writes) == 2  # step 4 and step 8, each once
+    final = saver.store.latest().manifest["metadata"]["state_dicts"]["trainer"]
+    assert final["iteration"] == 8
+    assert "epoch_completed" not in final  # the amended state: the epoch did complete
+
+
+def test_a_changed_state_at_a_saved_step_replaces_that_checkpoint(tmp_path):
+    """Arrays changed after a save at the same step (a handler set new values): one checkpoint, holding the new ones."""
+    trainer, data = new_trainer()
+    saver = Checkpoint({"trainer": trainer}, tmp_path, n_saved=2, background=True)
+    saver.attach(trainer, Events.ITERATION_COMPLETED(every=4) | Events.COMPLETED)
+    lowered = []
+
+    def lower_the_weights(engine):  # at EPOCH_COMPLETED, between the iteration's save and COMPLETED's
+        engine.state.train_state = jax.tree.map(
+            lambda x: x * 0.5 if x.dtype == np.float32 else x, engine.state.train_state
+        )
+        lowered.append(np.asarray(engine.state.train_state.params["Dense_0"]["kernel"]))
+
+    trainer.add_event_handler(Events.EPOCH_COMPLETED(once=2), lower_the_weights)
+    trainer.run(data, max_epochs=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004", "step_00000008"]
+    tree, _ = saver.store.restore()
+    np.testing.assert_array_equal(tree["trainer"]["params.Dense_0.kernel"], lowered[0])
+
+
+def test_a_resumed_run_amends_the_checkpoint_it_resumed_from_for_the_epoch_end_it_owed(tmp_path, monkeypatch):
+    """Stopped right after the save at an epoch's last iteration: the relaunch's EPOCH_COMPLETED amends it."""
+    first, data = new_trainer()
+    saver = Checkpoint({"trainer": first}, tmp_path, n_saved=2)
+    saver.attach(first, Events.ITERATION_COMPLETED(every=4) | Events.EPOCH_COMPLETED)
+    first.add_event_handler(Events.ITERATION_COMPLETED(once=4), lambda e: e.terminate())
+    first.run(data, max_epochs=2)
+    assert saver.store.latest().manifest["metadata"]["state_dicts"]["trainer"]["epoch_completed"] is False
+
+    writes = []
+    real = store_module.write_leaves
+    monkeypatch.setattr(store_module, "write_leaves", lambda f, leaves: writes.append(f.name) or real(f, leaves))
+    second, data = new_trainer()
+    again = Checkpoint({"trainer": second}, tmp_path, n_saved=2)
+    again.attach(second, Events.ITERATION_COMPLETED(every=4) | Events.EPOCH_COMPLETED)
+    assert again.resume().step == 4
+    second.add_event_handler(Events.EPOCH_COMPLETED, lambda e: e.terminate())  # the epoch owed, then stop
+    second.run(data, max_epochs=2)
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000004"]
+    assert writes == []  # the arrays were not written again
+    assert "epoch_completed" not in again.store.latest().manifest["metadata"]["state_dicts"]["trainer"]
 
 
 def test_ignites_disk_saver_and_model_checkpoint(tmp_path):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -12,8 +12,9 @@ from typing import Any, Literal
 import jax
 from flax import serialization, traverse_util
 
-from ember.checkpoint._atomic import TMP_PREFIX
-from ember.checkpoint._format import read_leaves
+from ember.checkpoint._atomic import remove
+from ember.checkpoint._files import checksum_problem, size_problem, wrong_size
+from ember.checkpoint._format import parse_leaves, read_file
 from ember.checkpoint._manifest import (
     MANIFEST,
     CorruptCheckpointError,
@@ -45,6 +46,19 @@ class CheckpointInfo:
     step: int
     metrics: dict[str, float]
     manifest: dict[str, Any]
+
+    @property
+    def files(self) -> dict[str, dict[str, Any]]:
+        """The files the manifest records with their size and CRC-32: ``{relative path: {"bytes", "crc32"}}``.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> info = CheckpointStore(tempfile.mkdtemp()).save({"w": np.ones(2)}, step=1)
+            >>> list(info.files), info.files["state.msgpack"]["bytes"] > 16
+            (['state.msgpack'], True)
+        """
+        return file_records(self.manifest)
 
 
 class CheckpointFolder:
@@ -99,8 +113,9 @@ class CheckpointFolder:
             return []  # no policy: keep everything; and only process 0 deletes
         mine = [c for c in self.checkpoints() if c.path.name.startswith(prefix)]
         kept: set[Path] = set()
-        if keep_latest:
-            kept |= {c.path for c in sorted(mine, key=_newer)[-keep_latest:]}
+        if keep_latest:  # the newest steps: two checkpoints of one step count once
+            newest = sorted({c.step for c in mine})[-keep_latest:]
+            kept |= {c.path for c in mine if c.step in newest}
         if keep_best and metric is not None:
             sign = 1.0 if mode == "max" else -1.0
             scored = sorted((c for c in mine if metric in c.metrics), key=lambda c: (sign * c.metrics[metric], c.step))
@@ -114,9 +129,7 @@ class CheckpointFolder:
 
     def delete(self, info: CheckpointInfo) -> None:
         """Remove a checkpoint (renamed to a temporary name first, so a crash never leaves half of one)."""
-        doomed = self.root / f"{TMP_PREFIX}deleting-{info.path.name}"
-        os.replace(info.path, doomed)
-        shutil.rmtree(doomed)
+        remove(info.path)
 
     # -- finding ---------------------------------------------------------------------------------
 
@@ -127,8 +140,11 @@ class CheckpointFolder:
             if p.is_dir() and not p.name.startswith(".") and not p.name.startswith(CORRUPT_PREFIX)
         )
 
-    def verify(self, path: str | os.PathLike[str]) -> CheckpointInfo:
-        """The info of the checkpoint in folder ``path``, once its manifest and file sizes check out.
+    def verify(self, path: str | os.PathLike[str], *, full: bool = False) -> CheckpointInfo:
+        """The info of the checkpoint in folder ``path``, once its manifest and its files check out.
+
+        Every file the manifest records must be there with its recorded size (one ``stat`` per file). With ``full``,
+        every byte is read too and checked against its CRC-32, as a restore does (``ember inspect`` does it).
 
         Raises:
             CorruptCheckpointError: the checkpoint is damaged (the message names the folder and the file).
@@ -139,28 +155,25 @@ class CheckpointFolder:
             >>> from ember.checkpoint import CheckpointStore
             >>> store = CheckpointStore(tempfile.mkdtemp())
             >>> info = store.save({"w": np.zeros(1)}, step=4)
-            >>> store.verify(info.path).step
-            4
+            >>> store.verify(info.path).step, store.verify(info.path, full=True).step
+            (4, 4)
         """
         path = Path(path)
         try:
             manifest = read_manifest(path)
         except FileNotFoundError:
             raise ValueError("it has no manifest (it is not a checkpoint, or its write did not finish)") from None
-        self._check_files(path, manifest)
+        self._check_kind(path, manifest)
+        problem = (checksum_problem if full else size_problem)(path, file_records(manifest))
+        if problem is not None:
+            raise corrupt(path, *problem)
         return CheckpointInfo(path, manifest["step"], dict(manifest["metrics"]), manifest)
 
-    def _check_files(self, path: Path, manifest: dict[str, Any]) -> None:
-        """Raise unless the checkpoint's data files are all there, whole."""
+    def _check_kind(self, path: Path, manifest: dict[str, Any]) -> None:
+        """Raise ``ValueError`` if another kind of store wrote the checkpoint in ``path``."""
         expected = manifest["files"].get(DATA)
         if not isinstance(expected, dict) or not isinstance(expected.get("bytes"), int):
             raise ValueError(wrong_store(manifest, DATA))
-        data = path / DATA
-        if not data.exists():
-            raise corrupt(path, DATA, "is missing")
-        size = data.stat().st_size
-        if size != expected["bytes"]:
-            raise corrupt(path, DATA, f"holds {size} bytes, the manifest says {expected['bytes']} (truncated)")
 
     def set_aside(self, path: Path, why: Exception) -> None:
         """Move a checkpoint that failed verification out of the way (renamed ``corrupt-<name>``), with a warning.
@@ -273,12 +286,24 @@ class CheckpointFolder:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def restore(self, target: Any = None, checkpoint: CheckpointInfo | None = None) -> tuple[Any, CheckpointInfo]:
-        """Read a checkpoint (the latest valid one by default), verified against its checksum.
+    def restore(
+        self,
+        target: Any = None,
+        checkpoint: CheckpointInfo | None = None,
+        *,
+        on_verified: Callable[[], object] | None = None,
+    ) -> tuple[Any, CheckpointInfo]:
+        """Read a checkpoint (the latest valid one by default), verified against its checksums.
 
         With ``target``, the tree is restored into its structure (``flax.serialization``), after checking that
-        every path, shape and dtype matches; otherwise a nested dict of NumPy arrays comes back. When the
-        latest checkpoint turns out corrupt, it is skipped with a warning and the next newest one is read.
+        every path, shape and dtype matches; ``target``'s leaves may be arrays or ``jax.ShapeDtypeStruct`` (an
+        abstract target, which holds no memory). Otherwise a nested dict of NumPy arrays comes back. When the latest
+        checkpoint turns out damaged, it is moved aside with a warning and the next newest one is read.
+
+        ``on_verified`` is called once the checkpoint has passed every check and before any restored array is
+        created: a caller releases there the memory that the restored state replaces (a trainer's live state), so
+        that the two never exist at once. Only damage found in the checkpoint's own files moves it aside; any other
+        error is raised as it is, and the checkpoint stays where it was.
 
         Raises:
             FileNotFoundError: there is no valid checkpoint.
@@ -295,26 +320,43 @@ class CheckpointFolder:
             [1.0, 1.0]
         """
         if checkpoint is not None:
-            return self._read(checkpoint, target), checkpoint
+            return self._read(checkpoint, target, on_verified), checkpoint
         for info in self.ranked():
             try:
-                return self._read(info, target), info
+                return self._read(info, target, on_verified), info
             except CorruptCheckpointError as why:
                 self.set_aside(info.path, why)
         raise FileNotFoundError(f"No valid checkpoint in {self.root}.")
 
-    def _read(self, info: CheckpointInfo, target: Any) -> Any:
+    def _read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
         if target is not None:
             check_structure(info.manifest["tree"], flat_leaves(target))
         try:
             with open(info.path / DATA, "rb") as f:
-                leaves, crc = read_leaves(f)
-        except Exception as e:  # truncated or garbled msgpack
-            raise corrupt(info.path, DATA, f"cannot be read ({type(e).__name__}: {e})") from None
+                buf, crc = read_file(f)
+        except FileNotFoundError:
+            raise corrupt(info.path, DATA, "is missing") from None
+        if len(buf) != info.manifest["files"][DATA]["bytes"]:
+            raise corrupt(info.path, DATA, wrong_size(len(buf), info.manifest["files"][DATA]["bytes"]))
         if crc != info.manifest["files"][DATA].get("crc32"):
             raise corrupt(info.path, DATA, f"does not match the checksum in {MANIFEST}")
+        if on_verified is not None:
+            on_verified()
+        try:
+            leaves = parse_leaves(buf)
+        except Exception as e:  # intact bytes that do not parse: not damage, so nothing is moved aside
+            raise ValueError(
+                f"{info.path / DATA} matches its checksum but cannot be parsed ({type(e).__name__}: {e}); was it "
+                "written by another version of ember?"
+            ) from e
         nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
         return nested if target is None else serialization.from_state_dict(target, nested)
+
+
+def file_records(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The manifest's records of the files it lists with a size (and CRC-32): ``{relative path: record}``."""
+    files = manifest["files"]
+    return {name: f for name, f in files.items() if isinstance(f, dict) and isinstance(f.get("bytes"), int)}
 
 
 def _written(path: Path) -> tuple[Any, ...]:

@@ -47,7 +47,7 @@ def lower_thread_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, native_id(), min(os.getpriority(os.PRIO_PROCESS, native_id()) + 10, 19))
 
 
-class _Checksum:
+class Checksum:
     """A running CRC-32 whose large updates run on a helper thread while the caller does I/O."""
 
     def __init__(self) -> None:
@@ -74,7 +74,7 @@ class _Checksum:
 
 def write_leaves(f: IO[bytes], leaves: list[tuple[str, Any]]) -> tuple[int, str]:
     """Write ``(path, value)`` leaves; return the bytes written and their CRC-32 (hex)."""
-    crc = _Checksum()
+    crc = Checksum()
     written = 0
 
     def put(chunk: bytes | memoryview) -> None:
@@ -105,12 +105,15 @@ def write_leaves(f: IO[bytes], leaves: list[tuple[str, Any]]) -> tuple[int, str]
     return written, crc.hexdigest()
 
 
-def _read_all(f: io.BufferedIOBase) -> tuple[np.ndarray, str]:
-    """The whole file in one buffer (read piece by piece, checksummed alongside), and its CRC-32."""
+def read_file(f: io.BufferedIOBase) -> tuple[np.ndarray, str]:
+    """The whole file in one buffer (read piece by piece, checksummed alongside), and its CRC-32.
+
+    A file that shrinks while it is read gives a shorter buffer (its size no longer matches the manifest).
+    """
     size = os.fstat(f.fileno()).st_size
     buf = np.empty(size, np.uint8)
     view = buf.data  # a writable memoryview of the buffer
-    crc = _Checksum()
+    crc = Checksum()
     done, previous = 0, None
     while done < size:  # checksum the piece read last while reading the next one
         end = min(done + CHUNK, size)
@@ -119,16 +122,16 @@ def _read_all(f: io.BufferedIOBase) -> tuple[np.ndarray, str]:
         else:
             got = crc.overlapped(view[previous[0] : previous[1]], lambda a=done, b=end: f.readinto(view[a:b]))
         if not got:
-            raise ValueError(f"the data file ended after {done} of {size} bytes")
+            buf = buf[:done]
+            break
         previous, done = (done, done + got), done + got
     if previous is not None:
         crc.update(view[previous[0] : previous[1]])
     return buf, crc.hexdigest()
 
 
-def read_leaves(f: io.BufferedIOBase) -> tuple[dict[str, Any], str]:
-    """Read a data file: the leaves by path (arrays are views of one buffer), and the file's CRC-32."""
-    buf, digest = _read_all(f)
+def parse_leaves(buf: np.ndarray) -> dict[str, Any]:
+    """The leaves of a data file read by `read_file`, by path (arrays are views of the one buffer)."""
     raw = buf.data
     pos = 0
 
@@ -158,4 +161,4 @@ def read_leaves(f: io.BufferedIOBase) -> tuple[dict[str, Any], str]:
         leaves[path] = buf[start:pos].view(np.dtype(dtype)).reshape(shape)
     if pos != len(buf):
         raise ValueError("the data file holds more than its header announces")
-    return leaves, digest
+    return leaves

@@ -22,8 +22,8 @@ FORMAT = 2  # 2: the manifest carries its own checksum; 1 (read only): it does n
 
 
 def describe(leaf: Any) -> dict[str, Any]:
-    """A leaf's entry in the manifest's tree: shape and dtype of an array, else the scalar's type name."""
-    if isinstance(leaf, np.ndarray | jax.Array):
+    """A leaf's entry in the manifest's tree: shape and dtype of an array (or an abstract one), else the type name."""
+    if isinstance(leaf, np.ndarray | jax.Array | jax.ShapeDtypeStruct):
         return {"shape": list(leaf.shape), "dtype": np.dtype(leaf.dtype).name}
     return {"value": type(leaf).__name__}
 
@@ -84,11 +84,30 @@ def _checksum(manifest: Mapping[str, Any]) -> int:
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     """Add the manifest's own checksum and write it into ``folder``, fsynced (one line: JSON's C encoder)."""
-    manifest["checksum"] = _checksum(manifest)
     with open(folder / MANIFEST, "w") as f:
-        f.write(json.dumps(manifest))
+        f.write(manifest_text(manifest))
         f.flush()
         os.fsync(f.fileno())
+
+
+def manifest_text(manifest: dict[str, Any]) -> str:
+    """The manifest as written: its own checksum added (in place), as one line of JSON."""
+    manifest.pop("checksum", None)
+    manifest["checksum"] = _checksum(manifest)
+    return json.dumps(manifest)
+
+
+def amended(
+    manifest: dict[str, Any], metrics: Mapping[str, float] | None, metadata: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """A read manifest with new ``metrics`` and ``metadata`` (where given), ready for `manifest_text`."""
+    changed = new_manifest(manifest["step"], metrics, metadata)
+    out = {k: _encode_bytes(v) for k, v in manifest.items() if k != "checksum"}
+    if metrics is not None:
+        out["metrics"] = changed["metrics"]
+    if metadata is not None:
+        out["metadata"] = changed["metadata"]
+    return out
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:

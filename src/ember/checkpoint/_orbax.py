@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
 from flax import serialization
 
-from ember.checkpoint._atomic import TMP_PREFIX, commit, fsync_dir
+from ember._multiprocess import exchange
+from ember.checkpoint._atomic import TMP_PREFIX, fsync_dir
+from ember.checkpoint._files import checksum_problem, list_files, record, size_problem
+from ember.checkpoint._folder import file_records
 from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, new_manifest, write_manifest, wrong_store
 from ember.checkpoint._snapshot import flat_leaves
-from ember.checkpoint._store import CheckpointInfo, CheckpointStore
+from ember.checkpoint._store import CheckpointInfo, CheckpointStore, Prepared, naming
 
 ITEM = "state"  # the orbax item inside each checkpoint folder
 
@@ -26,13 +32,18 @@ class OrbaxStore(CheckpointStore):
     and dtypes), the atomic commit of the whole folder, listing, ``latest``/``best``, retention and the
     [`Checkpoint`][ember.handlers.Checkpoint] handler on top. The difference is the data: orbax writes each process's
     shards of each array itself (no gather onto one host, so state larger than one host's memory can be saved) and
-    restores them straight into the target's shardings. In a multi-process run every process must call ``save`` (orbax's
-    save is collective); process 0 writes the manifest and commits. Orbax checks its own array files; the manifest
-    carries its own CRC-32, as in the native store, and a folder without its orbax item is moved aside like a truncated
-    checkpoint. Install with ``pip install 'ember[orbax]'``.
+    restores them straight into the target's shardings. In a multi-process run every process must call ``save`` and
+    ``restore`` (both are collective); the folder must be on a file system every process sees.
+
+    Every file orbax writes is recorded in the manifest with its size and CRC-32 when the checkpoint is committed
+    (each process checksums its share of the files; process 0 writes the manifest). Listing checks the sizes; a
+    restore, and ``ember inspect``, check every byte, each process its share, and all agree before anything is read:
+    a checkpoint with a missing, truncated or altered file is moved aside (``corrupt-<name>``) with a warning and the
+    previous one is used, as in the native store. A full disk raises ``OSError`` (``errno.ENOSPC``), so
+    ``Checkpoint(on_error="warn")`` warns and trains on. Install with ``pip install -e ".[orbax]"``.
 
     Args:
-        root: the folder; created if missing.
+        root: the folder (a relative path is taken from the working directory now); created if missing.
 
     Examples:
         >>> import tempfile, jax.numpy as jnp
@@ -51,10 +62,11 @@ class OrbaxStore(CheckpointStore):
         try:
             import orbax.checkpoint as ocp
         except ImportError as e:  # pragma: no cover - flax depends on orbax-checkpoint today
-            raise ImportError("OrbaxStore needs orbax-checkpoint: pip install 'ember[orbax]'.") from e
+            raise ImportError('OrbaxStore needs orbax-checkpoint: pip install -e ".[orbax]".') from e
         super().__init__(root)
         self._ocp = ocp
-        self._checkpointer = ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())
+        self._checkpointer = self._new_checkpointer()
+        _QUIET.folders.add(str(self.root / TMP_PREFIX))  # orbax's own error logs for ember's writes: raised instead
 
     def _prepare(
         self,
@@ -63,39 +75,96 @@ class OrbaxStore(CheckpointStore):
         metrics: Mapping[str, float] | None,
         metadata: Mapping[str, Any] | None,
         name: str | None,
-    ) -> tuple[str, dict[str, Any], dict[str, Any]]:
-        name = self._new_name(step, name)
+        replaces: str | None,
+    ) -> Prepared:
+        name = self._new_name(step, name, replaces)
         manifest = new_manifest(step, metrics, metadata, flat_leaves(tree))
         tmp = self.root / f"{TMP_PREFIX}{name}-orbax"  # the same on every process: orbax's save is collective
-        if jax.process_index() == 0:
-            tmp.mkdir()
-        # orbax copies the arrays off the devices before this returns, and writes on its own threads
-        self._checkpointer.save(tmp / ITEM, args=self._ocp.args.StandardSave(serialization.to_state_dict(tree)))
-        return name, {"tmp": tmp}, manifest
-
-    def _write(self, name: str, leaves: dict[str, Any], manifest: dict[str, Any]) -> CheckpointInfo:
-        tmp: Path = leaves["tmp"]
         try:
-            self._checkpointer.wait_until_finished()
-            manifest["files"] = {ITEM: {"format": "orbax"}}
             if jax.process_index() == 0:
-                write_manifest(tmp, manifest)
-                fsync_dir(tmp)
-                commit(tmp, self.root / name)
-        except BaseException:
+                tmp.mkdir()
+            # orbax copies the arrays off the devices before this returns, and writes on its own threads
+            self._checkpointer.save(tmp / ITEM, args=self._ocp.args.StandardSave(serialization.to_state_dict(tree)))
+        except BaseException as e:
             if jax.process_index() == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            self._renew()
+            raise _os_error(e, name, self.root) from None
+        return Prepared(name, manifest, replaces, tmp=tmp)
+
+    def _new_checkpointer(self) -> Any:
+        return self._ocp.AsyncCheckpointer(self._ocp.StandardCheckpointHandler())
+
+    def _renew(self) -> None:
+        """After a failed save: drain the errors orbax's threads still hold, and go on with a new checkpointer.
+
+        orbax keeps a failure of each of its writer threads (the arrays', the metadata's) and raises the next one at
+        its next call, even a restore; a store whose save failed must not hand that to what comes after.
+        """
+        old, self._checkpointer = self._checkpointer, self._new_checkpointer()
+        for _ in range(4):  # each wait raises one kept error, and clears it
+            try:
+                old.close()
+                return
+            except Exception:  # the failure was raised already, by the save it belongs to
+                continue
+
+    def _write(self, prepared: Prepared) -> CheckpointInfo:
+        """Finish orbax's write, record every file's size and CRC-32, and commit (process 0), on every process.
+
+        Two rounds of `exchange` keep the processes together: each hands process 0 its files' records (or its
+        error), and process 0 tells all whether the commit went through, so every process returns once the
+        checkpoint is on disk, or raises the same error.
+        """
+        tmp, name, manifest = prepared.tmp, prepared.name, prepared.manifest
+        assert tmp is not None  # set by _prepare
+        problem: BaseException | None = None
+        files: dict[str, Any] = {}
+        try:
+            self._checkpointer.wait_until_finished()  # every process's files are written once this returns
+            names = list_files(tmp / ITEM)
+            files = record(tmp / ITEM, names[jax.process_index() :: jax.process_count()])  # this process's share
+        except BaseException as e:
+            problem = _os_error(e, name, self.root)
+        mine = json.dumps([_describe(problem) if problem is not None else "", files])
+        everyone = [json.loads(v) for v in exchange(f"save:{self.root}", mine)]
+        failed = [(p, why) for p, (why, _) in enumerate(everyone) if why]
+        if problem is None and failed:
+            problem = _raised(*failed[0])
+        if jax.process_index() == 0:
+            try:
+                if problem is None:
+                    manifest["files"] = {ITEM: {"format": "orbax"}}
+                    for _, part in everyone:
+                        manifest["files"].update({f"{ITEM}/{k}": v for k, v in part.items()})
+                    write_manifest(tmp, manifest)
+                    fsync_dir(tmp)
+                    self._commit(tmp, prepared)
+            except BaseException as e:
+                problem = e
+            if problem is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        if problem is not None:
+            self._renew()
+        told = _describe(problem) if problem is not None and jax.process_index() == 0 else ""
+        answer = exchange(f"commit:{self.root}", told)[0]  # process 0's: all return once the checkpoint is on disk
+        if problem is None and answer:
+            problem = _raised(0, answer)
+        if problem is not None:
+            raise problem
         return CheckpointInfo(self.root / name, manifest["step"], manifest["metrics"], manifest)
 
-    def _check_files(self, path: Path, manifest: dict[str, Any]) -> None:
+    def _writes_manifests(self) -> bool:
+        return jax.process_index() == 0
+
+    def _check_kind(self, path: Path, manifest: dict[str, Any]) -> None:
         if ITEM not in manifest["files"]:
             raise ValueError(wrong_store(manifest, ITEM))
         if not (path / ITEM).is_dir():
             raise corrupt(path, ITEM, "folder is missing")
 
-    def _read(self, info: CheckpointInfo, target: Any) -> Any:
-        args = None
+    def _read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
+        args = self._ocp.args.StandardRestore()  # no target: the arrays as they were saved
         if target is not None:
             check_structure(info.manifest["tree"], flat_leaves(target))
             abstract = jax.tree.map(
@@ -103,11 +172,30 @@ class OrbaxStore(CheckpointStore):
                 serialization.to_state_dict(target),
             )
             args = self._ocp.args.StandardRestore(abstract)
+        self._check_agreed(info)
+        if on_verified is not None:
+            on_verified()
         try:
             restored = self._checkpointer.restore(info.path / ITEM, args=args)
-        except Exception as e:
-            raise corrupt(info.path, ITEM, f"cannot be read by orbax ({type(e).__name__}: {e})") from None
+        except Exception as e:  # its files match their checksums: this is no damage, and nothing is moved aside
+            raise RuntimeError(
+                f"orbax could not read {info.path / ITEM}, although every file of it matches its size and CRC-32 "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})."
+            ) from e
         return restored if target is None else serialization.from_state_dict(target, restored)
+
+    def _check_agreed(self, info: CheckpointInfo) -> None:
+        """Check every recorded file, each process its share, and raise the same error on every process if any fails."""
+        records = file_records(info.manifest)
+        problem = size_problem(info.path, records)  # every process stats every file: cheap, and the same answer
+        if problem is None:
+            names = sorted(records)
+            mine = names[jax.process_index() :: jax.process_count()]
+            problem = checksum_problem(info.path, {n: records[n] for n in mine})
+        found = [json.loads(v) for v in exchange(f"restore:{self.root}", json.dumps(problem))]
+        damage = next((p for p in found if p is not None), None)
+        if damage is not None:
+            raise corrupt(info.path, *damage)
 
     def close(self) -> None:
         """Wait for writes in flight and stop orbax's threads.
@@ -119,6 +207,54 @@ class OrbaxStore(CheckpointStore):
         """
         self.wait()
         self._checkpointer.close()
+
+
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def _os_error(error: BaseException, name: str, root: Path) -> BaseException:
+    """An orbax or tensorstore failure that carries an OS error code, as that ``OSError``; others as they are."""
+    if isinstance(error, OSError):
+        return naming(error, name, root)
+    found = _OS_ERROR_CODE.search(str(error))
+    if found is None:
+        return error
+    code = int(found.group(1))
+    return naming(OSError(code, os.strerror(code)), name, root)
+
+
+def _describe(error: BaseException) -> str:
+    """An error as JSON text that `_raised` turns back into one, for the other processes."""
+    errno = error.errno if isinstance(error, OSError) else None
+    text = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0]
+    return json.dumps({"type": type(error).__name__, "errno": errno, "text": text or type(error).__name__})
+
+
+def _raised(process: int, described: str) -> BaseException:
+    """The error `_describe` described, raised on this process; another process's says so."""
+    d = json.loads(described)
+    elsewhere = "" if process == jax.process_index() else f" (on process {process})"
+    if d["errno"] is not None:
+        return OSError(d["errno"], d["text"] + elsewhere)
+    return RuntimeError(f"{d['type']}: {d['text']}{elsewhere}")
+
+
+class _QuietFilter(logging.Filter):
+    """Drops orbax's warnings and errors about ember's temporary checkpoint folders: ember raises them itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.folders: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not self.folders:
+            return True
+        text = record.getMessage()
+        return not any(folder in text for folder in self.folders)
+
+
+_QUIET = _QuietFilter()
+logging.getLogger("absl").addFilter(_QUIET)
 
 
 def open_store(root: str | os.PathLike[str]) -> CheckpointStore:

@@ -19,7 +19,7 @@ def flat_leaves(tree: Any) -> dict[str, Any]:
         if leaf is traverse_util.empty_node:  # an empty subtree, such as optax's EmptyState()
             out[path] = {}
         elif (
-            isinstance(leaf, np.ndarray | np.generic | jax.Array)
+            isinstance(leaf, np.ndarray | np.generic | jax.Array | jax.ShapeDtypeStruct)
             or leaf is None
             or isinstance(leaf, bool | int | float | str)
         ):

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from ember.checkpoint._atomic import TMP_PREFIX, commit, temporary_dir
+from ember.checkpoint._atomic import TMP_PREFIX, commit, replace_file, temporary_dir
 from ember.checkpoint._folder import DATA, CheckpointFolder, CheckpointInfo
 from ember.checkpoint._format import lower_thread_priority, write_leaves
 from ember.checkpoint._manifest import (
+    MANIFEST,
     CorruptCheckpointError,
+    amended,
     describe_tree,
+    manifest_text,
     new_manifest,
+    read_manifest,
     write_manifest,
 )
 from ember.checkpoint._snapshot import check_gatherable, detach, flat_leaves, on_host
@@ -67,7 +73,7 @@ class CheckpointStore(CheckpointFolder):
         if not isinstance(device_snapshot, bool):
             raise TypeError(f"`device_snapshot` must be True or False, got {device_snapshot!r}.")
         self.device_snapshot = device_snapshot
-        self.root = Path(root)
+        self.root = Path(os.path.abspath(root))  # resolved once: a later chdir changes nothing
         self.root.mkdir(parents=True, exist_ok=True)
         for leftover in self.root.glob(f"{TMP_PREFIX}*"):  # an interrupted write
             shutil.rmtree(leftover, ignore_errors=True)
@@ -86,6 +92,7 @@ class CheckpointStore(CheckpointFolder):
         metrics: Mapping[str, float] | None = None,
         metadata: Mapping[str, Any] | None = None,
         name: str | None = None,
+        replaces: str | None = None,
     ) -> CheckpointInfo:
         """Write ``tree`` (a pytree of arrays and scalars) as a new checkpoint; return its info.
 
@@ -98,6 +105,9 @@ class CheckpointStore(CheckpointFolder):
             metrics: numbers to rank checkpoints by (``best``).
             metadata: any JSON-serialisable extras (an engine's ``state_dict()``).
             name: the folder name; ``step_<step>`` by default.
+            replaces: the name of a checkpoint this one supersedes (the same step, saved again after its state
+                changed), deleted once this one is committed; it may be ``name`` itself. A crash leaves one of
+                the two, or both, never neither.
 
         Examples:
             >>> import tempfile, numpy as np
@@ -109,7 +119,7 @@ class CheckpointStore(CheckpointFolder):
         elsewhere = self._start_save(tree, step, metrics, name)
         if elsewhere is not None:
             return elsewhere
-        return self._write(*self._prepare(tree, step, metrics, metadata, name))
+        return self._write(self._prepare(tree, step, metrics, metadata, name, replaces))
 
     def save_in_background(
         self,
@@ -120,6 +130,7 @@ class CheckpointStore(CheckpointFolder):
         metadata: Mapping[str, Any] | None = None,
         name: str | None = None,
         then: Callable[[], object] | None = None,
+        replaces: str | None = None,
     ) -> Future[CheckpointInfo]:
         """Copy ``tree`` now, then serialise and write it on a background thread.
 
@@ -146,13 +157,87 @@ class CheckpointStore(CheckpointFolder):
             return self._pending
         if not self.collective_saves:  # a collective store (orbax) takes its own copy, shard by shard
             tree = detach(tree, self._host_buffers, on_device=self.device_snapshot)
-        prepared = self._prepare(tree, step, metrics, metadata, name)
+        prepared = self._prepare(tree, step, metrics, metadata, name, replaces)
+        self._pending = self._submit(_then, functools.partial(self._write, prepared), then)
+        return self._pending
+
+    def _submit(self, *task: Any) -> Future[CheckpointInfo]:
         if self._writer is None:
             self._writer = ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="ember-checkpoint", initializer=lower_thread_priority
             )
-        self._pending = self._writer.submit(_then, self._write, prepared, then)
+        return self._writer.submit(*task)
+
+    def amend(
+        self, name: str, *, metrics: Mapping[str, float] | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> CheckpointInfo:
+        """Replace the metrics or the metadata of checkpoint ``name`` (those given); its arrays stay as they are.
+
+        For a save of a step whose arrays have not changed since it was saved (the same state, saved again at the
+        epoch's end with ``epoch_completed`` now true): only the manifest is written again, atomically, and no
+        second copy of the arrays is made. Waits for a background save in flight first.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save({"w": np.ones(2)}, step=3, metadata={"epoch_completed": False})
+            >>> info = store.amend("step_00000003", metadata={"epoch_completed": True})
+            >>> info.manifest["metadata"], [c.path.name for c in store.checkpoints()]
+            ({'epoch_completed': True}, ['step_00000003'])
+        """
+        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here
+        previous = self._pending
+        self.wait()
+        return self._amend(previous, name, metrics, metadata)
+
+    def amend_in_background(
+        self,
+        name: str,
+        *,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        then: Callable[[], object] | None = None,
+    ) -> Future[CheckpointInfo]:
+        """[`amend`][ember.checkpoint.CheckpointStore.amend] on the writer thread, after the save in flight.
+
+        The training thread waits for nothing: a save of ``name`` still being written is amended once it is on disk
+        (and if it fails, this fails with its error). ``then`` runs after, as for a background save.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save_in_background({"w": np.ones(2)}, step=3)
+            >>> _ = store.amend_in_background("step_00000003", metrics={"loss": 0.5})
+            >>> store.wait().metrics
+            {'loss': 0.5}
+        """
+        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here, in the caller's thread
+        amend = functools.partial(self._amend, self._pending, name, metrics, metadata)
+        self._pending = self._submit(_then, amend, then)
         return self._pending
+
+    def _amend(
+        self,
+        previous: Future[CheckpointInfo] | None,
+        name: str,
+        metrics: Mapping[str, float] | None,
+        metadata: Mapping[str, Any] | None,
+    ) -> CheckpointInfo:
+        saved = previous.result() if previous is not None else None  # on disk (or its error is this one's)
+        path = self.root / name
+        if not self._writes_manifests():  # process 0 amends; the info says what it writes
+            step = saved.step if saved is not None else -1
+            manifest = {"step": step, "written_by": "process 0"}
+            return CheckpointInfo(path, step, dict(metrics or {}), manifest)
+        manifest = amended(read_manifest(path), metrics, metadata)
+        replace_file(path, MANIFEST, manifest_text(manifest))
+        return CheckpointInfo(path, manifest["step"], manifest["metrics"], manifest)
+
+    def _writes_manifests(self) -> bool:
+        """Whether this process writes the manifests (process 0 of a multi-process run)."""
+        return jax.process_index() == 0
 
     #: Whether every process takes part in a save (orbax) or only process 0 writes (this store).
     collective_saves = False
@@ -178,8 +263,11 @@ class CheckpointStore(CheckpointFolder):
             {"step": step, "written_by": "process 0"},
         )
 
-    def wait(self) -> CheckpointInfo | None:
+    def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
         """Block until a background save is on disk; re-raise its error; return its info (or ``None``).
+
+        With ``timeout`` (seconds), raise ``TimeoutError`` if it is not done by then; the save goes on, and a later
+        ``wait`` waits for it again.
 
         Examples:
             >>> import tempfile
@@ -187,8 +275,19 @@ class CheckpointStore(CheckpointFolder):
             >>> CheckpointStore(tempfile.mkdtemp()).wait() is None
             True
         """
-        pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else None
+        pending = self._pending
+        if pending is None:
+            return None
+        try:
+            info = pending.result(timeout)
+        except TimeoutError:
+            raise TimeoutError(
+                f"The checkpoint being written into {self.root} was not done within {timeout} s."
+            ) from None
+        finally:
+            if pending.done():
+                self._pending = None
+        return info
 
     @property
     def writing(self) -> bool:
@@ -222,18 +321,21 @@ class CheckpointStore(CheckpointFolder):
         metrics: Mapping[str, float] | None,
         metadata: Mapping[str, Any] | None,
         name: str | None,
-    ) -> tuple[str, dict[str, Any], dict[str, Any]]:
-        name = self._new_name(step, name)
-        return name, flat_leaves(tree), new_manifest(step, metrics, metadata)  # the tree is described by _write
+        replaces: str | None,
+    ) -> Prepared:
+        name = self._new_name(step, name, replaces)
+        manifest = new_manifest(step, metrics, metadata)  # the tree is described by _write, off the training thread
+        return Prepared(name, manifest, replaces, leaves=flat_leaves(tree))
 
-    def _new_name(self, step: int, name: str | None) -> str:
-        """Check ``step`` and ``name``; return the folder name of a new checkpoint."""
+    def _new_name(self, step: int, name: str | None, replaces: str | None = None) -> str:
+        """Check ``step``, ``name`` and ``replaces``; return the folder name of a new checkpoint."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"`step` must be a non-negative int, got {step!r}.")
         name = name or f"step_{step:08d}"
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"`name` must be a plain folder name, got {name!r}.")
-        if (self.root / name).exists():
+        for label, value in (("name", name), ("replaces", replaces)):
+            if value is not None and ("/" in value or value.startswith(".")):
+                raise ValueError(f"`{label}` must be a plain folder name, got {value!r}.")
+        if (self.root / name).exists() and name != replaces:
             try:
                 self.verify(self.root / name)
             except CorruptCheckpointError as why:  # a damaged checkpoint of this step: out of the way
@@ -244,10 +346,11 @@ class CheckpointStore(CheckpointFolder):
             raise FileExistsError(f"A checkpoint named {name!r} already exists in {self.root}.")
         return name
 
-    def _write(self, name: str, leaves: dict[str, Any], manifest: dict[str, Any]) -> CheckpointInfo:
-        leaves = on_host(leaves)  # device snapshots (or, saving in the foreground, the state) come over here
+    def _write(self, prepared: Prepared) -> CheckpointInfo:
+        leaves = on_host(prepared.leaves)  # device snapshots (or, saving in the foreground, the state) come over here
+        manifest = prepared.manifest
         manifest["tree"] = describe_tree(leaves)
-        tmp = temporary_dir(self.root, name)
+        tmp = temporary_dir(self.root, prepared.name)
         try:
             with open(tmp / DATA, "wb") as f:
                 size, crc = write_leaves(f, list(leaves.items()))
@@ -255,16 +358,49 @@ class CheckpointStore(CheckpointFolder):
                 os.fsync(f.fileno())
             manifest["files"] = {DATA: {"bytes": size, "crc32": crc}}
             write_manifest(tmp, manifest)
-            commit(tmp, self.root / name)
+            self._commit(tmp, prepared)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise naming(e, prepared.name, self.root) from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return CheckpointInfo(self.root / name, manifest["step"], manifest["metrics"], manifest)
+        return CheckpointInfo(self.root / prepared.name, manifest["step"], manifest["metrics"], manifest)
+
+    def _commit(self, tmp: Path, prepared: Prepared) -> None:
+        replaces = self.root / prepared.replaces if prepared.replaces is not None else None
+        commit(tmp, self.root / prepared.name, replaces=replaces)
 
 
-def _then(write: Callable[..., CheckpointInfo], prepared: tuple[Any, ...], then: Callable[[], object] | None) -> Any:
-    """``write(*prepared)``, then ``then()``: one background task, so a failure of either is the save's."""
-    info = write(*prepared)
+def naming(error: OSError, name: str, root: Path) -> OSError:
+    """``error``, of its own type and errno, saying which checkpoint could not be written.
+
+    Both stores say it alike: ``[Errno 28] No space left on device (could not write checkpoint 'step_00000004' in
+    /runs/x)``.
+    """
+    if error.errno is None:
+        return error
+    return type(error)(error.errno, f"{error.strerror} (could not write checkpoint {name!r} in {root})")
+
+
+@dataclass
+class Prepared:
+    """A save checked and started in the caller's thread, which ``_write`` finishes (maybe on the writer thread).
+
+    ``leaves`` is the tree to write (this store's); a collective store's save has written its arrays into ``tmp``
+    already.
+    """
+
+    name: str
+    manifest: dict[str, Any]
+    replaces: str | None
+    leaves: dict[str, Any] = field(default_factory=dict[str, Any])
+    tmp: Path | None = None
+
+
+def _then(task: Callable[[], CheckpointInfo], then: Callable[[], object] | None) -> CheckpointInfo:
+    """``task()``, then ``then()``: one background task, so a failure of either is the task's."""
+    info = task()
     if then is not None:
         then()
     return info

@@ -24,7 +24,8 @@ def describe_checkpoint(path: str | os.PathLike[str]) -> str:
     each gets a section headed by its folder.
 
     It shows the step, metrics, size, the tree's paths with shapes and dtypes, and the state dicts saved
-    beside it.
+    beside it. Every file of the checkpoint is read and checked against the size and CRC-32 its manifest records, as a
+    restore would; a damaged one raises ``CorruptCheckpointError`` naming the file.
 
     Examples:
         >>> import tempfile, numpy as np
@@ -37,6 +38,7 @@ def describe_checkpoint(path: str | os.PathLike[str]) -> str:
           step     7
           metrics  loss=0.5
           size     ... (1 arrays, 6 values)
+          verified 1 file: sizes and CRC-32 match
           tree
             w  float32[2, 3]
     """
@@ -44,14 +46,15 @@ def describe_checkpoint(path: str | os.PathLike[str]) -> str:
     if not target.exists():
         raise FileNotFoundError(f"No checkpoint at {target}.")
     if (target / "manifest.json").exists():
-        return _report(open_store(target.parent).verify(target))
+        return _report(open_store(target.parent).verify(target, full=True))
     stores = _stores_in(target)
     if stores:
         return "\n\n".join(f"{store}:\n{describe_checkpoint(store)}" for store in stores)
-    info = open_store(target).latest()
+    store = open_store(target)
+    info = store.latest()
     if info is None:
         raise FileNotFoundError(f"No valid checkpoint in {target}.")
-    return _report(info)
+    return _report(store.verify(info.path, full=True))
 
 
 def _holds_checkpoints(folder: Path) -> bool:
@@ -73,13 +76,16 @@ def _report(info: CheckpointInfo) -> str:
     tree: dict[str, Any] = manifest.get("tree", {})
     arrays = {p: d for p, d in tree.items() if "shape" in d}
     values = sum(int(_prod(d["shape"])) for d in arrays.values())
-    files = manifest.get("files", {})
-    size = sum(f.get("bytes", 0) for f in files.values())
+    files = info.files
+    size = sum(f["bytes"] for f in files.values())
     lines = [
         f"checkpoint {info.path.name}",
         f"  step     {info.step}",
         f"  metrics  {', '.join(f'{k}={v:g}' for k, v in info.metrics.items()) or '-'}",
-        f"  size     {_size(size) if size else 'orbax'} ({len(arrays)} arrays, {values} values)",
+        f"  size     {_size(size)} ({len(arrays)} arrays, {values} values)",
+        f"  verified {len(files)} file{'s' if len(files) != 1 else ''}: sizes and CRC-32 match"
+        if files
+        else "  verified no file records (written before ember recorded them)",
         "  tree",
     ]
     width = max((len(p) for p in tree), default=0)

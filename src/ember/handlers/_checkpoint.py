@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, check_retention
+from ember.checkpoint import CheckpointInfo, CheckpointStore, check_retention
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
 from ember.handlers._loading import kind_of, load_objects
 from ember.handlers._renamed import renamed
@@ -145,10 +147,17 @@ class Checkpoint:
         self._prefix = f"{filename_prefix}_" if filename_prefix else ""  # Ignite's separator: mnist_step_...
         self.background = background
         self.last_checkpoint: CheckpointInfo | None = None
-        self._last: tuple[str, dict[str, Any]] | None = None  # the name and state dicts saved last
+        self._saved: _Saved | None = None  # the checkpoint written (or resumed from) last, and what it holds
 
     def __call__(self, engine: Engine) -> None:
-        """Save now, then apply the retention policies once the checkpoint is on disk."""
+        """Save now, then apply the retention policies once the checkpoint is on disk.
+
+        One step is written once. Fired again at the same step (``ITERATION_COMPLETED(every=N) | COMPLETED`` on a
+        run that ends on a multiple of N, or the EPOCH_COMPLETED a resumed run still owed), it rewrites only that
+        checkpoint's manifest when its arrays are the very ones saved (or restored) there and its score is the same;
+        when the arrays have changed (a handler lowered the learning rate in between), the new checkpoint replaces
+        that one. A scored save with another score is another candidate for the best, kept beside it.
+        """
         outer = engine.outer_engine  # an evaluator's run inside a trainer's: the trainer's run ends the writing
         for watched in (engine,) if outer is None else (engine, outer):
             if not watched.has_event_handler(self._finish, Events.COMPLETED):  # add_event_handler, Ignite's way
@@ -162,45 +171,51 @@ class Checkpoint:
             metrics[self.score_name] = score
             name += f"-{self.score_name}={score:.4f}"
         states = {k: obj.state_dict() for k, obj in self.to_save.items() if callable(getattr(obj, "state_dict", None))}
-        if (name, states) == self._last:
-            return  # fired twice at one step with nothing changed (EPOCH_COMPLETED | COMPLETED): saved already
-        self._last = (name, states)
+        trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
+        saved = self._saved if self._saved is not None and self._saved.step == step else None
+        if saved is not None and saved.metrics == metrics and saved.holds(trees):
+            if saved.states != states:
+                self._amend(saved, states)
+            return
+        replaces = saved.name if saved is not None and not metrics else None  # a new score is a new best candidate
         if self.store.writing:
             self._wait()  # the previous save is on disk, older ones pruned: names are settled
-        name = self._unused(name)
-        trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
+        if replaces is None and self._is_checkpoint(name):
+            replaces = name  # a checkpoint of this step from before (a relaunch): this one takes its place
+        metadata = {"state_dicts": states}
         with self._failures():
             if self.background:
                 self.store.save_in_background(
-                    trees, step=step, metrics=metrics, metadata={"state_dicts": states}, name=name, then=self._prune
+                    trees, step=step, metrics=metrics, metadata=metadata, name=name, then=self._prune, replaces=replaces
                 )
             else:
                 self.last_checkpoint = self.store.save(
-                    trees, step=step, metrics=metrics, metadata={"state_dicts": states}, name=name
+                    trees, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces
                 )
+        self._saved = _Saved.of(step, name, trees, states, metrics)
         if not self.background:
             self._prune()
         elif engine.last_event_name is Events.COMPLETED and outer is None:
             self._wait()  # the run ends here; a watcher added just now would not run in this firing
 
-    def _unused(self, name: str) -> str:
-        """``name``, or ``name.2``, ``name.3`` ... where a valid checkpoint holds it already.
+    def _amend(self, saved: _Saved, states: dict[str, Any]) -> None:
+        """Write the new state dicts into the manifest of the checkpoint ``saved`` describes; its arrays stay."""
+        with self._failures():
+            if self.background:
+                self.store.amend_in_background(saved.name, metadata={"state_dicts": states})
+            else:
+                self.last_checkpoint = self.store.amend(saved.name, metadata={"state_dicts": states})
+        saved.states = states
 
-        A resumed run saves a step it saved before when it fires an event the interrupted run did not
-        reach (the EPOCH_COMPLETED owed by a checkpoint of an epoch's last iteration); the newer save
-        is the one to resume from next, and retention treats both as checkpoints of that step.
-        """
-        root, candidate, n = self.store.root, name, 1
-        while (root / candidate).exists():
-            try:
-                self.store.verify(root / candidate)
-            except CorruptCheckpointError:
-                return candidate  # the store moves the damaged one aside as it writes
-            except ValueError:
-                pass
-            n += 1
-            candidate = f"{name}.{n}"
-        return candidate
+    def _is_checkpoint(self, name: str) -> bool:
+        """Whether a valid checkpoint is named ``name`` (a damaged one the store moves aside as it writes)."""
+        if not (self.store.root / name).exists():
+            return False
+        try:
+            self.store.verify(self.store.root / name)
+        except ValueError:  # CorruptCheckpointError too
+            return False
+        return True
 
     @contextlib.contextmanager
     def _failures(self) -> Generator[None]:
@@ -278,7 +293,33 @@ class Checkpoint:
         reader = reader if reader is not None else CheckpointReader(self.store)
         if not isinstance(reader, CheckpointReader):
             raise TypeError(f"`reader` must be a CheckpointReader, got {type(reader).__name__}.")
-        return reader.load(self.to_save)
+        info = reader.load(self.to_save)
+        if info is not None and info.path.parent == self.store.root:  # saving this step again amends it
+            trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
+            states = info.manifest.get("metadata", {}).get("state_dicts", {})
+            self._saved = _Saved.of(info.step, info.path.name, trees, states, dict(info.metrics))
+        return info
+
+    def latest_committed(self) -> CheckpointInfo | None:
+        """The newest checkpoint of this handler (named with its ``filename_prefix``) committed on disk, or ``None``.
+
+        Read from the store's folder: a background save counts once its write is finished, whichever run wrote it.
+        Damaged checkpoints are left out (without the warning a restore gives).
+
+        Examples:
+            >>> import tempfile
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint
+            >>> trainer = Engine(lambda e, b: b)
+            >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
+            >>> print(saver.latest_committed())
+            None
+            >>> _ = trainer.run([1, 2]); _ = saver.save_now(trainer)
+            >>> saver.latest_committed().step
+            2
+        """
+        mine = [c for c in self.store.checkpoints() if c.path.name.startswith(self._prefix)]
+        return mine[-1] if mine else None
 
     def _wait(self) -> None:
         """Wait for a background save (and its retention) to finish; it is then the last checkpoint."""
@@ -333,3 +374,51 @@ class Checkpoint:
         """Surface background errors each iteration; finish writing at COMPLETED (after a save there)."""
         engine.add_event_handler(Events.ITERATION_COMPLETED, self._check)
         engine.add_event_handler(Events.COMPLETED, self._finish)
+
+
+@dataclass
+class _Saved:
+    """A checkpoint a `Checkpoint` wrote (or resumed from): its step, name, states, metrics, and its arrays.
+
+    The arrays are held by weak reference (or, for Python scalars, by value): a train state is replaced, never
+    changed in place, so the same objects mean the same values, and nothing is kept alive for the comparison.
+    """
+
+    step: int
+    name: str
+    leaves: list[tuple[str, Any]]
+    states: dict[str, Any]
+    metrics: dict[str, float]
+
+    @classmethod
+    def of(
+        cls, step: int, name: str, trees: dict[str, Any], states: dict[str, Any], metrics: dict[str, float]
+    ) -> _Saved:
+        return cls(step, name, _references(trees), states, metrics)
+
+    def holds(self, trees: dict[str, Any]) -> bool:
+        """Whether ``trees`` are the very arrays this checkpoint holds."""
+        now = _flat(trees)
+        if [path for path, _ in now] != [path for path, _ in self.leaves]:
+            return False
+        for (_, ref), (_, leaf) in zip(self.leaves, now, strict=True):
+            if isinstance(ref, weakref.ref):
+                if ref() is not leaf:
+                    return False
+            elif type(ref) is not type(leaf) or ref != leaf:
+                return False
+        return True
+
+
+def _flat(trees: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(f"{name}/{path}", leaf) for name, tree in sorted(trees.items()) for path, leaf in sorted(tree.items())]
+
+
+def _references(trees: dict[str, Any]) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for path, leaf in _flat(trees):
+        try:
+            out.append((path, weakref.ref(leaf)))
+        except TypeError:  # an int, a float, None: compared by value
+            out.append((path, leaf))
+    return out

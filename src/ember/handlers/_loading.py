@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, open_store
 
 
@@ -30,7 +32,10 @@ def load_objects(
 ) -> CheckpointInfo:
     """Restore ``to_load`` in place from a checkpoint: one checkpoint's folder, or a store (its latest valid one).
 
-    ``checkpoint`` may name one checkpoint's folder (``runs/x/checkpoints/step_00000400``, as Ignite's ``--resume_from``
+    Array trees are restored into their current shapes, dtypes and shardings without a second copy: once the
+    checkpoint has passed its checks, the arrays it replaces are deleted (as the next training step's donation would),
+    and only then is it read, so that device memory holds one train state at any time. ``checkpoint`` may name one
+    checkpoint's folder (``runs/x/checkpoints/step_00000400``, as Ignite's ``--resume_from``
     passes it), a folder of checkpoints, a store, or a [`CheckpointInfo`][ember.checkpoint.CheckpointInfo]. Array trees
     are checked against the objects' current structure before anything is changed. A folder of orbax-written checkpoints
     is read through [`OrbaxStore`][ember.checkpoint.OrbaxStore]; ``store`` names the store a
@@ -57,8 +62,28 @@ def load_objects(
         info = store.latest()
         if info is None:
             raise FileNotFoundError(f"No valid checkpoint in {store.root} to load from.")
-    targets = {name: obj.tree_state_dict() for name, obj in to_load.items() if kinds[name] == "tree"}
-    trees, info = store.restore(target=targets or None, checkpoint=info)
+    live = {name: obj.tree_state_dict() for name, obj in to_load.items() if kinds[name] == "tree"}
+    released = False
+
+    def release() -> None:  # the checkpoint checked out: free the arrays it replaces before reading it
+        nonlocal released
+        released = True
+        for tree in live.values():
+            for leaf in tree.values():
+                if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+                    leaf.delete()
+
+    try:
+        trees, info = store.restore(
+            target={name: abstract(tree) for name, tree in live.items()} or None, checkpoint=info, on_verified=release
+        )
+    except Exception as e:
+        if released:
+            raise RuntimeError(
+                f"Restoring {info.path} failed after the current arrays of {sorted(live)} were released to make "
+                f"room for it ({type(e).__name__}: {e}); build those objects again before using them."
+            ) from e
+        raise
     states = info.manifest.get("metadata", {}).get("state_dicts", {})
     missing = [
         name for name, obj in to_load.items() if callable(getattr(obj, "load_state_dict", None)) and name not in states
@@ -71,6 +96,21 @@ def load_objects(
         if kinds[name] == "tree":
             obj.load_tree_state_dict(trees[name])
     return info
+
+
+def abstract(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` with each device array as a ``jax.ShapeDtypeStruct`` of its shape, dtype and sharding.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from ember.handlers._loading import abstract
+        >>> abstract({"w": jnp.zeros((2, 3)), "n": 3})["w"].shape
+        (2, 3)
+    """
+    return {
+        path: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if isinstance(x, jax.Array) else x
+        for path, x in tree.items()
+    }
 
 
 def _one_checkpoint(folder: Path, store: CheckpointStore | None) -> CheckpointInfo:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from ember._multiprocess import coordination_client
 from ember.engine import Engine, Events, RemovableEventHandle
 from ember.handlers._checkpoint import Checkpoint
 
 #: The exit status of a process the watchdog ends: EX_TEMPFAIL, "try again" (relaunch every process).
 EXIT_CODE = 75
+
+#: Seconds the watchdog gives a checkpoint still being written to land on disk before it names the newest one there.
+SAVE_GRACE = 10.0
 
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "heartbeat", "UNAVAILABLE")
 
@@ -22,8 +27,9 @@ class ProcessWatchdog:
 
     When a process dies (SIGKILL, a lost machine), the others block in the next collective or fail in it,
     and JAX's runtime aborts them later with a message that names no process. With the watchdog attached,
-    a survivor ends instead by printing which process was lost and the last complete checkpoint to
-    resume from, and exits with status 75 (EX_TEMPFAIL): relaunch every process and the run resumes.
+    a survivor ends instead by printing which process was lost and the newest checkpoint committed in the
+    checkpoint's folder (a background save still being written gets ``SAVE_GRACE`` seconds to land first), and exits
+    with status 75 (EX_TEMPFAIL): relaunch every process and the run resumes from that checkpoint.
 
     It learns of the loss in one of two ways, whichever comes first:
 
@@ -85,7 +91,7 @@ class ProcessWatchdog:
 
         Raises ``RuntimeError`` when the service cannot be reached (process 0 is gone).
         """
-        client = _client()
+        client = coordination_client()
         if client is None:
             return []
         import jax
@@ -102,14 +108,25 @@ class ProcessWatchdog:
         import jax
 
         who = f"process {', '.join(map(str, lost))}" if lost else "another process"
-        where = "no checkpoint was completed by this run; relaunching starts from the beginning"
-        info = self.checkpoint.last_checkpoint if self.checkpoint is not None else None
+        where = "no checkpoint is committed in its folder; relaunching starts from the beginning"
+        info = self._committed()
         if info is not None:
             where = f"the last complete checkpoint is {info.path} (step {info.step}); relaunching resumes from it"
         return (
             f"ember: {who} of this {jax.process_count()}-process run was lost ({why}). Process "
             f"{jax.process_index()} stops here with exit status {EXIT_CODE}: {where}. Relaunch every process."
         )
+
+    def _committed(self) -> Any:
+        """The newest checkpoint on disk, once a save in flight has had ``SAVE_GRACE`` seconds to land."""
+        if self.checkpoint is None:
+            return None
+        with contextlib.suppress(Exception):  # a save that needs the lost process never finishes; one that fails, fails
+            self.checkpoint.store.wait(timeout=SAVE_GRACE)
+        try:
+            return self.checkpoint.latest_committed()
+        except OSError:  # the folder cannot be read: say so rather than name nothing
+            return None
 
     def _end(self, lost: list[int] | None, why: str) -> None:
         print(self.message(lost, why), file=sys.stderr, flush=True)
@@ -128,7 +145,7 @@ class ProcessWatchdog:
                 return
 
     def _start(self) -> None:
-        if _client() is None or (self._thread is not None and self._thread.is_alive()):
+        if coordination_client() is None or (self._thread is not None and self._thread.is_alive()):
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="ember-process-watchdog", daemon=True)
@@ -140,7 +157,7 @@ class ProcessWatchdog:
     def _failed(self, _engine: Engine, error: BaseException) -> None:
         self._finish()
         text = str(error)
-        if _client() is None or not any(sign in text for sign in _PEER_GONE):
+        if coordination_client() is None or not any(sign in text for sign in _PEER_GONE):
             return  # an ordinary error: it propagates as usual
         lost = self._confirm()
         first_line = text.strip().splitlines()[0][:200] if text.strip() else type(error).__name__
@@ -174,14 +191,3 @@ class ProcessWatchdog:
         trainer.add_event_handler(Events.COMPLETED, self._finish)
         trainer.add_event_handler(Events.EXCEPTION_RAISED, self._failed)
         return handle
-
-
-def _client() -> Any:
-    """JAX's coordination-service client in a multi-process run, else ``None``."""
-    import jax
-
-    if jax.process_count() == 1:
-        return None
-    from jax._src import distributed  # the live-process query has no public name in jax 0.10
-
-    return distributed.global_state.client

@@ -1,0 +1,107 @@
+"""What the processes of a multi-process run decide together: one answer from all, and values traded between them.
+
+Two mechanisms, for two situations:
+
+- [`any_process`][ember._multiprocess.any_process] is a device collective: every process calls it at the same point
+  of the training thread (a handler deciding to stop or save).
+- [`exchange`][ember._multiprocess.exchange] goes through JAX's coordination service (a key-value store the
+  processes share since ``jax.distributed.initialize``), so it works from any thread, a checkpoint's writer thread
+  included, and carries text of any length (a list of files and their checksums).
+
+In a single process both are plain local answers and import nothing but JAX.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: How long [`exchange`][ember._multiprocess.exchange] waits for the slowest process by default, in seconds.
+EXCHANGE_TIMEOUT = 1800.0
+
+
+def any_process(flag: bool) -> bool:
+    """Whether ``flag`` is true on any process: the same answer on every process.
+
+    In a multi-process run this is a collective, so every process must call it at the same point; in a
+    single process it is a plain ``bool``.
+
+    Handlers whose decision changes control flow (stop, save) use it, so no process skips a collective
+    the others enter.
+
+    Examples:
+        >>> from ember._multiprocess import any_process
+        >>> any_process(False), any_process(True)
+        (False, True)
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    return bool(np.asarray(multihost_utils.process_allgather(np.asarray(flag, np.bool_))).any())
+
+
+def coordination_client() -> Any:
+    """JAX's coordination-service client in a multi-process run, else ``None``.
+
+    Examples:
+        >>> from ember._multiprocess import coordination_client
+        >>> coordination_client() is None  # one process
+        True
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return None
+    from jax._src import distributed  # the key-value store and live-process queries have no public name in jax 0.10
+
+    return distributed.global_state.client
+
+
+_rounds: dict[str, int] = {}  # the next round of each name, in this process
+_published: dict[str, list[str]] = {}  # this process's keys of each name not yet deleted, oldest first
+
+
+def exchange(name: str, value: str, *, timeout: float = EXCHANGE_TIMEOUT) -> list[str]:
+    """Publish ``value`` under ``name`` and return every process's value for it, by process index.
+
+    Every call with the same ``name`` is a new round: every process must make the same calls with that name in the
+    same order (as they save the same checkpoints into one folder; a name holding the folder's path keeps two folders'
+    rounds apart). It waits at most ``timeout`` seconds for each other process. A process deletes its own key of a round
+    once every process has published a later round of that name (so has read it), and a long run does not fill the
+    coordination service.
+
+    Raises:
+        TimeoutError: a process did not publish its value within ``timeout`` (it died, or hangs).
+
+    Examples:
+        >>> from ember._multiprocess import exchange
+        >>> exchange("hello", "from process 0")  # one process: its own value
+        ['from process 0']
+    """
+    client = coordination_client()
+    if client is None:
+        return [value]
+    import jax
+
+    n = _rounds.get(name, 0)
+    _rounds[name] = n + 1
+    key = f"ember/{name}/{n}"
+    mine = f"{key}/{jax.process_index()}"
+    client.key_value_set(mine, value)
+    values = []
+    for p in range(jax.process_count()):
+        try:
+            values.append(client.blocking_key_value_get(f"{key}/{p}", int(timeout * 1000)))
+        except Exception as e:  # the runtime's error for a deadline: DEADLINE_EXCEEDED
+            raise TimeoutError(
+                f"Process {p} did not answer round {n} of {name!r} within {timeout:g} s ({type(e).__name__}: {e})."
+            ) from None
+    published = _published.setdefault(name, [])
+    published.append(mine)
+    while len(published) > 2:  # every process has published the round after it, so has read it
+        client.key_value_delete(published.pop(0))
+    return values

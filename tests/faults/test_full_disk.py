@@ -1,0 +1,73 @@
+"""A real full disk (a 1 MiB tmpfs) under both stores: an OSError with its errno, or a warning and training on."""
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("full_disk_script.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def on_a_small_disk(tmp_path: Path, *args: str) -> tuple[dict, str]:
+    """Run the script with a 1 MiB tmpfs mounted at its folder, in a user and mount namespace of its own.
+
+    ``unshare --user --map-root-user --mount`` needs no privilege on a Linux kernel that allows unprivileged user
+    namespaces (the default of the kernels this project runs on); the mount is gone when the script ends.
+    """
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if shutil.which("unshare") is None:
+        pytest.fail("this test mounts a small tmpfs with util-linux's `unshare`, which is not installed")
+    mount = 'mount -t tmpfs -o size=1m tmpfs "$0" && exec "$@"'
+    command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", mount, str(disk)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [*command, sys.executable, str(SCRIPT), *args, str(disk)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :]), done.stderr
+
+
+@pytest.mark.parametrize("store", ["orbax", "msgpack"])
+def test_a_full_disk_fails_the_run_with_enospc_and_keeps_every_earlier_checkpoint(tmp_path, store):
+    """on_error="raise": OSError(ENOSPC) ends the run; steps 1-3 stay valid, nothing half-written is left."""
+    result, stderr = on_a_small_disk(tmp_path, store, "raise")
+    assert result["raised"]["type"] == "OSError"
+    assert result["raised"]["errno"] == errno.ENOSPC
+    assert result["raised"]["message"].startswith("[Errno 28] No space left on device")
+    assert result["checkpoints"] == [1, 2, 3]
+    assert result["on_disk"] == ["step_00000001", "step_00000002", "step_00000003"]
+    assert result["restored_latest_intact"] is True
+    assert result["iterations"][-1] < 8
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "RESOURCE_EXHAUSTED" not in stderr, stderr[-3000:]
+
+
+@pytest.mark.parametrize("store", ["orbax", "msgpack"])
+def test_on_a_full_disk_on_error_warn_warns_once_per_failed_save_and_trains_on(tmp_path, store):
+    """on_error="warn": every iteration runs; each failed save is one RuntimeWarning naming ENOSPC, nothing else."""
+    result, stderr = on_a_small_disk(tmp_path, store, "warn")
+    assert result["iterations"] == list(range(1, 9))
+    assert result["checkpoints"] == [1, 2, 3]
+    assert result["on_disk"] == ["step_00000001", "step_00000002", "step_00000003"]
+    assert result["restored_latest_intact"] is True
+    assert len(result["warnings"]) == 5, result["warnings"]  # steps 4 to 8
+    for message in result["warnings"]:
+        assert message.startswith(
+            "RuntimeWarning: A checkpoint could not be written (OSError: [Errno 28] No space left on device"
+        ), message
+        assert message.endswith("training goes on, and the earlier checkpoints are intact.")
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "RESOURCE_EXHAUSTED" not in stderr, stderr[-3000:]
