@@ -2,8 +2,9 @@
 
 Two mechanisms, for two situations:
 
-- [`any_process`][ember._multiprocess.any_process] is a device collective: every process calls it at the same point
-  of the training thread (a handler deciding to stop or save).
+- [`any_process`][ember._multiprocess.any_process] and [`gather_text`][ember._multiprocess.gather_text] are device
+  collectives: every process calls them at the same point of the training thread (a handler deciding to stop or
+  save, a checkpoint taking the metrics' state dicts).
 - [`exchange`][ember._multiprocess.exchange] goes through JAX's coordination service (a key-value store the
   processes share since ``jax.distributed.initialize``), so it works from any thread, a checkpoint's writer thread
   included, and carries text of any length (a list of files and their checksums).
@@ -42,6 +43,32 @@ def any_process(flag: bool) -> bool:
     from jax.experimental import multihost_utils
 
     return bool(np.asarray(multihost_utils.process_allgather(np.asarray(flag, np.bool_))).any())
+
+
+def gather_text(text: str) -> list[str]:
+    """Every process's ``text``, by process index: a collective over the devices, for text of any length.
+
+    Every process must call it at the same point (as they take a checkpoint's state dicts together). Unlike
+    [`exchange`][ember._multiprocess.exchange] it moves megabytes as easily as bytes, but only from the thread that runs
+    the processes' collectives.
+
+    Examples:
+        >>> from ember._multiprocess import gather_text
+        >>> gather_text("mine")
+        ['mine']
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return [text]
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(text.encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray(len(data), np.int32))).ravel()
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: len(data)] = data
+    everyone = np.asarray(multihost_utils.process_allgather(padded))
+    return [bytes(everyone[p, : int(n)]).decode() for p, n in enumerate(sizes)]
 
 
 def coordination_client() -> Any:

@@ -27,9 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from ember import Events  # noqa: E402
 from ember.checkpoint import OrbaxStore  # noqa: E402
 from ember.data import ArrayDataset  # noqa: E402
-from ember.handlers import Checkpoint  # noqa: E402
+from ember.handlers import Checkpoint, GradsHistHandler, WeightsHistHandler  # noqa: E402
 from ember.metrics import Accuracy, Average  # noqa: E402
 from ember.training import TrainState, create_trainer, fsdp  # noqa: E402
+from ember.writers import TensorBoardWriter, histogram  # noqa: E402
 from tests.training.models import batches  # noqa: E402
 
 ARRAYS = {
@@ -53,16 +54,19 @@ def loss(model, batch):
     }
 
 
-def new_trainer():
+def new_trainer(extras=()):
     placement = fsdp(min_size=256)
     state = TrainState.from_linen(Net(), ARRAYS["x"][:2], optax.adam(1e-3), rngs=("dropout",), placement=placement)
-    trainer = create_trainer(state, loss, placement=placement)
+    trainer = create_trainer(state, loss, placement=placement, extras=extras)
     Average(key="loss").attach(trainer, "loss")
     Accuracy().attach(trainer, "accuracy")
     return trainer
 
 
-trainer = new_trainer()
+trainer = new_trainer(extras=("grads",))
+tb = TensorBoardWriter(os.path.join(workdir, "tb"))  # histograms of state sharded across processes: process 0 writes
+WeightsHistHandler(tb).attach(trainer, Events.EPOCH_COMPLETED)
+GradsHistHandler(tb).attach(trainer, Events.EPOCH_COMPLETED)
 data = ArrayDataset(ARRAYS, batch_size=16, shuffle=True, seed=3, drop_remainder=True)  # each process its part
 store = OrbaxStore(os.path.join(workdir, "ckpt"))
 Checkpoint({"trainer": trainer}, store, n_saved=2).attach(trainer, Events.EPOCH_COMPLETED)
@@ -99,6 +103,11 @@ print(
             "restored_step": info.step,
             "restored_equal": restored_equal,
             "checkpoints": sorted(p.name for p in store.root.iterdir()),
+            "final_step": trainer.state.iteration,
+            "kernel_histogram": [  # of the whole kernel, on the host, as tensorboardX would count it (the test's check)
+                x.tolist()
+                for x in histogram(np.asarray(multihost_utils.process_allgather(kernel, tiled=True))).trimmed()
+            ],
         }
     ),
     flush=True,

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.distributed.launch import launch
+from tests.writers.tb_reader import read_events
 
 SCRIPT = Path(__file__).with_name("sharded_script.py")
 
@@ -13,7 +14,7 @@ SCRIPT = Path(__file__).with_name("sharded_script.py")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
-    return {"one": launch(SCRIPT, 1, one), "two": launch(SCRIPT, 2, two)}
+    return {"one": launch(SCRIPT, 1, one), "two": launch(SCRIPT, 2, two), "two_dir": two}
 
 
 def test_fsdp_over_two_processes_equals_one_process_of_four_devices(runs):
@@ -40,3 +41,18 @@ def test_a_checkpoint_written_by_both_processes_is_restored_by_both(runs):
         assert p["restored_step"] == 12
         assert p["restored_equal"] is True
         assert p["checkpoints"] == ["step_00000008", "step_00000012"]  # n_saved=2, one set of folders
+
+
+def test_histograms_of_state_sharded_across_processes_are_counted_on_device(runs):
+    """Weight and gradient histograms of FSDP state over 2 processes: process 0 writes tensorboardX's exact counts."""
+    _, (p0, _) = runs["one"], runs["two"]
+    events = read_events(runs["two_dir"] / "tb")
+    steps = sorted({e.step for e in events for v in e.summary.value if v.tag == "weights/Dense_1.kernel"})
+    assert steps == [p0["final_step"] // 3, 2 * p0["final_step"] // 3, p0["final_step"]]
+    assert {v.tag for e in events for v in e.summary.value if v.tag.startswith("grads/")} >= {"grads/Dense_1.kernel"}
+    (last,) = [
+        v.histo for e in events for v in e.summary.value if v.tag == "weights/Dense_1.kernel" and e.step == steps[-1]
+    ]
+    limits, counts = p0["kernel_histogram"]
+    assert list(last.bucket) == counts
+    assert list(last.bucket_limit) == pytest.approx(limits)

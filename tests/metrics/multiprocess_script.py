@@ -1,4 +1,4 @@
-"""One of two processes of tests/metrics/test_multiprocess.py: ``python multiprocess_script.py PID PORT``."""
+"""One of two processes of tests/metrics/test_multiprocess.py: ``python multiprocess_script.py PID PORT FOLDER``."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import sys
 
 import jax
 
-pid, port = int(sys.argv[1]), sys.argv[2]
+pid, port, folder = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2, process_id=pid)
 
 import jax.numpy as jnp  # noqa: E402  # after jax.distributed.initialize
@@ -16,8 +16,11 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from ember import Engine  # noqa: E402
-from ember.metrics import Accuracy, ConfusionMatrix, RunningAverage, Sum  # noqa: E402
+from ember import Engine, Events  # noqa: E402
+from ember.checkpoint import CheckpointStore  # noqa: E402
+from ember.handlers import Checkpoint  # noqa: E402
+from ember.metrics import Accuracy, Average, ConfusionMatrix, RunningAverage, Sum  # noqa: E402
+from ember.metrics._saved import encode_tree  # noqa: E402
 
 rng = np.random.default_rng(0)
 scores = rng.normal(size=(40, 3)).astype(np.float32)
@@ -51,5 +54,34 @@ global_values = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d"
 already_global = Sum()
 already_global.update(global_values)
 out["global_sum"] = already_global.compute()
+
+# An epoch-wise metric checkpointed mid-epoch: each process's own part is saved and comes back to it.
+values = [jnp.array([10.0 * (pid + 1) + i]) for i in range(6)]  # process 0: 10..15, process 1: 20..25
+
+
+def averaging_engine():
+    engine = Engine(lambda e, batch: batch)
+    Average().attach(engine, "avg")
+    return engine
+
+
+straight_engine = averaging_engine()
+out["straight_avg"] = straight_engine.run(values).metrics["avg"]
+first = averaging_engine()
+saver = Checkpoint({"engine": first}, folder, n_saved=None)  # process 0 writes, every process saves its part
+saver.attach(first, Events.ITERATION_COMPLETED(once=3))
+first.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate())
+first.run(values)
+again = averaging_engine()
+Checkpoint({"engine": again}, folder).resume()
+out["resumed_avg"] = again.run(values).metrics["avg"]
+manifest = CheckpointStore(folder).latest().manifest
+out["saved_avg"] = manifest["metadata"]["state_dicts"]["engine"]["attached"]["metric:avg"]
+
+# Saved by 3 processes, resumed on 2: process 0 takes the parts merged, the other none; the global value holds.
+three = {"processes": [{"state": encode_tree(np.float32(k)), "updates": 1} for k in (1.0, 2.0, 3.0)]}
+total = Sum()
+total.load_state_dict(three)
+out["three_on_two"] = {"local": float(np.asarray(total.state)), "global": total.compute()}
 print("RESULT " + json.dumps(out), flush=True)
 jax.distributed.shutdown()

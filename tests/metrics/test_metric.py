@@ -320,3 +320,20 @@ def test_state_metrics_holds_host_numbers_once_computed_and_device_scalars_while
     assert metrics["running_loss"].shape == ()
     formatted = [f"{metrics[name]:.4f}" for name in ("epoch_loss", "running_loss")]
     assert formatted == ["2.5000", "1.5400"]  # the running one: 0.98 * 1.5 + 0.02 * 3.5
+
+
+def test_a_state_saved_by_two_processes_resumes_merged_in_one():
+    """Each process's part saved; resumed on one process they merge: the global value is unchanged."""
+    from ember.metrics._saved import encode_tree
+
+    saved = {
+        "processes": [
+            {"state": encode_tree((np.float32(3.0), np.float32(2.0))), "updates": 1},
+            {"state": encode_tree((np.float32(9.0), np.float32(4.0))), "updates": 2},
+        ]
+    }
+    avg = Average()
+    avg.load_state_dict(saved)
+    assert avg.compute() == 2.0  # (3 + 9) / (2 + 4)
+    with pytest.raises(ValueError, match=re.escape("`state_dict['processes']` of Average must be a non-empty list")):
+        Average().load_state_dict({"processes": []})

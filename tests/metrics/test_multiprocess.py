@@ -18,12 +18,16 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def two_processes() -> list[dict]:
+def two_processes(tmp_path_factory) -> list[dict]:
     """The results of the two processes of one jax.distributed run on localhost (CPU, Gloo)."""
     port = str(_free_port())
+    folder = str(tmp_path_factory.mktemp("checkpoints"))
     procs = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), str(pid), port], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [sys.executable, str(SCRIPT), str(pid), port, folder],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for pid in (0, 1)
     ]
@@ -63,3 +67,19 @@ def test_running_average_publishes_local_values_and_computes_their_mean(two_proc
     assert local[0] != local[1]
     for result in two_processes:
         assert result["running_global"] == pytest.approx(sum(local) / 2, rel=1e-6)
+
+
+def test_an_epoch_wise_metric_resumed_mid_epoch_gets_each_processs_own_part_back(two_processes):
+    """Checkpointed at iteration 3 of 6: both processes' sums are saved, each resumes its own; the mean is exact."""
+    expected = (sum(range(10, 16)) + sum(range(20, 26))) / 12
+    for result in two_processes:
+        assert result["straight_avg"] == pytest.approx(expected)
+        assert result["resumed_avg"] == result["straight_avg"]
+    saved = two_processes[0]["saved_avg"]["processes"]
+    assert [part["state"]["tuple"][0]["data"] for part in saved] == [[33.0], [63.0]]  # 10+11+12, 20+21+22
+    assert [part["updates"] for part in saved] == [3, 3]
+
+
+def test_a_state_saved_by_three_processes_resumes_on_two_with_the_same_global_value(two_processes):
+    """Process 0 takes the three parts merged (1+2+3), process 1 none: compute() is 6 on both."""
+    assert [r["three_on_two"] for r in two_processes] == [{"local": 6.0, "global": 6.0}, {"local": 0.0, "global": 6.0}]

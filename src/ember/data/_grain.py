@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import gc
+import mmap
+import os
 import sys
 import threading
+import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -103,7 +110,7 @@ class GrainPipeline:
         )
         if worker_count:
             options = grain.MultiprocessingOptions(num_workers=worker_count, per_worker_buffer_size=WORKER_AHEAD)
-            self.dataset = self.dataset.mp_prefetch(options)
+            self.dataset = self.dataset.mp_prefetch(options, worker_init_fn=exit_with_parent)
 
     def __len__(self) -> int:
         return len(self.source) // self.batch_size
@@ -133,11 +140,27 @@ class GrainPipeline:
 
 
 class _Position(Mapped):
-    """A pipeline's iterator: Grain's position, with the pipeline it belongs to, checked when restored."""
+    """A pipeline's iterator: Grain's position, with the pipeline it belongs to, checked when restored.
+
+    Batches from worker processes arrive in shared memory, which Grain unlinks when the array is collected; each is
+    handed on as an array of its own (one copy), so no segment outlives the step that read it, whoever keeps the
+    batch (``engine.state.batch`` until the engine goes). ``close()`` lets go of Grain's iterators and waits for
+    Grain's unlinking thread, so a run that ends leaves no segment behind.
+    """
 
     def __init__(self, it: Iterator[Any], identity: dict[str, Any]) -> None:
-        super().__init__(it, lambda batch: batch)
+        super().__init__(it, _out_of_shared_memory)
         self._identity = identity
+        if not _open:  # registered after Grain's and multiprocessing's own exit handlers: it runs before them
+            atexit.unregister(_close_open)
+            atexit.register(_close_open)
+        _open.add(self)
+
+    def close(self) -> None:
+        super().close()
+        self._it = iter(())  # the closed Grain iterators go now, not at the interpreter's exit
+        _open.discard(self)
+        _wait_for_unlinking()
 
     def get_state(self) -> dict[str, Any]:
         return {"grain": super().get_state(), "pipeline": self._identity}
@@ -255,6 +278,68 @@ def _transform(t: Any, name: str) -> tuple[str, Any]:
     if callable(t):
         return "map", t
     raise TypeError(f"`{name}` must be a callable, grain.transforms.Map or RandomMap; got {type(t).__name__}.")
+
+
+_open: weakref.WeakSet[_Position] = weakref.WeakSet()  # pipeline iterators not closed yet
+
+
+def _close_open() -> None:
+    """At the interpreter's exit, close the pipeline iterators nobody closed (a loop left early), while Grain can."""
+    for position in list(_open):
+        with contextlib.suppress(Exception):
+            position.close()
+
+
+def _out_of_shared_memory(batch: Any) -> Any:
+    """``batch`` with each array that lives in a shared-memory segment copied into memory of its own."""
+    return jax.tree.map(lambda x: np.array(x) if isinstance(x.base, mmap.mmap) else x, batch)
+
+
+#: Seconds `close` waits for Grain's thread that unlinks the shared memory of dropped batches.
+UNLINK_WAIT = 10.0
+
+
+def _wait_for_unlinking() -> None:
+    """Wait until Grain's thread has unlinked the segments of the batches dropped so far (Grain 0.2.18's pool).
+
+    Grain unlinks a batch's shared memory on a thread of its own once the array is collected; a process that ends
+    right after closing its iterator would leave the last few behind (``resource_tracker: There appear to be N leaked
+    shared_memory objects``). A task queued behind them on that one thread runs once they are done.
+    """
+    from grain._src.python.ipc import shared_memory_array  # no public name for the pool in grain 0.2.18
+
+    pool = getattr(shared_memory_array.SharedMemoryArray, "_del_thread_pool", None)
+    if pool is not None:
+        gc.collect()  # batches in reference cycles are dropped now, their segments queued
+        with contextlib.suppress(Exception):  # a pool already closed at the interpreter's exit: nothing to wait for
+            pool.apply_async(int).wait(UNLINK_WAIT)
+
+
+#: Seconds between a Grain worker's checks that the process that started it is still there.
+PARENT_CHECK_EVERY = 0.5
+
+
+def exit_with_parent(worker_index: int, worker_count: int) -> None:
+    """A Grain worker initialiser: end this worker within `PARENT_CHECK_EVERY` seconds of its parent's death.
+
+    A worker whose parent is killed (SIGKILL, the OOM killer) is re-parented and would live on, holding the parent's
+    output pipes (a supervisor waiting for their end waits for ever) and Grain's shared memory. A daemon thread here
+    checks the parent's process id and ends the worker when it changes. (``prctl(PR_SET_PDEATHSIG)`` fires when the
+    *thread* that started the worker ends, and Grain starts workers from threads of a pool.)
+
+    Examples:
+        >>> from ember.data._grain import exit_with_parent
+        >>> exit_with_parent(0, 2)  # in a worker: watches the parent from now on
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_CHECK_EVERY)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="ember-exit-with-parent", daemon=True).start()
 
 
 def _accept_unparsed_flags() -> None:

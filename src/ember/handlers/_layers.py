@@ -2,7 +2,9 @@
 
 The numbers are computed inside the compiled step when the trainer is asked for them (``extras=`` of
 ``create_trainer``: ``grad_norms``, ``param_norms``, ``grads``), left on the device, and handed to the
-writer's thread only when the handler's event fires: nothing is read per step.
+writer only when the handler's event fires: nothing is read per step. Histograms are counted on the
+arrays' own devices ([`ember.writers.histogram`][ember.writers.histogram]), on every process for state
+sharded across processes, so no parameter or gradient is ever gathered to one host.
 """
 
 from __future__ import annotations
@@ -72,8 +74,7 @@ class _LayerHandler:
             state = getattr(engine.state, "train_state", None)
             if state is None:
                 raise TypeError(f"{type(self).__name__} reads engine.state.train_state; attach it to a trainer.")
-            # a copy on the device (dispatched, not awaited): the next step donates the parameters' buffers
-            values = jax.tree.map(lambda x: x.copy(), state.params)
+            values = state.params  # the writer counts histograms on device now, before the next step donates them
         if not self.histograms:
             self.writer.write_scalars(step, {f"{self.tag}/norm/{k}": v for k, v in values.items()})
             return

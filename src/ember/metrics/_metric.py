@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from ember._multiprocess import gather_text
 from ember.metrics._attach import EngineAttachment
 from ember.metrics._composite import MetricArithmetic
 from ember.metrics._saved import decode_tree, encode_tree
@@ -118,9 +120,7 @@ class Metric(EngineAttachment, MetricArithmetic):
             >>> avg.compute()
             5.0
         """
-        if self._zeros is _UNSET:
-            self._zeros = jax.device_get(self.empty())
-        self._state = jax.tree.map(np.array, self._zeros)  # buffers of its own: a compiled step donates them
+        self._state = self._empty()  # buffers of its own: a compiled step donates them
         self._updates = 0
         self._published = None
         self._restored = False
@@ -131,6 +131,10 @@ class Metric(EngineAttachment, MetricArithmetic):
         Attached metrics are saved with their engine ([`ember.Engine.track_state`][ember.engine.Engine.track_state]), so
         a checkpoint of a trainer carries them and a resumed run computes exactly the values of an uninterrupted one.
 
+        In a multi-process run where each process accumulates its own data, every process's part is saved, under
+        ``"processes"`` (gathered: a collective, called by every process at once, as a checkpoint does), and the
+        saved dict is the same on every process. Accumulators that are already global arrays are saved once.
+
         Examples:
             >>> import jax.numpy as jnp
             >>> from ember.metrics import Average
@@ -140,10 +144,17 @@ class Metric(EngineAttachment, MetricArithmetic):
             >>> saved["updates"], saved["state"]["tuple"][0]
             (1, {'dtype': 'float32', 'shape': [], 'data': [3.0]})
         """
-        return {"state": encode_tree(self._state), "updates": self._updates}
+        mine = {"state": encode_tree(self._state), "updates": self._updates}
+        if jax.process_count() == 1 or _is_global(self._state):
+            return mine
+        return {"processes": [json.loads(text) for text in gather_text(json.dumps(mine))]}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Take accumulators saved by ``state_dict``; they survive the STARTED of the resumed run.
+
+        Saved from several processes, each process takes its own part. Resumed on another number of processes,
+        process 0 takes the parts merged and the others start empty (every count of updates is the total), so the
+        global value is the same.
 
         Examples:
             >>> import jax.numpy as jnp
@@ -154,6 +165,28 @@ class Metric(EngineAttachment, MetricArithmetic):
             >>> copy.compute()
             1.5
         """
+        if isinstance(state_dict, Mapping) and "processes" in state_dict:
+            parts = state_dict["processes"]
+            if not isinstance(parts, list) or not parts or not all(isinstance(p, Mapping) for p in parts):
+                raise ValueError(
+                    f"`state_dict['processes']` of {type(self).__name__} must be a non-empty list of saved parts, "
+                    f"got {parts!r}."
+                )
+            if len(parts) == jax.process_count():
+                state, updates = self._checked(parts[jax.process_index()])
+            else:  # another number of processes: the parts merged on process 0
+                checked = [self._checked(part) for part in parts]
+                updates = sum(n for _, n in checked)
+                state = self.merge_processes([s for s, _ in checked]) if jax.process_index() == 0 else self._empty()
+        else:
+            state, updates = self._checked(state_dict)
+        self._state = _distinct_buffers(state)
+        self._updates = updates
+        self._published = None
+        self._restored = True
+
+    def _checked(self, state_dict: Any) -> tuple[Any, int]:
+        """``(accumulators, updates)`` from one saved part, checked against this metric's kind."""
         if not isinstance(state_dict, Mapping) or "state" not in state_dict or "updates" not in state_dict:
             raise ValueError(
                 f"`state_dict` of {type(self).__name__} must hold 'state' and 'updates', got {state_dict!r}."
@@ -168,10 +201,13 @@ class Metric(EngineAttachment, MetricArithmetic):
                 f"The saved state of {type(self).__name__} has the structure {jax.tree.structure(state)}, this metric "
                 f"{jax.tree.structure(fresh)}; was it saved by another kind of metric?"
             )
-        self._state = _distinct_buffers(state)
-        self._updates = updates
-        self._published = None
-        self._restored = True
+        return state, updates
+
+    def _empty(self) -> Any:
+        """Fresh accumulators in host memory (as a reset leaves them)."""
+        if self._zeros is _UNSET:
+            self._zeros = jax.device_get(self.empty())
+        return jax.tree.map(np.array, self._zeros)
 
     def update(self, output: Any) -> None:
         """Merge one batch into the accumulators, on device (no host read).

@@ -5,6 +5,7 @@ from ember.writers._clu import CluWriter, MetricWriterAdapter, as_clu_writer
 from ember.writers._console import ConsoleWriter
 from ember.writers._figures import confusion_matrix_image
 from ember.writers._files import CsvWriter, JsonlWriter
+from ember.writers._histogram import Histogram, histogram, tensorboard_edges
 from ember.writers._mlflow import MlflowWriter
 from ember.writers._multi import MultiWriter
 from ember.writers._run import create_run_writer
@@ -17,6 +18,7 @@ __all__ = [
     "CluWriter",
     "ConsoleWriter",
     "CsvWriter",
+    "Histogram",
     "JsonlWriter",
     "MetricWriterAdapter",
     "MlflowWriter",
@@ -27,5 +29,7 @@ __all__ = [
     "as_clu_writer",
     "confusion_matrix_image",
     "create_run_writer",
+    "histogram",
     "is_primary_process",
+    "tensorboard_edges",
 ]

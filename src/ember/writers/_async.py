@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Mapping
@@ -9,21 +10,62 @@ from typing import Any
 
 import numpy as np
 
+from ember.writers._histogram import Histogram, histogram
 from ember.writers._writer import Writer
 
 _STOP = object()
 
 
-def _start_copy(value: Any) -> Any:
-    """Start an asynchronous device-to-host copy (a no-op for host values); return the value."""
-    copy = getattr(value, "copy_to_host_async", None)
-    if callable(copy):
-        copy()
-    return value
+def _own(values: list[Any]) -> list[Any]:
+    """``values`` with every device array replaced by a copy of its own, on its device, its transfer to the host begun.
+
+    The copy is dispatched, not awaited: the training thread goes on at once, and the next step may donate the
+    original (a train state's parameters, a metric's accumulators) without deleting what the writer's thread reads.
+    An array replicated over several processes is copied from this process's replica, so nothing here is a
+    collective that one process might enter alone.
+    """
+    import jax
+
+    arrays = [i for i, v in enumerate(values) if isinstance(v, jax.Array)]
+    if not arrays:
+        return values
+    local = []
+    for i in arrays:
+        v = values[i]
+        if not v.is_fully_addressable:
+            if not v.is_fully_replicated:
+                raise ValueError(
+                    f"A value handed to the writer is an array of shape {v.shape} sharded across processes; no "
+                    "process holds it whole. Write a summary of it (a histogram: ember.writers.histogram, or a "
+                    "reduction computed on every process) instead."
+                )
+            v = v.addressable_data(0)
+        local.append(v)
+    out = list(values)
+    for i, copy in zip(arrays, _copied(local), strict=True):
+        copy.copy_to_host_async()
+        out[i] = copy
+    return out
+
+
+def _copied(arrays: list[Any]) -> list[Any]:
+    return _copier()(arrays)
+
+
+@functools.cache
+def _copier() -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    return jax.jit(lambda xs: [jnp.copy(x) for x in xs])  # inputs not donated: new buffers, never aliases
 
 
 def _host_scalars(values: Mapping[str, Any]) -> dict[str, float]:
     return {name: float(np.asarray(v)) for name, v in values.items()}
+
+
+def _on_host(values: Any) -> Any:
+    return values.on_host() if isinstance(values, Histogram) else np.asarray(values)
 
 
 def is_primary_process() -> bool:
@@ -42,8 +84,13 @@ def is_primary_process() -> bool:
 class AsyncWriter(Writer):
     """Runs ``writer`` on one background thread, in call order; device arrays become numbers there.
 
-    A call returns at once: device values start copying to the host (``copy_to_host_async``) and the thread waits for
-    them, so logging never stalls the training loop. An exception on the thread is kept and raised by the next call,
+    A call returns at once, holding nothing of the caller's: a device value is copied on its device (dispatched, not
+    awaited) and the copy starts its transfer to the host, which the thread waits for; so logging never stalls the
+    training loop, and the next step may donate what was logged (the train state's parameters) safely. A histogram of a
+    device array is counted on its devices at the call ([`histogram`][ember.writers.histogram]; on every process, for
+    an array sharded across processes) and only the counts cross to the host.
+
+    An exception on the thread is kept and raised by the next call,
     [`raise_if_failed`][ember.writers.AsyncWriter.raise_if_failed] or [`flush`][ember.writers.AsyncWriter.flush] (once;
     later records are dropped, since the writer is broken). Only the primary process writes unless
     ``primary_only=False``. `attach` makes an engine surface errors at every iteration and flush at COMPLETED and on an
@@ -109,18 +156,23 @@ class AsyncWriter(Writer):
             raise self._error
 
     def write_scalars(self, step: int, values: Mapping[str, Any]) -> None:
-        """Queue scalars; device values are converted on the thread."""
-        values = {k: _start_copy(v) for k, v in values.items()}
+        """Queue scalars; device values are copied now and converted on the thread."""
+        if self.active:
+            values = dict(zip(values, _own(list(values.values())), strict=True))
         self._put(lambda: self.writer.write_scalars(step, _host_scalars(values)))
 
     def write_histogram(self, step: int, name: str, values: Any) -> None:
-        """Queue a histogram."""
-        values = _start_copy(values)
-        self._put(lambda: self.writer.write_histogram(step, name, np.asarray(values)))
+        """Queue a histogram; a device array's is counted now, on its devices, on every process."""
+        import jax
+
+        if isinstance(values, jax.Array):
+            values = histogram(values)  # new arrays, replicated: the next step may donate ``values``
+        self._put(lambda: self.writer.write_histogram(step, name, _on_host(values)))
 
     def write_image(self, step: int, name: str, image: Any) -> None:
-        """Queue an image."""
-        image = _start_copy(image)
+        """Queue an image; a device array is copied now and read on the thread."""
+        if self.active:
+            (image,) = _own([image])
         self._put(lambda: self.writer.write_image(step, name, np.asarray(image)))
 
     def write_text(self, step: int, name: str, text: str) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ember.writers._histogram import Histogram
 from ember.writers._writer import Writer
 
 #: What a CLU ``MetricWriter`` must have for ember to write through it.
@@ -48,7 +49,16 @@ class CluWriter(Writer):
         self.metric_writer.write_scalars(int(step), {k: float(v) for k, v in values.items()})
 
     def write_histogram(self, step: int, name: str, values: Any) -> None:
-        """``write_histograms(step, {name: values})``."""
+        """``write_histograms(step, {name: values})``.
+
+        CLU's writers take raw values and bucket them themselves; a [`Histogram`][ember.writers.Histogram] counted on
+        device reaches them as its buckets' midpoints, each repeated in proportion to its count (at most 10,000
+        values in all): the same shape, bucketed again by CLU.
+        """
+        if isinstance(values, Histogram):
+            counts, edges = values.on_host().numpy()
+            scaled = np.round(counts * min(1.0, 10_000 / max(int(counts.sum()), 1))).astype(np.int64)
+            values = np.repeat((edges[:-1] + edges[1:]) / 2, np.maximum(scaled, counts > 0))
         self.metric_writer.write_histograms(int(step), {name: np.asarray(values)})
 
     def write_image(self, step: int, name: str, image: Any) -> None:

@@ -10,18 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from ember.writers._histogram import Histogram, histogram
 from ember.writers._writer import Writer
 
 _opened = itertools.count()
-
-
-def _tensorflow_bins() -> list[float]:
-    """TensorBoard's usual histogram bucket edges: +-1e-12 growing by 10% to +-1e20, and 0."""
-    edges, v = [], 1e-12
-    while v < 1e20:
-        edges.append(v)
-        v *= 1.1
-    return [-e for e in reversed(edges)] + [0.0] + edges
 
 
 #: tensorboardX majors whose private ``event_file_writer.EventsWriter`` this writer was checked against.
@@ -82,7 +74,6 @@ class TensorBoardWriter(Writer):
         self._events: Any = None
         self.flush_secs = flush_secs
         self._flushed = time.monotonic()
-        self._bins: list[float] | None = None
 
     def _write(self, step: int, summary: Any) -> None:
         from tensorboardX.proto.event_pb2 import Event  # pyright: ignore[reportAttributeAccessIssue]  # generated
@@ -103,12 +94,21 @@ class TensorBoardWriter(Writer):
             self._write(step, scalar(name, float(value)))
 
     def write_histogram(self, step: int, name: str, values: Any) -> None:
-        """A histogram of ``values`` (TensorBoard's usual buckets)."""
-        from tensorboardX.summary import histogram
+        """A histogram: a [`Histogram`][ember.writers.Histogram] as it is, or an array's over TensorBoard's buckets."""
+        from tensorboardX.proto.summary_pb2 import HistogramProto, Summary  # pyright: ignore[reportAttributeAccessIssue]
 
-        if self._bins is None:
-            self._bins = _tensorflow_bins()
-        self._write(step, histogram(name, np.asarray(values), self._bins))
+        h = (values if isinstance(values, Histogram) else histogram(np.asarray(values))).on_host()
+        limits, counts = h.trimmed()
+        proto = HistogramProto(
+            min=float(h.min),
+            max=float(h.max),
+            num=float(h.num),
+            sum=float(h.sum),
+            sum_squares=float(h.sum_squares),
+            bucket_limit=limits.tolist(),
+            bucket=counts.tolist(),
+        )
+        self._write(step, Summary(value=[Summary.Value(tag=name, histo=proto)]))
 
     def write_image(self, step: int, name: str, image: Any) -> None:
         """An ``(H, W, C)`` image (needs Pillow: ``pip install 'ember[plots]'``)."""

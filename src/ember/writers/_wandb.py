@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ember.writers._histogram import Histogram, histogram
 from ember.writers._writer import Writer
 
 
@@ -68,8 +69,10 @@ class WandbWriter(Writer):
         self.run.log({k: float(v) for k, v in values.items()}, step=step)
 
     def write_histogram(self, step: int, name: str, values: Any) -> None:
-        """A ``wandb.Histogram``."""
-        self.run.log({name: self._wandb.Histogram(np.asarray(values).ravel().tolist())}, step=step)
+        """A ``wandb.Histogram``: a [`Histogram`][ember.writers.Histogram]'s buckets (at most 512, W&B's limit)."""
+        h = values if isinstance(values, Histogram) else histogram(np.asarray(values))
+        counts, edges = h.on_host().numpy(max_buckets=512)
+        self.run.log({name: self._wandb.Histogram(np_histogram=(counts.tolist(), edges.tolist()))}, step=step)
 
     def write_image(self, step: int, name: str, image: Any) -> None:
         """A ``wandb.Image`` (``(H, W, C)``)."""

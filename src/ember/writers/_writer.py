@@ -11,8 +11,9 @@ class Writer:
 
     Subclasses implement [`write_scalars`][ember.writers.Writer.write_scalars]; the other kinds default to doing
     nothing, so a writer that cannot show an image (a CSV file) simply skips it. Values arrive as host numbers and numpy
-    arrays: the [`AsyncWriter`][ember.writers.AsyncWriter] in front of every run's writers converts device arrays on its
-    own thread, so the training loop never waits for a transfer.
+    arrays, and histograms as a [`Histogram`][ember.writers.Histogram] on the host (or, from a caller of its own, an
+    array): the [`AsyncWriter`][ember.writers.AsyncWriter] in front of every run's writers counts a device array's
+    histogram on its devices and converts device values on its own thread, so the training loop never waits.
 
     Examples:
         >>> from ember.writers import Writer
@@ -33,7 +34,7 @@ class Writer:
         raise NotImplementedError(f"{type(self).__name__} must implement write_scalars(step, values).")
 
     def write_histogram(self, step: int, name: str, values: Any) -> None:
-        """Record the distribution of ``values`` (an array) at ``step``; ignored unless overridden."""
+        """Record a [`Histogram`][ember.writers.Histogram] (or an array's) at ``step``; ignored unless overridden."""
 
     def write_image(self, step: int, name: str, image: Any) -> None:
         """Record an ``(H, W, C)`` uint8 or float image at ``step``; ignored unless overridden."""
