@@ -164,7 +164,7 @@ PLACEMENTS = {
     "auto": "placement: auto",
     "pmap": "placement: pmap",
     "fsdp": "placement: fsdp",
-    "sharded": "placement: sharded\n  mesh: {fsdp: 4, model: 2}\n  rules: [['Dense_0\\.kernel', null, model]]",
+    "sharded": "placement: sharded\n  mesh: {fsdp: 4, model: 2}\n  rules: [['Dense_0\\.kernel', fsdp, model]]",
 }
 
 
@@ -195,6 +195,14 @@ def test_the_main_job_runs_unchanged_on_any_number_of_devices(tmp_path, devices,
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["iterations"], summary["best_accuracy"] > 0.5) == (22, True)
+    if placement in ("fsdp", "sharded"):  # the layout, once, before the first epoch's line
+        lines = result.stdout.splitlines()
+        head = lines.index(next(line for line in lines if line.startswith("array ")))
+        assert lines[head - 1].startswith("Sharded: mesh")
+        spec = "P('fsdp', None)" if placement == "fsdp" else "P('fsdp', 'model')"
+        row = next(line for line in lines if line.startswith("params.Dense_0.kernel "))
+        assert re.split(r"\s{2,}", row) == ["params.Dense_0.kernel", "(512, 64)", spec, "16,384"]
+        assert sum(line.startswith("array ") for line in lines) == 1
 
 
 def test_sharded_placement_config_errors_name_the_field():

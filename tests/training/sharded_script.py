@@ -2,8 +2,10 @@
 
 import json
 import os
+import re
 import sys
 import tempfile
+import warnings
 
 assert "--xla_force_host_platform_device_count=8" in os.environ.get("XLA_FLAGS", "")
 
@@ -202,6 +204,110 @@ out["tp_specs"] = {
 }
 
 
+# The character transformer written twice, linen and NNX, with the same logical axis names and the same
+# logical_rules on a 4 x 2 (fsdp x model) mesh: each trains as on one device, and both are laid out alike.
+LM_RULES = (("vocab", None), ("embed", "fsdp"), ("heads", "model"), ("mlp", "model"))
+VOCAB, WIDTH, LENGTH = 64, 32, 16
+LM_DATA = [{"tokens": t} for t in np.random.default_rng(2).integers(0, VOCAB, size=(6, 8, LENGTH + 1)).astype(np.int32)]
+
+
+def causal_attention(q, k, v):
+    scores = jnp.einsum("bqd,bkd->bqk", q, k) / np.sqrt(q.shape[-1])
+    mask = jnp.tril(jnp.ones((q.shape[1], q.shape[1]), bool))
+    return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(jnp.where(mask, scores, -1e9)), v)
+
+
+class LinenLM(nn.Module):
+    @nn.compact
+    def __call__(self, tokens):
+        named = lambda *names: nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)  # noqa: E731
+        x = nn.Embed(
+            VOCAB, WIDTH, embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed"))
+        )(tokens)
+        h = nn.LayerNorm()(x)
+        q, k, v = (nn.Dense(WIDTH, kernel_init=named("embed", "heads"), name=n)(h) for n in ("query", "key", "value"))
+        x = x + nn.Dense(WIDTH, kernel_init=named("heads", "embed"), name="out")(causal_attention(q, k, v))
+        h = nn.gelu(nn.Dense(4 * WIDTH, kernel_init=named("embed", "mlp"), name="up")(nn.LayerNorm()(x)))
+        x = x + nn.Dense(WIDTH, kernel_init=named("mlp", "embed"), name="down")(h)
+        return nn.Dense(VOCAB, kernel_init=named("embed", "vocab"), name="logits")(nn.LayerNorm()(x))
+
+
+class NNXLM(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        named = lambda *names: nnx.with_partitioning(nnx.initializers.lecun_normal(), names)  # noqa: E731
+        self.embed = nnx.Embed(
+            VOCAB,
+            WIDTH,
+            embedding_init=nnx.with_partitioning(nnx.initializers.normal(1.0), ("vocab", "embed")),
+            rngs=rngs,
+        )
+        self.norm1, self.norm2, self.norm3 = (nnx.LayerNorm(WIDTH, rngs=rngs) for _ in range(3))
+        self.query, self.key, self.value = (
+            nnx.Linear(WIDTH, WIDTH, kernel_init=named("embed", "heads"), rngs=rngs) for _ in range(3)
+        )
+        self.out = nnx.Linear(WIDTH, WIDTH, kernel_init=named("heads", "embed"), rngs=rngs)
+        self.up = nnx.Linear(WIDTH, 4 * WIDTH, kernel_init=named("embed", "mlp"), rngs=rngs)
+        self.down = nnx.Linear(4 * WIDTH, WIDTH, kernel_init=named("mlp", "embed"), rngs=rngs)
+        self.logits = nnx.Linear(WIDTH, VOCAB, kernel_init=named("embed", "vocab"), rngs=rngs)
+
+    def __call__(self, tokens):
+        x = self.embed(tokens)
+        h = self.norm1(x)
+        x = x + self.out(causal_attention(self.query(h), self.key(h), self.value(h)))
+        x = x + self.down(nnx.gelu(self.up(self.norm2(x))))
+        return self.logits(self.norm3(x))
+
+
+def next_token_loss(model, batch):
+    logits = model(batch["tokens"][:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"][:, 1:]).mean()
+
+
+lm_mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("fsdp", "model"))
+fsdp_mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+out["lm"] = {}
+for name in ("linen", "nnx"):
+    runs = []
+    for placement in (SingleDevice(), Sharded(lm_mesh, logical_rules=LM_RULES)):
+        sharded = placement if isinstance(placement, Sharded) else None
+        tx = optax.sgd(0.1, momentum=0.9)
+        if name == "linen":
+            state = TrainState.from_linen(LinenLM(), LM_DATA[0]["tokens"][:1, :-1], tx, placement=sharded)
+        elif sharded is not None:
+            state = TrainState.from_nnx(lambda: NNXLM(nnx.Rngs(0)), tx, placement=sharded)
+        else:
+            one_device = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "model"))
+            with jax.set_mesh(one_device), nn.logical_axis_rules(LM_RULES):
+                state = TrainState.from_nnx(NNXLM(nnx.Rngs(0)), tx)  # one device: the names resolve to nothing
+        trainer = create_trainer(state, next_token_loss, placement=placement)
+        trainer.run(LM_DATA, max_epochs=2)
+        runs.append(trainer)
+    lm_one, lm_sharded = runs
+    table = lm_sharded.placement.layout(lm_sharded.state.train_state)
+    out["lm"][name] = {
+        "params": max_diff(lm_one.state.train_state.params, lm_sharded.state.train_state.params),
+        "specs": {path: str(spec) for path, _, spec, _ in lm_sharded.placement.partitioner.layout},
+        "table_rows": [re.split(r"\s{2,}", row.strip()) for row in table.splitlines()],
+    }
+
+# fsdp() takes logical rules; a placement that leaves the large arrays replicated says so, in a warning and its summary.
+lm_names = (("vocab", None), ("embed", "fsdp"), ("heads", None), ("mlp", None))
+named_fsdp = fsdp(min_size=1024, logical_rules=lm_names)
+named_state = TrainState.from_linen(LinenLM(), LM_DATA[0]["tokens"][:1, :-1], optax.sgd(0.1), placement=named_fsdp)
+out["fsdp_logical"] = str(named_state.params["up"]["kernel"].sharding.spec)
+everything_replicated = Sharded(
+    fsdp_mesh,
+    fsdp_axis="fsdp",
+    min_size=1024,
+    logical_rules=tuple((n, None) for n in ("vocab", "embed", "heads", "mlp")),
+)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    TrainState.from_linen(LinenLM(), LM_DATA[0]["tokens"][:1, :-1], optax.sgd(0.1), placement=everything_replicated)
+out["replicated_warning"] = [str(w.message) for w in caught]
+out["replicated_summary"] = everything_replicated.summary()
+
+
 # Bad input: each a named error before the first step.
 def message(fn):
     try:
@@ -211,7 +317,6 @@ def message(fn):
     return "no error"
 
 
-fsdp_mesh = Mesh(np.array(jax.devices()), ("fsdp",))
 out["errors"] = {
     "rule_axis": message(lambda: Sharded(fsdp_mesh, rules=((r"kernel", P("model")),))),
     "rule_divisible": message(
@@ -229,12 +334,28 @@ out["errors"] = {
             placement=Sharded(fsdp_mesh, logical_rules=(("embed", "fsdp"),)),
         )
     ),
+    "unmatched_rule": message(
+        lambda: Sharded(fsdp_mesh, rules=((r"Dense_0\.kernl", P(None, "fsdp")),)).put_state(
+            TrainState.from_linen(Net(), DATA[0]["x"][:1], optax.sgd(0.1))
+        )
+    ),
+    "unused_logical_name": message(
+        lambda: TrainState.from_linen(
+            LinenLM(),
+            LM_DATA[0]["tokens"][:1, :-1],
+            optax.sgd(0.1),
+            placement=Sharded(lm_mesh, logical_rules=(*LM_RULES, ("mlpp", "model"))),
+        )
+    ),
 }
 auto = Sharded(fsdp_mesh, fsdp_axis="fsdp", min_size=1)
-auto.put_state(
-    TrainState.create(lambda p, x: x @ p["w"], {"w": jnp.zeros((3, 5)), "v": jnp.zeros((16, 4))}, optax.sgd(0.1))
-)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    auto.put_state(
+        TrainState.create(lambda p, x: x @ p["w"], {"w": jnp.zeros((3, 5)), "v": jnp.zeros((16, 4))}, optax.sgd(0.1))
+    )
 out["auto_summary"] = auto.summary()
+out["auto_warning"] = [str(w.message) for w in caught]
 
 
 # Sharded checkpoints (orbax): bit-exact resume on the same mesh, and restore onto other meshes.

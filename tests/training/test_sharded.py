@@ -108,10 +108,54 @@ def test_sharded_bad_input_is_named_before_the_first_step(eight_devices):
         "(drop_remainder=True drops a short last batch), or fewer devices.",
         "logical": "ValueError: The model partitions params.kernel over 'mlp', which is neither an axis of the mesh "
         "('fsdp',) nor a name in logical_rules ['embed'].",
+        "unmatched_rule": "ValueError: The rule 'Dense_0\\\\.kernl' matches no array of the train state, so it places "
+        "nothing (a typo?). Rules are searched in the dotted paths: params.BatchNorm_0.bias, params.BatchNorm_0.scale, "
+        "params.Dense_0.bias, params.Dense_0.kernel, params.Dense_1.bias, params.Dense_1.kernel, params.Dense_2.bias, "
+        "params.Dense_2.kernel, ...",
+        "unused_logical_name": "ValueError: `logical_rules` names 'mlpp', which no parameter of the model carries (a "
+        "typo?); the model's names are ['embed', 'heads', 'mlp', 'vocab'].",
     }
     assert eight_devices["auto_summary"] == (
         "Sharded: mesh {'fsdp': 8}, batch over ('fsdp',)\n  params.w (3, 5): no dimension divisible by 'fsdp' (8); "
-        "replicated"
+        "replicated\n  the fullest device holds 2.3 x total/8 (1 of 2 arrays replicated, counting those of 1 elements "
+        "or more)"
+    )
+    assert eight_devices["auto_warning"] == [
+        "The fullest device holds 2.3 x total/8 of the arrays meant to split over 8 devices (1 of 2 arrays replicated, "
+        "counting those of 1 elements or more). Map the model's logical names to a mesh axis, add rules, or raise "
+        "`min_size`; placement.layout(state) lists every array."
+    ]
+
+
+@pytest.mark.parametrize("model", ["linen", "nnx"])
+def test_the_same_logical_rules_shard_a_linen_and_an_nnx_transformer_alike(eight_devices, model):
+    """A transformer written in linen and in NNX, one logical_rules on 4 x 2: as on one device, each layer alike."""
+    lm = eight_devices["lm"][model]
+    assert lm["params"] < 1e-5
+    specs = lm["specs"]
+    embedding = "params.Embed_0.embedding" if model == "linen" else "params.embed.embedding"
+    assert specs[embedding] == "P(None, 'fsdp')"  # ("vocab", "embed")
+    for layer in ("query", "key", "value", "up"):
+        assert specs[f"params.{layer}.kernel"] == "P('fsdp', 'model')"
+    for layer in ("out", "down"):
+        assert specs[f"params.{layer}.kernel"] == "P('model', 'fsdp')"
+    assert specs["params.logits.kernel"] == "P('fsdp', None)"
+    rows = lm["table_rows"]
+    assert rows[0] == ["array", "shape", "spec", "bytes per device"]
+    assert ["params.up.kernel", "(32, 128)", "P('fsdp', 'model')", "2,048"] in rows  # 32 x 128 x 4 bytes / 8
+
+
+def test_fsdp_takes_logical_rules_and_a_placement_that_replicates_says_so(eight_devices):
+    """fsdp(logical_rules=...) places by the model's names; names all mapped to None: a warning, and the summary."""
+    assert eight_devices["fsdp_logical"] == "P('fsdp', None)"  # ("embed", "mlp") -> ("fsdp", None)
+    assert eight_devices["replicated_warning"] == [
+        "The fullest device holds 8.0 x total/8 of the arrays meant to split over 8 devices (8 of 8 arrays "
+        "replicated, counting those of 1,024 elements or more). Map the model's logical names to a mesh axis, add "
+        "rules, or raise `min_size`; placement.layout(state) lists every array."
+    ]
+    assert eight_devices["replicated_summary"].endswith(
+        "\n  the fullest device holds 8.0 x total/8 (8 of 8 arrays replicated, counting those of 1,024 elements or "
+        "more)"
     )
 
 

@@ -26,7 +26,7 @@ from ember.handlers import (
     global_step_from_engine,
 )
 from ember.metrics import Accuracy, Loss, RunningAverage
-from ember.training import TrainState, create_evaluator, create_trainer
+from ember.training import Sharded, TrainState, create_evaluator, create_trainer
 from ember.writers import AsyncWriter, create_run_writer
 
 
@@ -119,6 +119,8 @@ def train(
     total = cfg.trainer.max_iters or cfg.trainer.max_epochs * (steps_per_epoch or 0)
     schedule = build_schedule(cfg.optimizer, total)
     trainer = build_trainer(cfg, sample, schedule)
+    if isinstance(trainer.placement, Sharded) and jax.process_index() == 0:
+        print(f"{trainer.placement.summary()}\n{trainer.placement.layout(trainer.state.train_state)}", file=out)
     evaluator = create_evaluator(trainer, _predict, placement=trainer.placement)
     Accuracy().attach(evaluator, "accuracy")
     Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")

@@ -94,6 +94,9 @@ class Partitioner:
         self.fsdp_axis = fsdp_axis
         self.min_size = min_size
         self.notes: dict[str, str] = {}  # by path: what the automatic rule left replicated, and why
+        self.layout: list[tuple[str, tuple[int, ...], P, int]] = []  # the last state's (path, shape, spec, bytes)
+        self._matched: set[int] = set()  # the rules and logical names the last state used
+        self._named: set[str] = set()
         for pattern, spec in rules:
             self._check_axes(spec, f"The rule {pattern!r}")
         for logical, axes in self.logical.items():
@@ -113,6 +116,7 @@ class Partitioner:
             if name is None or name in self.mesh.axis_names:
                 axes.append(name)
             elif name in self.logical:
+                self._named.add(name)
                 axes.append(self.logical[name])
             else:
                 raise ValueError(
@@ -139,8 +143,9 @@ class Partitioner:
             spec = self._from_names(path, model_names)
             self._check_fits(path, shape, spec, "The model's partitioning")
             return spec
-        for pattern, spec in self.rules:
+        for i, (pattern, spec) in enumerate(self.rules):
             if pattern.search(path):
+                self._matched.add(i)
                 self._check_fits(path, shape, spec, f"The rule {pattern.pattern!r}")
                 return spec
         return self._automatic(path, shape)
@@ -167,11 +172,14 @@ class Partitioner:
         ``rng`` are replicated.
         """
         replicated = NamedSharding(self.mesh, P())
+        self._matched, self._named, self.layout = set(), set(), []
 
         def resolve(prefix: str, tree: Any, names: Mapping[str, tuple[Any, ...]]) -> Any:
             def one(path: Any, leaf: Any) -> NamedSharding:
-                where = dotted(path)
-                spec = self.spec(f"{prefix}.{where}", tuple(np.shape(leaf)), names.get(where))
+                where, shape = dotted(path), tuple(np.shape(leaf))
+                spec = self.spec(f"{prefix}.{where}", shape, names.get(where))
+                itemsize = leaf.dtype.itemsize  # a PRNG key type has one too (its key data's)
+                self.layout.append((f"{prefix}.{where}", shape, spec, math.prod(shape) * itemsize))
                 return NamedSharding(self.mesh, spec)
 
             return jax.tree_util.tree_map_with_path(one, tree)
@@ -185,10 +193,54 @@ class Partitioner:
             transform_non_params=lambda _: replicated,
             is_leaf=lambda x: isinstance(x, NamedSharding),
         )
+        model_state = resolve("model_state", abstract.model_state, {})
+        self._check_all_used(names)
         return abstract.replace(
             step=replicated,
             params=params,
             opt_state=opt_state,
-            model_state=resolve("model_state", abstract.model_state, {}),
+            model_state=model_state,
             rng=jax.tree.map(lambda _: replicated, abstract.rng),
         )
+
+    def _check_all_used(self, names: Mapping[str, tuple[Any, ...]]) -> None:
+        """Raise for a rule that matched no array, or a logical name no array of the model carries (a typo)."""
+        paths = [path for path, *_ in self.layout]
+        for i, (pattern, _) in enumerate(self.rules):
+            if i not in self._matched:
+                shown = ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else ".")
+                raise ValueError(
+                    f"The rule {pattern.pattern!r} matches no array of the train state, so it places nothing (a "
+                    f"typo?). Rules are searched in the dotted paths: {shown}"
+                )
+        used = {n for found in names.values() for n in found if n is not None}
+        for name in self.logical:
+            if name not in self._named:
+                raise ValueError(
+                    f"`logical_rules` names {name!r}, which no parameter of the model carries (a typo?); the model's "
+                    f"names are {sorted(str(n) for n in used) or 'none'}."
+                )
+
+    def spread(self) -> tuple[float, int]:
+        """``(fullest device's bytes / (total / N), N)`` for the last state's arrays of at least ``min_size`` elements.
+
+        Smaller arrays stay replicated by design and are left out. N is the size of the mesh axes the specs use, with
+        the automatic rule's ``fsdp_axis``: tensor parallelism over ``model`` with the batch over ``data`` is meant to
+        split the state 4 ways on a 2 x 4 mesh, not 8.
+        """
+        large = [(spec, size) for _, shape, spec, size in self.layout if math.prod(shape) >= max(self.min_size, 1)]
+        axes = {a for spec, _ in large for entry in spec for a in _axes(entry) if a is not None}
+        if self.fsdp_axis is not None:
+            axes.add(self.fsdp_axis)
+        n = math.prod(int(self.mesh.shape[a]) for a in axes)
+        total = sum(size for _, size in large)
+        fullest = sum(size / self.shards(spec) for spec, size in large)
+        return (fullest / (total / n) if total else 1.0), n
+
+    def shards(self, spec: P) -> int:
+        """Into how many pieces ``spec`` splits an array on this mesh."""
+        return math.prod(int(self.mesh.shape[a]) for entry in spec for a in _axes(entry) if a is not None)
+
+
+def _axes(entry: Any) -> tuple[Any, ...]:
+    return entry if isinstance(entry, tuple) else (entry,)

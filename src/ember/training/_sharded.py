@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -23,6 +25,9 @@ from ember.training._placement import (
 
 #: Mesh axes that split a model's tensors rather than the batch (tensor parallelism).
 MODEL_AXES = ("model", "tensor")
+
+#: A placement warns when its fullest device holds more than this many times total/N of the parameters.
+SPREAD_WARNING = 2.0
 
 
 class Sharded(Placement):
@@ -84,7 +89,7 @@ class Sharded(Placement):
         for axis in axes:
             if axis not in mesh.axis_names:
                 raise ValueError(f"`batch_axes` names {axis!r}, but the mesh has only the axes {mesh.axis_names}.")
-        self.mesh, self.batch_axes = mesh, axes
+        self.mesh, self.batch_axes, self.min_size = mesh, axes, min_size
         self.partitioner = Partitioner(
             mesh, rules=rules, logical_rules=logical_rules, fsdp_axis=fsdp_axis, min_size=min_size
         )
@@ -94,6 +99,7 @@ class Sharded(Placement):
         self._stacked = NamedSharding(mesh, P(None, axes or None))
         self._devices = list(mesh.devices.flat)
         self._local_ways = local_batch_ways(mesh, self.n_devices)  # (the processes do not change)
+        self._warned = False
 
     # -- the state -------------------------------------------------------------------------------
 
@@ -109,7 +115,75 @@ class Sharded(Placement):
             >>> placement.state_shardings(state).params.spec
             P('fsdp', None)
         """
-        return self.partitioner.shardings(state, dict(getattr(state, "partitioning", ()) or ()))
+        shardings = self.partitioner.shardings(state, dict(getattr(state, "partitioning", ()) or ()))
+        ratio, n = self.partitioner.spread()
+        if ratio > SPREAD_WARNING and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"The fullest device holds {ratio:.1f} x total/{n} of the arrays meant to split over {n} devices "
+                f"({self._replicated_note()}). Map the model's logical names to a mesh axis, add rules, or raise "
+                "`min_size`; placement.layout(state) lists every array.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return shardings
+
+    def _replicated_note(self) -> str:
+        large = [(shape, spec) for _, shape, spec, _ in self.partitioner.layout if math.prod(shape) >= self.min_size]
+        whole = [1 for _, spec in large if self.partitioner.shards(spec) == 1]
+        return f"{len(whole)} of {len(large)} arrays replicated, counting those of {self.min_size:,} elements or more"
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """The mesh, and the logical rules as Flax's context (linen and NNX), for code that builds a model on it.
+
+        A Flax NNX module shards its variables as it creates them, by their logical names: built inside this scope,
+        those names resolve through ``logical_rules``, as linen's do through the placement
+        (``TrainState.from_nnx(..., placement=)`` builds inside it). A linen module is initialised under the mesh
+        alone: with the rules in force, linen constrains some kernels before it reshapes them.
+
+        Examples:
+            >>> import jax, numpy as np
+            >>> from flax import linen as nn
+            >>> from jax.sharding import Mesh
+            >>> from ember.training import Sharded
+            >>> placement = Sharded(Mesh(np.array(jax.devices()), ("fsdp",)), logical_rules=[("embed", "fsdp")])
+            >>> with placement.scope():
+            ...     nn.get_logical_axis_rules()
+            (('embed', 'fsdp'),)
+        """
+        from flax import linen as nn
+
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(tuple(self.partitioner.logical.items())):
+            yield
+
+    def layout(self, state: Any) -> str:
+        """A table of where every array of ``state`` goes: path, shape, spec, and bytes on each of its devices.
+
+        ``ember train`` prints it at the start of a sharded run.
+
+        Examples:
+            >>> import jax, jax.numpy as jnp, numpy as np, optax
+            >>> from jax.sharding import Mesh
+            >>> from ember.training import Sharded, TrainState
+            >>> placement = Sharded(Mesh(np.array(jax.devices()[:1]), ("fsdp",)), fsdp_axis="fsdp", min_size=1)
+            >>> state = TrainState.create(lambda p, x: x @ p["w"], {"w": jnp.zeros((8, 2))}, optax.sgd(0.1))
+            >>> print(placement.layout(state))
+            array     shape   spec              bytes per device
+            params.w  (8, 2)  P('fsdp', None)                 64
+        """
+        self.state_shardings(state)
+        rows = [
+            (path, str(shape), str(spec), f"{size // self.partitioner.shards(spec):,}")
+            for path, shape, spec, size in self.partitioner.layout
+        ]
+        head = ("array", "shape", "spec", "bytes per device")
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+        lines = [
+            "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+            for r in [head, *rows]
+        ]
+        return "\n".join(line.rstrip() for line in lines)
 
     def put_state(self, state: Any) -> Any:
         """Place ``state`` by ``state_shardings`` (arrays already placed so stay where they are)."""
@@ -120,7 +194,7 @@ class Sharded(Placement):
 
         The full state never exists on one device or host; each device computes only its shards.
         """
-        with jax.set_mesh(self.mesh):
+        with jax.set_mesh(self.mesh):  # linen resolves its names through the placement, after init
             abstract = jax.eval_shape(make)
             shardings = self.state_shardings(abstract)
             return jax.jit(make, out_shardings=shardings)()
@@ -136,7 +210,12 @@ class Sharded(Placement):
             Sharded: mesh {'fsdp': 1}, batch over ('fsdp',)
         """
         head = f"Sharded: mesh {dict(self.mesh.shape)}, batch over {self.batch_axes}"
-        return "\n".join([head, *(f"  {note}" for note in self.partitioner.notes.values())])
+        notes = list(self.partitioner.notes.values())
+        if self.partitioner.layout:
+            ratio, n = self.partitioner.spread()
+            if ratio > SPREAD_WARNING:
+                notes.append(f"the fullest device holds {ratio:.1f} x total/{n} ({self._replicated_note()})")
+        return "\n".join([head, *(f"  {note}" for note in notes)])
 
     # -- batches and steps -----------------------------------------------------------------------
 
@@ -179,11 +258,19 @@ class Sharded(Placement):
         return f"Sharded(mesh={dict(self.mesh.shape)}, batch_axes={self.batch_axes})"
 
 
-def fsdp(devices: Sequence[Any] | None = None, *, min_size: int = 2**14, rules: Rules = ()) -> Sharded:
+def fsdp(
+    devices: Sequence[Any] | None = None,
+    *,
+    min_size: int = 2**14,
+    rules: Rules = (),
+    logical_rules: Sequence[tuple[str, Any]] = (),
+) -> Sharded:
     """Fully sharded data parallel over ``devices`` (all by default): a one-axis mesh ``("fsdp",)``.
 
     Every parameter of at least ``min_size`` elements (and its optimizer moments) is split over the
-    devices along its largest divisible dimension; the batch is split over them too.
+    devices along its largest divisible dimension; the batch is split over them too. A model that names its
+    axes (linen's ``nn.with_logical_partitioning``, NNX's ``nnx.with_partitioning``) is placed by its names,
+    mapped by ``logical_rules`` (``[("embed", "fsdp"), ("mlp", None)]``); ``rules`` place arrays by path.
 
     Examples:
         >>> from ember.training import fsdp
@@ -191,4 +278,4 @@ def fsdp(devices: Sequence[Any] | None = None, *, min_size: int = 2**14, rules: 
         ('fsdp',)
     """
     mesh = Mesh(np.array(list(devices) if devices is not None else jax.devices()), ("fsdp",))
-    return Sharded(mesh, rules=rules, fsdp_axis="fsdp", min_size=min_size)
+    return Sharded(mesh, rules=rules, logical_rules=logical_rules, fsdp_axis="fsdp", min_size=min_size)

@@ -265,10 +265,10 @@ class TrainState(struct.PyTreeNode):
 
         if hasattr(placement, "init_state") and not isinstance(model, nnx.Module):
             factory: Callable[[], nnx.Module] = model
-            with jax.set_mesh(placement.mesh):
+            with placement.scope():  # the mesh, and the logical rules NNX resolves its names by as it creates them
                 abstract = nnx.eval_shape(factory)
-            names = model_names(nnx_split(abstract)[1])
-            return placement.init_state(lambda: build(factory(), names))
+                names = model_names(nnx_split(abstract)[1])
+                return placement.init_state(lambda: build(factory(), names))
         module = model if isinstance(model, nnx.Module) else model()
         return build(module, model_names(nnx_split(module)[1]))
 
