@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import jax
@@ -134,7 +134,7 @@ class Sharded(Placement):
         return f"{len(whole)} of {len(large)} arrays replicated, counting those of {self.min_size:,} elements or more"
 
     @contextlib.contextmanager
-    def scope(self) -> Iterator[None]:
+    def scope(self) -> Generator[None]:
         """The mesh, and the logical rules as Flax's context (linen and NNX), for code that builds a model on it.
 
         A Flax NNX module shards its variables as it creates them, by their logical names: built inside this scope,
