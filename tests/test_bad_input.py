@@ -97,3 +97,123 @@ def test_a_metric_computed_before_any_update():
     message = "Metric `Accuracy` was computed before any update; attach it to an engine or call `update` first."
     with pytest.raises(RuntimeError, match=re.escape(message)):
         Accuracy().compute()
+
+
+# The scale path's newer APIs (each refused early, naming what was given).
+
+
+def test_a_batch_whose_dtype_changes_mid_run_is_refused_though_jax_would_convert_it():
+    """float32, then float64 (JAX would make it float32 silently, with the same compiled step): refused, named."""
+    with pytest.raises(ValueError, match=r"^This batch differs from the first one: the batch is float64") as info:
+        linear().run([np.ones((2, 3), np.float32), np.ones((2, 3), np.float64)])
+    assert str(info.value) == (
+        "This batch differs from the first one: the batch is float64[2, 3], the first batch's was float32. JAX "
+        "would convert it silently and train on; give every batch the same dtypes (a transform returning float64 "
+        "where it returned float32, say)."
+    )
+    batch = {"x": np.ones((2, 3), np.float32), "y": np.ones((2,), np.int32)}
+    trainer = create_trainer(
+        TrainState.create(lambda p, x: x @ p, jnp.zeros((3,)), optax.sgd(0.1)),
+        lambda m, b: jnp.mean(m(b["x"]) ** 2) + b["y"].sum(),
+    )
+    with pytest.raises(ValueError, match=re.escape("['y'] is int64[2], the first batch's was int32.")):
+        trainer.run([batch, batch, {**batch, "y": np.ones((2,), np.int64)}])
+
+
+def test_a_short_last_batch_under_steps_per_call_names_drop_remainder():
+    """K=2 with 4, 4, 4, 3: the group holding the short batch is refused before compiling, naming the fix."""
+    state = TrainState.create(lambda p, x: x @ p, jnp.zeros((3,)), optax.sgd(0.1))
+    trainer = create_trainer(state, lambda m, b: jnp.mean(m(b) ** 2), steps_per_call=2)
+    data = [np.ones((4, 3), np.float32)] * 3 + [np.ones((3, 3), np.float32)]
+    with pytest.raises(ValueError, match=re.escape("(drop_remainder=True drops a short last batch)")) as info:
+        trainer.run(data)
+    assert "first difference: the batch: expected float32[4, 3], got float32[3, 3]" in str(info.value)
+
+
+def test_checkpoint_arguments_and_scores_name_themselves(tmp_path):
+    """n_saved=0 names n_saved; a score that is not a number names score_function and what it returned."""
+    trainer = Engine(lambda e, b: b)
+    with pytest.raises(ValueError, match=r"^`n_saved` must be") as info:
+        Checkpoint({"trainer": trainer}, tmp_path, n_saved=0)
+    assert str(info.value) == "`n_saved` must be a positive int or None (keep every checkpoint), got 0."
+    for value, shown in (
+        ("0.93", "'0.93' of type str"),
+        (None, "None of type NoneType"),
+        ([0.9], "[0.9] of type list"),
+    ):
+        saver = Checkpoint({"trainer": trainer}, tmp_path, score_function=lambda e, v=value: v)
+        with pytest.raises(TypeError) as info:
+            saver(trainer)
+        assert str(info.value) == f"`score_function` must return a number (a float, or a 0-d array), got {shown}."
+
+
+def test_the_optimizer_wrappers_are_checked_when_the_evaluator_or_the_plateau_is_made():
+    """use_ema without ema(tx), ReduceLROnPlateau without scale_by_plateau(tx): refused at construction."""
+    from ember.training import ReduceLROnPlateau, create_evaluator
+
+    trainer = linear()
+    with pytest.raises(ValueError, match=r"^use_ema / ema_params need") as info:
+        create_evaluator(trainer, lambda m, b: m(b), use_ema=True)
+    assert str(info.value) == (
+        "use_ema / ema_params need the train state's optimizer wrapped once in ember.training.ema(tx, ...); its "
+        "optimizer state holds 0 such averages."
+    )
+    with pytest.raises(ValueError, match=r"^ReduceLROnPlateau needs") as info:
+        ReduceLROnPlateau(trainer, "loss")
+    assert str(info.value) == (
+        "ReduceLROnPlateau needs the trainer's optimizer wrapped once in ember.training.scale_by_plateau(tx); its "
+        "optimizer state holds 0 such scales."
+    )
+
+
+def test_a_grain_transform_that_changes_an_examples_shape_names_the_record():
+    """Record 13 comes out 3 long where the others are 4: a RecordError naming it and both shapes."""
+    from ember.data import GrainPipeline
+    from ember.errors import RecordError
+
+    def odd_one(x):
+        return {"x": np.zeros(3 if x == 13 else 4, np.float32)}
+
+    with pytest.raises(RecordError) as info:
+        list(GrainPipeline(list(range(40)), batch_size=8, transforms=[odd_one]))
+    assert str(info.value) == (
+        "record 13 of [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, "
+        "26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39] gives PyTreeDef({'x': *}) with leaves [float32[3]] "
+        "after its transforms, where record 0 gave PyTreeDef({'x': *}) with leaves [float32[4]]: every example must "
+        "have one structure, shapes and dtypes (a batch stacks them)."
+    )
+
+
+@pytest.mark.parametrize(("writer", "reader"), [("CheckpointStore", "OrbaxStore"), ("OrbaxStore", "CheckpointStore")])
+def test_a_store_over_another_stores_checkpoints_refuses_to_resume(tmp_path, writer, reader):
+    """Resuming with the wrong store is refused, naming the one that wrote them (it started from step 0 before)."""
+    import ember.checkpoint as ckpt
+
+    written = getattr(ckpt, writer)(tmp_path)
+    written.save({"w": np.ones(2, np.float32)}, step=3)
+    getattr(written, "close", lambda: None)()
+    store = getattr(ckpt, reader)(tmp_path)
+    with pytest.raises(ValueError, match="cannot be restored") as info:
+        Checkpoint({"trainer": Engine(lambda e, b: b)}, store).resume()
+    message = str(info.value)
+    assert message.startswith(
+        f"Checkpoint '{tmp_path / 'step_00000003'}' cannot be restored: it was written by {writer}"
+    )
+    assert message.endswith(
+        f"and {reader} cannot read it; open the folder with {writer} (ember.checkpoint.open_store picks it)."
+    )
+    if writer == "CheckpointStore":
+        assert "(its manifest lists the files ['state.msgpack'])" in message
+    getattr(store, "close", lambda: None)()
+
+
+def test_an_empty_config_file_is_refused(tmp_path):
+    """An empty YAML file does not train the built-in example: it is named, with the way to get that run."""
+    empty = tmp_path / "config.yaml"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(empty)
+    assert str(info.value) == (
+        f"{empty} is empty. Write the fields to change (see `ember train --help` and the CLI page), or leave the file "
+        "out to train the built-in example."
+    )

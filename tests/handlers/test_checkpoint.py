@@ -213,7 +213,7 @@ def test_checkpoint_and_load_objects_errors(tmp_path):
     """Bad to_save entries and policies, missing state and an empty store fail clearly."""
     with pytest.raises(TypeError, match=r"`to_save\['model'\]` must have state_dict\(\)/load_state_dict\(\)"):
         Checkpoint({"model": object()}, tmp_path)
-    with pytest.raises(ValueError, match=r"`keep_latest` must be a positive int or None, got 0"):
+    with pytest.raises(ValueError, match=r"`n_saved` must be a positive int or None \(keep every checkpoint\), got 0"):
         Checkpoint({"t": Engine(lambda e, b: b)}, tmp_path, n_saved=0)
     with pytest.raises(TypeError, match=re.escape("`save_handler` must be a folder, a CheckpointStore or a DiskSaver")):
         Checkpoint({"t": Engine(lambda e, b: b)}, 3)  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from ember.checkpoint._format import parse_leaves, read_file
 from ember.checkpoint._manifest import (
     MANIFEST,
     CorruptCheckpointError,
+    WrongStoreError,
     check_structure,
     corrupt,
     read_manifest,
@@ -173,7 +174,7 @@ class CheckpointFolder:
         """Raise ``ValueError`` if another kind of store wrote the checkpoint in ``path``."""
         expected = manifest["files"].get(DATA)
         if not isinstance(expected, dict) or not isinstance(expected.get("bytes"), int):
-            raise ValueError(wrong_store(manifest, DATA))
+            raise wrong_store(manifest, type(self).__name__)
 
     def set_aside(self, path: Path, why: Exception) -> None:
         """Move a checkpoint that failed verification out of the way (renamed ``corrupt-<name>``), with a warning.
@@ -247,6 +248,8 @@ class CheckpointFolder:
                 found.append(self.verify(path))
             except CorruptCheckpointError as why:
                 self.set_aside(path, why)
+            except WrongStoreError as why:  # the wrong store for this folder: refused, so no run starts anew over it
+                raise ValueError(f"Checkpoint {str(path)!r} cannot be restored: {why}.") from None
             except ValueError as why:
                 warnings.warn(f"Skipping checkpoint {path.name!r}: {why}.", UserWarning, stacklevel=3)
         newest_first = sorted(found, key=_newer, reverse=True)

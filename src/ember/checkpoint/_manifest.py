@@ -162,7 +162,15 @@ def _fmt(d: dict[str, Any]) -> str:
     return f"{d['dtype']}{d['shape']}" if "shape" in d else d["value"]
 
 
-def wrong_store(manifest: dict[str, Any], expected: str) -> str:
-    """Why a store cannot read a checkpoint written by another kind of store."""
-    files = sorted(manifest["files"])
-    return f"its manifest lists the files {files}, not {expected!r}; open it with the store that wrote it"
+class WrongStoreError(ValueError):
+    """A checkpoint written by another kind of store (msgpack's ``CheckpointStore``, ``OrbaxStore``) than the reader."""
+
+
+def wrong_store(manifest: dict[str, Any], reader: str) -> WrongStoreError:
+    """The error for a store (``reader``) asked to read a checkpoint another kind of store wrote."""
+    files = manifest["files"]
+    writer = "OrbaxStore" if "state" in files else "CheckpointStore" if "state.msgpack" in files else "another store"
+    return WrongStoreError(
+        f"it was written by {writer} (its manifest lists the files {sorted(files)}), and {reader} cannot read it; "
+        f"open the folder with {writer} (ember.checkpoint.open_store picks it)"
+    )

@@ -159,7 +159,7 @@ class OrbaxStore(CheckpointStore):
 
     def _check_kind(self, path: Path, manifest: dict[str, Any]) -> None:
         if ITEM not in manifest["files"]:
-            raise ValueError(wrong_store(manifest, ITEM))
+            raise wrong_store(manifest, type(self).__name__)
         if not (path / ITEM).is_dir():
             raise corrupt(path, ITEM, "folder is missing")
 

@@ -321,6 +321,11 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any] | None = None, o
             raw = yaml.safe_load(path.read_text())
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML ({e}).") from None
+        if raw is None:  # an empty file (or only comments): not the embedded run a user did not ask for
+            raise ConfigError(
+                f"{path} is empty. Write the fields to change (see `ember train --help` and the CLI page), or leave "
+                "the file out to train the built-in example."
+            )
     return _build(Config, _apply_overrides(raw, overrides), "")
 
 

@@ -204,6 +204,7 @@ class _Stream:
         self.transforms = transforms
         self._order: tuple[int, np.ndarray] | None = None  # the latest pass's permutation
         self._local: threading.local | None = None
+        self._first: tuple[int, Any] | None = None  # the first example's record and its structure, shapes, dtypes
 
     def __len__(self) -> int:
         return sys.maxsize  # endless, as Grain's own repeat()
@@ -248,7 +249,27 @@ class _Stream:
                 example = fn(example, self._rng(place)) if kind == "random" else fn(example)
         except Exception as e:
             raise RecordError(f"record {record} of {self.source!r:.200} failed: {e!r}", index=record) from e
+        self._check_like_the_first(example, record)
         return example
+
+    def _check_like_the_first(self, example: Any, record: int) -> None:
+        """Raise `RecordError` naming ``record`` when its example's structure, shapes or dtypes differ from the first.
+
+        Grain stacks the examples of a batch, and says only that they differ; this says which record, and how.
+        """
+        leaves, treedef = jax.tree.flatten(example)
+        spec = (treedef, [(np.shape(x), np.result_type(x).name) for x in leaves])
+        first = self._first
+        if first is None:
+            self._first = (record, spec)
+            return
+        if spec != first[1]:
+            raise RecordError(
+                f"record {record} of {self.source!r:.200} gives {_described(*spec)} after its transforms, where record "
+                f"{first[0]} gave {_described(*first[1])}: every example must have one structure, shapes and dtypes "
+                "(a batch stacks them).",
+                index=record,
+            )
 
     def _rng(self, place: int) -> np.random.Generator:
         """Philox keyed by ``seed``, its counter at ``place``: Grain's way, one generator reset per example."""
@@ -264,10 +285,15 @@ class _Stream:
         return local.generator
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_order": None, "_local": None}  # each process and thread builds its own
+        return {**self.__dict__, "_order": None, "_local": None, "_first": None}  # each process builds its own
 
     def __repr__(self) -> str:
         return f"examples of {self.source!r:.200}"
+
+
+def _described(treedef: Any, leaves: list[tuple[tuple[int, ...], str]]) -> str:
+    shown = ", ".join(f"{dtype}{list(shape)}" for shape, dtype in leaves)
+    return f"{treedef} with leaves [{shown}]"
 
 
 def _transform(t: Any, name: str) -> tuple[str, Any]:

@@ -10,6 +10,9 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import jax
+import numpy as np
+
 from ember.checkpoint import CheckpointInfo, CheckpointStore, check_retention
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
 from ember.handlers._loading import kind_of, load_objects
@@ -126,7 +129,8 @@ class Checkpoint:
             latest = 1 if isinstance(keep_latest, _Unset) else keep_latest
             best = keep_best
         else:
-            check_retention(n_saved, None, None, mode)
+            if n_saved is not None and (not isinstance(n_saved, int) or isinstance(n_saved, bool) or n_saved < 1):
+                raise ValueError(f"`n_saved` must be a positive int or None (keep every checkpoint), got {n_saved!r}.")
             latest, best = (n_saved, None) if score_function is None else (None, n_saved)
         self._kinds = {name: kind_of(name, obj) for name, obj in to_save.items()}
         check_retention(latest, best, keep_every, mode)
@@ -167,7 +171,7 @@ class Checkpoint:
         metrics: dict[str, float] = {}
         name = f"{self._prefix}step_{step:08d}"
         if self.score_function is not None and self.score_name is not None:
-            score = float(self.score_function(engine))
+            score = _score(self.score_function(engine))
             metrics[self.score_name] = score
             name += f"-{self.score_name}={score:.4f}"
         states = {k: obj.state_dict() for k, obj in self.to_save.items() if callable(getattr(obj, "state_dict", None))}
@@ -374,6 +378,20 @@ class Checkpoint:
         """Surface background errors each iteration; finish writing at COMPLETED (after a save there)."""
         engine.add_event_handler(Events.ITERATION_COMPLETED, self._check)
         engine.add_event_handler(Events.COMPLETED, self._finish)
+
+
+def _score(value: Any) -> float:
+    """A ``score_function``'s result as a float, or a ``TypeError`` saying what it returned."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float | np.number | np.ndarray | jax.Array)
+        or (np.ndim(value) != 0)
+    ):
+        raise TypeError(
+            f"`score_function` must return a number (a float, or a 0-d array), got {value!r} of type "
+            f"{type(value).__name__}."
+        )
+    return float(value)
 
 
 @dataclass

@@ -36,6 +36,18 @@ def _paths(treedef: Any) -> list[str]:
     return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
+def _dtypes_in_order(batch: Any) -> Any:
+    """The dtypes of a bare array, or of a flat dict of arrays in its own order; ``None`` for any other batch."""
+    if type(batch) is np.ndarray:
+        return batch.dtype
+    if type(batch) is dict:
+        try:
+            return [v.dtype for v in batch.values()]  # type: ignore[union-attr]  # else the AttributeError below
+        except AttributeError:
+            return None
+    return None
+
+
 class BatchSpec:
     """Records the first batch; raises, showing both, when a later batch differs.
 
@@ -45,7 +57,7 @@ class BatchSpec:
     (``Pmap``) and the later ones are each device's share, as ``jax.pmap`` traces them.
     """
 
-    __slots__ = ("allow_short", "leaves", "stacked", "treedef")
+    __slots__ = ("allow_short", "host_dtypes", "in_order", "leaves", "stacked", "treedef")
 
     def __init__(
         self, batch: Any, *, allow_short: bool = False, stacked: bool = False, per_device: bool = False
@@ -53,6 +65,8 @@ class BatchSpec:
         flat, self.treedef = jax.tree.flatten(batch)
         self.stacked = stacked
         self.leaves = [self._key(x) for x in flat]
+        self.host_dtypes = [getattr(x, "dtype", None) for x in flat]  # as given, before JAX converts float64
+        self.in_order = _dtypes_in_order(batch)  # the same, read without flattening (a bare array, a flat dict)
         if per_device:
             self.leaves = [(shape[1:], dtype) for shape, dtype in self.leaves]
         self.allow_short = allow_short
@@ -76,6 +90,29 @@ class BatchSpec:
             f"  first difference: {self._first_difference(treedef, got)}\n"
             "Give every batch the same structure, shapes and dtypes (drop_remainder=True drops a short last batch)."
         )
+
+    def check_dtypes(self, batch: Any) -> None:
+        """Raise ``ValueError`` if a leaf of ``batch`` has another dtype than the first batch's, as given.
+
+        JAX converts a float64 array to float32 (unless x64 is on) before it looks at it, so a batch of float64 after
+        float32 ones runs the same compiled step and `check` never sees it; this is the per-step look at the dtypes
+        as given (a few hundred nanoseconds) that catches it.
+        """
+        if self.in_order is not None and _dtypes_in_order(batch) == self.in_order:
+            return  # the common case: no flattening
+        flat = jax.tree.leaves(batch)
+        if [getattr(x, "dtype", None) for x in flat] == self.host_dtypes:
+            return
+        self.check(batch)  # another structure or shape: that error, if it is one
+        paths = _paths(self.treedef)
+        for path, x, want in zip(paths, flat, self.host_dtypes, strict=True):
+            if getattr(x, "dtype", None) != want:
+                raise ValueError(
+                    "This batch differs from the first one: "
+                    f"{path or 'the batch'} is {x.dtype}{list(np.shape(x))}, the first batch's was {want}. JAX would "
+                    "convert it silently and train on; give every batch the same dtypes (a transform returning "
+                    "float64 where it returned float32, say)."
+                )
 
     def _first_difference(self, treedef: Any, got: list[Leaf]) -> str:
         want = dict(zip(_paths(self.treedef), self.leaves, strict=True))

@@ -115,6 +115,8 @@ class ReduceLROnPlateau:
                 raise ValueError(f"`{name}` must be an int >= {least}, got {value!r}.")
         if threshold < 0 or min_scale < 0:
             raise ValueError(f"`threshold` and `min_scale` must be >= 0, got {threshold!r} and {min_scale!r}.")
+        if trainer.state.train_state is not None:  # refused now, not at the first evaluation (a lazy state: then)
+            _plateau_of(trainer.state.train_state.opt_state)
         self.trainer, self.metric_name, self.sign = trainer, metric_name, 1.0 if mode == "min" else -1.0
         # Keras counts the evaluation at which its cooldown ends; optax's counts the one after: one less for optax.
         rule = optax.contrib.reduce_on_plateau(

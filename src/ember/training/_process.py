@@ -70,6 +70,8 @@ class TrainProcess:
         if self.spec is None:  # a short last batch passes (one more compilation); so does a short last group
             grouped, per_device = self.steps_per_call > 1, isinstance(self.placement, Pmap)
             self.spec = BatchSpec(batch, stacked=grouped, allow_short=not grouped, per_device=per_device)
+        else:
+            self.spec.check_dtypes(batch)  # the one change of batch that JAX itself would let through
         fn = self.compile_for(engine, size, batch)
         if fusion.metrics:
             st.train_state, out = fusion.call(fn, st.train_state, batch, steps=self.steps_per_call)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ember.engine import Engine
-from ember.training._ema import with_ema_params
+from ember.training._ema import ema_params, with_ema_params
 from ember.training._placement import Placement, Pmap, default_placement
 from ember.training._process import EvalProcess, TrainProcess
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
@@ -151,6 +151,9 @@ def create_evaluator(
         raise TypeError(f"`use_ema` must be True or False, got {use_ema!r}.")
     step = make_eval_step(eval_fn)
     if use_ema:
+        state = source if isinstance(source, TrainState) else getattr(source.state, "train_state", None)
+        if state is not None:  # refused now, not at the first evaluation (a lazy state: then)
+            ema_params(state)
         step = _on_average(step)
     process = EvalProcess(step, placement, trainer, debug)
     engine = TrainingEngine(process, placement, prefetch, 1, debug=debug)
