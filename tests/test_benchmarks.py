@@ -172,3 +172,10 @@ def test_first_step_benchmark_times_a_fresh_process_of_each_side():
     out = run_benchmark("first_step.py", "--repeats", "1", timeout=300)
     assert re.search(r"^hand loop +median [\d.]+ s \(min [\d.]+, max [\d.]+\)$", out, re.M), out
     assert re.search(r"^ember +median [\d.]+ s .* [+-][\d.]+% over the hand loop$", out, re.M), out
+
+
+def test_orbax_checks_benchmark_runs_and_reports_both_rows():
+    """A small tree: the save and the restore rows, each with both sides and the ratio; no timing asserted."""
+    out = run_benchmark("orbax_checks.py", "--mb", "8", "--repeats", "2", timeout=300)
+    rows = [line.split()[0] for line in out.splitlines() if "ember / orbax" in line]
+    assert rows == ["save", "restore"]

@@ -90,8 +90,11 @@ def test_shards_split_every_global_batch_between_processes():
     ("kwargs", "message"),
     [
         ({"shard": (2, 2)}, '`shard` must be "auto" or (index, count) with 0 <= index < count, got (2, 2).'),
-        ({"shard": (0, 3)}, "With `shard`=(0, 3), `batch_size` (the global batch, 8) must divide by 3"),
-        ({"shard": (0, 2), "drop_remainder": False}, "and `drop_remainder` must be True"),
+        (
+            {"shard": (0, 3), "drop_remainder": True},
+            "With `shard`=(0, 3) and drop_remainder=True (training), `batch_size` (the global batch, 8) must divide "
+            "by 3",
+        ),
     ],
 )
 def test_bad_shards(kwargs, message):
@@ -163,3 +166,18 @@ def test_an_evaluator_over_the_training_data_does_not_change_the_trainers_order(
     resumed.add_event_handler(Events.ITERATION_COMPLETED, lambda e: rest.append(e.state.output))
     resumed.run(ArrayDataset(np.arange(12), batch_size=3, shuffle=True, seed=1))
     assert rest == alone[6:]
+
+
+@pytest.mark.parametrize(("examples", "batch_size", "count"), [(359, 359, 2), (10, 4, 3), (5, 2, 4)])
+def test_an_evaluation_set_split_over_processes_covers_every_example_once_masked(examples, batch_size, count):
+    """drop_remainder=False with several processes: parts of one size per batch; the real ones, together, are all."""
+    from ember.data import Masked
+
+    seen = []
+    parts = [list(ArrayDataset(np.arange(examples), batch_size=batch_size, shard=(i, count))) for i in range(count)]
+    for batch in zip(*parts, strict=True):  # the same batch on every process
+        assert all(isinstance(part, Masked) for part in batch)
+        assert len({len(part.batch) for part in batch}) == 1  # one size: the global array is count x part
+        for part in batch:
+            seen += part.batch[part.mask].tolist()
+    assert sorted(seen) == list(range(examples))

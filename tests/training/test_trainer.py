@@ -1,3 +1,5 @@
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -383,3 +385,20 @@ def test_an_nnx_model_taking_rngs_at_call_time_gets_a_stream_of_the_steps_key():
     assert not np.array_equal(first[0] == 0, first[1] == 0)  # a new mask each step
     out = create_evaluator(trainer, lambda model, b: model(b)).run([x]).output
     assert not (np.asarray(out) == 0).any()  # evaluation: dropout off, no rngs needed
+
+
+def test_an_evaluator_counts_only_the_real_examples_of_masked_batches_and_a_trainer_refuses_them():
+    """Masked batches (an evaluation set's parts): the metric of the real examples; a trainer names drop_remainder."""
+    import numpy as np
+
+    from ember.data import Masked
+    from ember.metrics import Average
+
+    state = TrainState.create(lambda p, x: x * p, jnp.array(1.0), optax.sgd(0.1))
+    evaluator = create_evaluator(state, lambda model, b: {"value": model(b)})
+    Average(key="value").attach(evaluator, "mean")
+    data = [Masked(np.array([1.0, 2.0, 2.0], np.float32), np.array([True, True, False]))]
+    assert evaluator.run(data).metrics["mean"] == 1.5
+    trainer = create_trainer(state, lambda m, b: jnp.mean(m(b) ** 2))
+    with pytest.raises(TypeError, match=re.escape("build the training data with drop_remainder=True")):
+        trainer.run(data)

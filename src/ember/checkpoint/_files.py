@@ -12,7 +12,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ember.checkpoint._format import CHUNK, Checksum
+from ember.checkpoint._format import Checksum
+
+#: Bytes read and checksummed at a time: large enough that a piece costs nothing to hand over, small enough that the
+#: two buffers cost little to make (64 MB ones took a third of the time on a 256 MB file).
+PIECE = 8 << 20
 
 
 def list_files(folder: Path) -> list[str]:
@@ -25,16 +29,26 @@ def list_files(folder: Path) -> list[str]:
 
 
 def crc32_of(path: Path) -> tuple[int, str]:
-    """``(bytes, CRC-32 as hex)`` of one file, read in pieces with the checksum of each beside the next read."""
+    """``(bytes, CRC-32 as hex)`` of one file, read in pieces with the checksum of each beside the next read.
+
+    Two buffers of `PIECE` bytes take turns: one is read into while the other is checksummed on a helper thread.
+    """
     crc = Checksum()
-    size = 0
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0, crc.hexdigest()
+    buffers = [memoryview(bytearray(min(PIECE, size))) for _ in range(2 if size > PIECE else 1)]
+    done = 0
     with open(path, "rb", buffering=0) as f:
-        previous = f.read(CHUNK)
-        while previous:
-            size += len(previous)
-            current = crc.overlapped(memoryview(previous), lambda: f.read(CHUNK))
-            previous = current
-    return size, crc.hexdigest()
+        got = f.readinto(buffers[0])
+        turn = 0
+        while got:
+            filled = buffers[turn][:got]
+            done += got
+            nxt = buffers[(turn + 1) % len(buffers)]
+            got = crc.overlapped(filled, lambda b=nxt: f.readinto(b)) if done < size else (crc.update(filled) or 0)
+            turn = (turn + 1) % len(buffers)
+    return done, crc.hexdigest()
 
 
 def record(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:

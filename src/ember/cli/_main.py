@@ -1,4 +1,4 @@
-"""The ``ember`` command: ``train``, ``lr-find``, ``resume``, ``inspect``, ``plot`` and ``--version``."""
+"""The ``ember`` command: ``train``, ``lr-find``, ``launch``, ``resume``, ``inspect``, ``plot`` and ``--version``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,23 @@ from typing import Any
 
 from ember.cli._config import ConfigError
 
+#: Seconds without a heartbeat after which the coordination service declares a process lost (``ember train
+#: --distributed``; ``EMBER_HEARTBEAT_TIMEOUT`` overrides it).
+HEARTBEAT_TIMEOUT = 30
+
+#: Seconds ``end_together`` waits for the other processes of a run to finish.
+END_TIMEOUT = 600.0
+
 
 def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Call ``jax.distributed.initialize`` for ``ember train --distributed``; return the arguments passed.
 
     With ``EMBER_COORDINATOR`` (host:port), ``EMBER_NUM_PROCESSES`` and ``EMBER_PROCESS_ID`` set in the
-    environment they are passed explicitly; without them, JAX detects the cluster (Slurm, Open MPI, TPU).
+    environment they are passed explicitly; without them, JAX detects the cluster (Slurm, Open MPI, TPU). JAX's
+    recoverability is turned on first, so that when a process is lost the others are not aborted by the runtime
+    but end through the ``ProcessWatchdog`` ``ember train`` attaches, naming the checkpoint to resume from; they do
+    within about ``EMBER_HEARTBEAT_TIMEOUT`` seconds (the coordination service's heartbeat timeout,
+    ``HEARTBEAT_TIMEOUT`` by default; JAX's own is 100).
 
     Examples:
         >>> from unittest import mock
@@ -48,8 +59,42 @@ def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any
                 "EMBER_NUM_PROCESSES and EMBER_PROCESS_ID must be ints, got "
                 f"{env['EMBER_NUM_PROCESSES']!r} and {env['EMBER_PROCESS_ID']!r}."
             ) from None
-    jax.distributed.initialize(**kwargs)
+    heartbeat = env.get("EMBER_HEARTBEAT_TIMEOUT", str(HEARTBEAT_TIMEOUT))
+    if not heartbeat.isdigit() or int(heartbeat) < 1:
+        raise ValueError(f"EMBER_HEARTBEAT_TIMEOUT must be a positive number of seconds, got {heartbeat!r}.")
+    jax.config.update("jax_enable_recoverability", True)
+    jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=int(heartbeat))
     return kwargs
+
+
+def end_together() -> None:
+    """End every process of the run together, once all have finished it; in a single process, return.
+
+    With JAX's recoverability on, the runtime no longer holds the processes together at exit, and its shutdown
+    races with the CPU collectives' own calls to the coordination service (process 0 was seen aborting there). So
+    each process waits at the coordination service's barrier (at most ``END_TIMEOUT`` seconds), flushes its output,
+    and ends without the runtime's shutdown call; process 0, which hosts the service, ends last.
+
+    Examples:
+        >>> from ember.cli._main import end_together
+        >>> end_together()  # one process: returns at once
+    """
+    import os
+    import time
+
+    import jax
+
+    from ember._multiprocess import coordination_client
+
+    client = coordination_client()
+    if client is None:
+        return
+    client.wait_at_barrier("ember: end of the run", int(END_TIMEOUT * 1000))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if jax.process_index() == 0:
+        time.sleep(1.0)  # the others are gone before the service is
+    os._exit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,6 +131,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_lr.add_argument("--end", type=float, default=10.0, help="the last learning rate (default 10)")
     p_lr.add_argument("--num-iter", type=int, default=100, help="steps at most (default 100)")
     p_lr.add_argument("--output", help="a PNG of the curve")
+    p_launch = sub.add_parser(
+        "launch",
+        help="run N local processes of COMMAND as one distributed run (coordinator set; output prefixed [i])",
+    )
+    p_launch.add_argument("-n", "--nproc", type=int, required=True, help="how many processes")
+    p_launch.add_argument("--port", type=int, help="the coordinator's port on localhost (default: a free one)")
+    p_launch.add_argument("program", nargs=argparse.REMAINDER, metavar="[--] COMMAND ...")
     p_resume = sub.add_parser("resume", help="continue the run in RUN_DIR with the config saved there")
     p_resume.add_argument("run_dir")
     p_inspect = sub.add_parser("inspect", help="print what a checkpoint holds")
@@ -107,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.output:
                 config.output = args.output
             train(config)
+            if args.distributed:
+                end_together()
         elif args.command == "lr-find":
             from ember.cli._lr_find import find_learning_rate
 
@@ -118,6 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 output=args.output,
             )
             print(f"suggested learning rate: {result.suggestion:.3g} ({len(result.lrs)} steps tried)")
+        elif args.command == "launch":
+            from ember.cli._launch import launch
+
+            program = args.program[1:] if args.program[:1] == ["--"] else args.program
+            return launch(args.nproc, program, port=args.port)
         elif args.command == "resume":
             from ember.cli._train import train
 

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 import jax
 import optax
+from jax.experimental import multihost_utils
 
 from ember import Events
 from ember.cli._config import Config, ConfigError, dump_config, load_config
@@ -21,6 +22,7 @@ from ember.handlers import (
     Evaluate,
     LRMonitor,
     Preemption,
+    ProcessWatchdog,
     ProgressBar,
     ScalarLogger,
     global_step_from_engine,
@@ -104,10 +106,17 @@ def train(
         _importable(Path(config).resolve().parent)
     _importable(Path.cwd())
     out = stream or sys.stdout
+    primary = jax.process_index() == 0  # in a run of several processes, process 0 prints and writes the files
+
+    def say(text: str) -> None:
+        if primary:
+            print(text, file=out)
+
     run_dir = Path(cfg.output)
     run_dir.mkdir(parents=True, exist_ok=True)
     check_same_run(run_dir, cfg)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    if primary:
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
     started = time.perf_counter()
 
     data, val, sample = build_data(cfg.data)
@@ -119,8 +128,8 @@ def train(
     total = cfg.trainer.max_iters or cfg.trainer.max_epochs * (steps_per_epoch or 0)
     schedule = build_schedule(cfg.optimizer, total)
     trainer = build_trainer(cfg, sample, schedule)
-    if isinstance(trainer.placement, Sharded) and jax.process_index() == 0:
-        print(f"{trainer.placement.summary()}\n{trainer.placement.layout(trainer.state.train_state)}", file=out)
+    if isinstance(trainer.placement, Sharded):
+        say(f"{trainer.placement.summary()}\n{trainer.placement.layout(trainer.state.train_state)}")
     evaluator = create_evaluator(trainer, _predict, placement=trainer.placement)
     Accuracy().attach(evaluator, "accuracy")
     Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
@@ -165,33 +174,36 @@ def train(
         every = every | Events.ITERATION_COMPLETED(every=h.checkpoint.every_iters)
     latest.attach(trainer, every)
     Preemption(latest).attach(trainer, [evaluator])
+    if jax.process_count() > 1:  # a lost process ends the others at once, naming the checkpoint to resume from
+        ProcessWatchdog(latest).attach(trainer)
 
     accuracies: list[float] = []
     evaluator.add_event_handler(Events.COMPLETED, lambda e: accuracies.append(float(e.state.metrics["accuracy"])))
     evaluator.add_event_handler(
         Events.COMPLETED,
-        lambda e: print(
+        lambda e: say(
             f"epoch {trainer.state.epoch:3d}  iteration {trainer.state.iteration:5d}  "
-            f"val accuracy {e.state.metrics['accuracy']:.4f}  val loss {e.state.metrics['loss']:.4f}",
-            file=out,
+            f"val accuracy {e.state.metrics['accuracy']:.4f}  val loss {e.state.metrics['loss']:.4f}"
         ),
     )
 
     info = latest.resume()
     if info is not None:
-        print(f"Resuming {run_dir} from {info.path.name} (iteration {info.step}).", file=out)
+        say(f"Resuming {run_dir} from {info.path.name} (iteration {info.step}).")
     if info is not None and _finished(trainer, cfg, stopper):
-        print(f"{run_dir}: this run is already complete; nothing to do.", file=out)
+        say(f"{run_dir}: this run is already complete; nothing to do.")
         writer.close()
         previous = _saved_summary(run_dir)
         if previous is not None:  # the record of the run stays as the run left it
-            print(_closing_line(previous), file=out)
+            say(_closing_line(previous))
             return previous
     elif cfg.trainer.max_iters is not None:
         trainer.run(data, max_iters=cfg.trainer.max_iters, epoch_length=cfg.data.epoch_length)
     else:
         trainer.run(data, max_epochs=cfg.trainer.max_epochs, epoch_length=cfg.data.epoch_length)
     writer.close()
+    if jax.process_count() > 1:  # process 0 has written every checkpoint: all read the same best
+        multihost_utils.sync_global_devices("ember train: checkpoints written")
     best_info = best.store.best("val_accuracy")
     summary = {
         "run_dir": str(run_dir),
@@ -203,8 +215,9 @@ def train(
         "stopped_early": bool(stopper is not None and stopper.counter >= stopper.patience),
         "seconds": round(time.perf_counter() - started, 2),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(_closing_line(summary), file=out)
+    if primary:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    say(_closing_line(summary))
     jax.block_until_ready(trainer.state.train_state)
     return summary
 

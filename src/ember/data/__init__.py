@@ -2,8 +2,9 @@
 
 from ember.data._array_dataset import ArrayDataset
 from ember.data._grain import GrainPipeline
+from ember.data._masked import Masked
 from ember.data._npy import NpySource
 from ember.data._position import Mapped
 from ember.data._prefetch import DevicePrefetch
 
-__all__ = ["ArrayDataset", "DevicePrefetch", "GrainPipeline", "Mapped", "NpySource"]
+__all__ = ["ArrayDataset", "DevicePrefetch", "GrainPipeline", "Mapped", "Masked", "NpySource"]

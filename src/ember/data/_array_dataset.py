@@ -8,6 +8,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ember.data._masked import Masked
+
 
 class ArrayDataset:
     """Batches over a pytree of arrays that share their leading axis, shuffled anew each pass.
@@ -25,10 +27,13 @@ class ArrayDataset:
         shuffle: permute the examples each pass.
         seed: the shuffling seed.
         drop_remainder: drop the last batch when it is short.
-        shard: ``(index, count)``: yield only part ``index`` of ``count`` equal parts of every batch, so
+        shard: ``(index, count)``: yield only part ``index`` of ``count`` parts of every batch, so
             ``count`` processes together see the same global batches as one process would.
-            ``batch_size`` stays the global batch size (divisible by ``count``; ``drop_remainder`` is
-            required). The default, ``"auto"``, is ``(jax.process_index(), jax.process_count())``: the
+            ``batch_size`` stays the global batch size. With ``drop_remainder=True`` (training) it must divide
+            by ``count``, and every part is an equal slice. With ``drop_remainder=False`` (an evaluation set,
+            which must see every example) each batch is split as evenly as it goes and every process gets a
+            [`Masked`][ember.data.Masked] part of one size, the short ones padded: an evaluator counts only the
+            real examples. The default, ``"auto"``, is ``(jax.process_index(), jax.process_count())``: the
             whole batch in a single-process run, this process's part in a multi-process one.
 
     Examples:
@@ -80,10 +85,11 @@ class ArrayDataset:
             or not 0 <= shard[0] < shard[1]
         ):
             raise ValueError(f'`shard` must be "auto" or (index, count) with 0 <= index < count, got {shard!r}.')
-        if shard[1] > 1 and (batch_size % shard[1] or not drop_remainder):
+        if shard[1] > 1 and drop_remainder and batch_size % shard[1]:
             raise ValueError(
-                f"With `shard`={shard}, `batch_size` (the global batch, {batch_size}) must divide by {shard[1]} "
-                "and `drop_remainder` must be True, so every process gets an equal part of every batch."
+                f"With `shard`={shard} and drop_remainder=True (training), `batch_size` (the global batch, "
+                f"{batch_size}) must divide by {shard[1]}, so every process gets an equal part of every batch; use a "
+                f"multiple of {shard[1]}. An evaluation set (drop_remainder=False) splits any batch, masked."
             )
         self.shard = shard
         self.batch_size = batch_size
@@ -126,9 +132,16 @@ class ArrayDataset:
 
     def _batch(self, b: int, order: np.ndarray) -> Any:
         index, count = self.shard
-        part = self.batch_size // count
-        idx = order[b * self.batch_size : (b + 1) * self.batch_size][index * part : (index + 1) * part]
-        return jax.tree.map(lambda a: a[idx], self.arrays)
+        examples = order[b * self.batch_size : (b + 1) * self.batch_size]
+        if count == 1 or self.drop_remainder:
+            part = self.batch_size // count
+            idx = examples[index * part : (index + 1) * part]
+            return jax.tree.map(lambda a: a[idx], self.arrays)
+        part = -(-len(examples) // count)  # every process's part has this size; the last ones may be short
+        mine = examples[index * part : (index + 1) * part]
+        padded = np.concatenate([mine, np.full(part - len(mine), mine[-1] if len(mine) else examples[-1])])
+        mask = np.arange(part) < len(mine)
+        return Masked(jax.tree.map(lambda a: a[padded], self.arrays), mask)
 
     def _identity(self) -> dict[str, Any]:
         """What a saved position must match: the same examples, batched and shuffled the same way."""

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ember.data import Mapped
+from ember.data import Mapped, Masked
 
 
 def pad_batch(batch: Any, n: int) -> tuple[Any, np.ndarray] | None:
@@ -44,6 +44,9 @@ def pad_batch(batch: Any, n: int) -> tuple[Any, np.ndarray] | None:
 class PaddedBatches:
     """Iterates ``source``, padding each batch that does not split over ``n`` devices into ``(batch, mask)``.
 
+    A [`Masked`][ember.data.Masked] batch (a process's part of an evaluation batch, padded by the data) comes out as
+    ``(batch, mask)`` too, padded further where it does not split over ``n``.
+
     `padded` says, batch by batch in order, whether it was padded (read it as the batches are
     used; device prefetch may have read some ahead).
     """
@@ -60,6 +63,13 @@ class PaddedBatches:
         return Mapped(iter(self.source), self._pad)
 
     def _pad(self, batch: Any) -> Any:
+        if isinstance(batch, Masked):  # padded by the data already (this process's part of an evaluation batch)
+            examples, mask = batch
+            done = pad_batch(examples, self.n)
+            if done is not None:
+                examples, mask = done[0], np.concatenate([np.asarray(mask), np.zeros(len(done[1]) - len(mask), bool)])
+            self.padded.append(True)
+            return examples, np.asarray(mask)
         done = pad_batch(batch, self.n)
         self.padded.append(done is not None)
         return batch if done is None else done

@@ -10,6 +10,7 @@ import jax
 from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
+from ember.data import Masked
 from ember.training._batch_spec import BatchSpec
 from ember.training._feed import StepGroups
 from ember.training._padding import merge_device_axis, with_mask
@@ -68,6 +69,11 @@ class TrainProcess:
         """Run the step (``size`` steps) on the train state and the fused metrics' states; the new ones replace them."""
         st, fusion = engine.state, engine._fusion
         if self.spec is None:  # a short last batch passes (one more compilation); so does a short last group
+            if isinstance(batch, Masked) or isinstance(getattr(engine.state, "batch", None), Masked):
+                raise TypeError(
+                    "A trainer cannot take a Masked batch (an evaluation set's part, padded): build the training data "
+                    "with drop_remainder=True, so every process gets an equal part of every batch."
+                )
             grouped, per_device = self.steps_per_call > 1, isinstance(self.placement, Pmap)
             self.spec = BatchSpec(batch, stacked=grouped, allow_short=not grouped, per_device=per_device)
         else:

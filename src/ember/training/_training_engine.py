@@ -94,7 +94,7 @@ class TrainingEngine(Engine):
 
         auto = decide if self._prefetch is None else None
         self._padded = None
-        if self.pads_batches and self.placement.n_devices > 1:
+        if self.pads_batches:  # a batch that does not split over the devices, or a Masked one from the data
             data = self._padded = PaddedBatches(data, self.placement.n_devices)
         never_ahead = self._prefetch == 0 or (auto is not None and not self.placement.prefers_prefetch)
         if self._k == 1 and never_ahead and type(self.placement).prepare_batch is Placement.prepare_batch:

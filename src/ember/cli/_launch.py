@@ -1,0 +1,173 @@
+"""`ember launch -n N COMMAND ...`: N local processes of one command, as one ``jax.distributed`` run."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO, Any
+
+#: Seconds the other processes get to end after one has failed (SIGTERM), before they are killed.
+GRACE = 30.0
+
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    """A TCP port on localhost that no one listens on now."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return int(s.getsockname()[1])
+
+
+def process_environment(index: int, count: int, port: int) -> dict[str, str]:
+    """What process ``index`` of ``count`` gets in its environment: where the coordinator is, and who it is.
+
+    ``EMBER_COORDINATOR``, ``EMBER_NUM_PROCESSES`` and ``EMBER_PROCESS_ID`` (which ``ember train --distributed``
+    reads), and ``JAX_COORDINATOR_ADDRESS`` (which ``jax.distributed.initialize`` reads).
+
+    Examples:
+        >>> from ember.cli._launch import process_environment
+        >>> process_environment(1, 2, 12345)["EMBER_PROCESS_ID"]
+        '1'
+    """
+    address = f"localhost:{port}"
+    return {
+        "EMBER_COORDINATOR": address,
+        "EMBER_NUM_PROCESSES": str(count),
+        "EMBER_PROCESS_ID": str(index),
+        "JAX_COORDINATOR_ADDRESS": address,
+    }
+
+
+def _die_with_the_launcher() -> None:  # pragma: no cover - runs in the child, between fork and exec
+    """In a child, before it runs its command: be killed when the launcher dies (Linux; elsewhere nothing)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _relay(pipe: IO[str], index: int, out: IO[str], lock: threading.Lock) -> None:
+    """Copy ``pipe`` to ``out`` line by line, each line prefixed with ``[index]``."""
+    for line in pipe:
+        with lock:
+            out.write(f"[{index}] {line}")
+            out.flush()
+    pipe.close()
+
+
+def launch(
+    count: int,
+    command: Sequence[str],
+    *,
+    port: int | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> int:
+    """Run ``count`` processes of ``command`` as one distributed run on this machine; return the run's exit status.
+
+    Each process gets `process_environment`; its output comes out line by line, prefixed with ``[index]``, on the
+    launcher's standard output and error. SIGINT and SIGTERM sent to the launcher go to every process (each runs in a
+    session of its own, so a Ctrl-C reaches it once). When a process ends with a non-zero status, the others get
+    SIGTERM, then SIGKILL after `GRACE` seconds, and the launcher exits with that first status (128 + the signal for a
+    process a signal ended, as shells do). A launcher that is killed takes its processes with it (Linux).
+
+    Args:
+        count: how many processes, at least 1.
+        command: the program and its arguments (``["ember", "train", "--distributed"]``).
+        port: the coordinator's port on localhost (a free one by default).
+        stdout: where the processes' standard output goes (the launcher's by default).
+        stderr: where their standard error goes (the launcher's by default).
+
+    Examples:
+        >>> import io, sys
+        >>> from ember.cli._launch import launch
+        >>> out = io.StringIO()
+        >>> launch(2, [sys.executable, "-c", "import os; print(os.environ['EMBER_PROCESS_ID'])"], stdout=out)
+        0
+        >>> sorted(out.getvalue().splitlines())
+        ['[0] 0', '[1] 1']
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"`count` (-n) must be a positive number of processes, got {count!r}.")
+    if not command:
+        raise ValueError("`command` is empty: name the program to run, as in `ember launch -n 2 -- ember train`.")
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    port = port or free_port()
+    procs = []
+    for index in range(count):
+        env = {**os.environ, **process_environment(index, count, port)}
+        procs.append(
+            subprocess.Popen(
+                list(command),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,  # a Ctrl-C reaches each process once: forwarded by the launcher
+                preexec_fn=_die_with_the_launcher,
+            )
+        )
+    lock = threading.Lock()
+    relays = [
+        threading.Thread(target=_relay, args=(pipe, index, stream, lock), daemon=True)
+        for index, proc in enumerate(procs)
+        for pipe, stream in ((proc.stdout, out), (proc.stderr, err))
+    ]
+    for relay in relays:
+        relay.start()
+    forwarded = _forward_signals(procs)
+    try:
+        status = _wait(procs)
+    finally:
+        for sig, previous in forwarded.items():
+            signal.signal(sig, previous)
+    for relay in relays:
+        relay.join(timeout=10)
+    return status
+
+
+def _forward_signals(procs: list[subprocess.Popen[str]]) -> dict[int, Any]:
+    """Send SIGINT and SIGTERM on to every process still running; return the handlers they replaced."""
+
+    def forward(sig: int, _frame: Any) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(sig)
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # only the main thread may set handlers (a test calling launch from another thread)
+    return {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _wait(procs: list[subprocess.Popen[str]]) -> int:
+    """Wait for every process; at the first failure end the others; return the first non-zero status, else 0."""
+    first = 0
+    deadline: float | None = None
+    while any(proc.poll() is None for proc in procs):
+        for proc in procs:
+            code = proc.poll()
+            if code and not first:
+                first = 128 - code if code < 0 else code
+                deadline = time.monotonic() + GRACE
+                for other in procs:
+                    if other.poll() is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            other.terminate()
+        if deadline is not None and time.monotonic() > deadline:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        time.sleep(0.05)
+    if not first:
+        codes = [proc.returncode for proc in procs]
+        first = next((128 - c if c < 0 else c for c in codes if c), 0)
+    return first

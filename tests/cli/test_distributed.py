@@ -1,0 +1,111 @@
+"""`ember train --distributed` with the default config: 2 real processes on localhost, one killed, relaunched."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.distributed.launch import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["handlers.progress=false", "trainer.max_epochs=2"]
+
+
+def start(run: Path, *, args: list[str] = ARGS, processes: int = 2) -> list[subprocess.Popen[str]]:
+    """``processes`` processes of ``ember train --distributed`` into ``run``, output to files beside it."""
+    port = free_port()
+    procs = []
+    for pid in range(processes):
+        env = {
+            **os.environ,
+            "EMBER_COORDINATOR": f"localhost:{port}",
+            "EMBER_NUM_PROCESSES": str(processes),
+            "EMBER_PROCESS_ID": str(pid),
+            "EMBER_HEARTBEAT_TIMEOUT": "5",  # a lost process is declared so within seconds
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+            "JAX_PLATFORMS": "cpu",
+        }
+        command = [sys.executable, "-m", "ember.cli", "train", "--distributed", "--output", str(run), *args]
+        with open(run.with_suffix(f".{pid}.out"), "w") as out, open(run.with_suffix(f".{pid}.err"), "w") as err:
+            procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, text=True))
+    return procs
+
+
+def finish(procs: list[subprocess.Popen[str]], timeout: float = 300) -> list[int]:
+    """Every process's exit status; a process still running after ``timeout`` seconds is killed and fails the test."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [proc.wait(timeout=max(1.0, deadline - time.monotonic())) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+def output(run: Path, pid: int, kind: str = "out") -> str:
+    return run.with_suffix(f".{pid}.{kind}").read_text()
+
+
+def epoch_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("epoch ")]
+
+
+def test_two_processes_train_the_default_config_as_one_process_on_two_devices(tmp_path):
+    """The main job on 2 processes prints 1 process x 2 devices' epoch lines, from process 0 only; relaunch: done."""
+    one = tmp_path / "one"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    reference = subprocess.run(
+        [sys.executable, "-m", "ember.cli", "train", "--output", str(one), *ARGS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    run = tmp_path / "two"
+    env = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "EMBER_HEARTBEAT_TIMEOUT": "5"}
+    train = [sys.executable, "-m", "ember.cli", "train", "--distributed", "--output", str(run), *ARGS]
+    launched = subprocess.run(  # as a user runs it: ember launch -n 2 -- ember train --distributed
+        [sys.executable, "-m", "ember.cli", "launch", "-n", "2", "--", *train],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    lines = launched.stdout.splitlines()
+    assert [line[4:] for line in lines if line.startswith("[0] epoch ")] == epoch_lines(reference.stdout)
+    assert len(epoch_lines(reference.stdout)) == 2
+    assert [line for line in lines if line.startswith("[1] epoch ")] == []  # process 1 prints no epoch line
+    assert any(line.startswith("[0] Done: 2 epochs, 44 iterations") for line in lines)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_accuracy"] == json.loads((one / "summary.json").read_text())["best_accuracy"]
+    assert finish(start(run)) == [0, 0]
+    assert f"{run}: this run is already complete; nothing to do." in output(run, 0)
+
+
+def test_a_killed_process_ends_the_other_with_status_75_and_the_relaunch_resumes(tmp_path):
+    """Process 1 SIGKILLed after the first epoch: process 0 exits 75 naming the checkpoint; both relaunched resume."""
+    run = tmp_path / "run"
+    args = ["handlers.progress=false", "trainer.max_epochs=3"]
+    procs = start(run, args=args)
+    deadline = time.monotonic() + 240
+    while not epoch_lines(output(run, 0)):
+        assert time.monotonic() < deadline, "no epoch finished within 240 s"
+        assert procs[0].poll() is None, output(run, 0, "err")[-3000:]
+        time.sleep(0.2)
+    os.kill(procs[1].pid, signal.SIGKILL)
+    assert finish(procs, timeout=120) == [75, -signal.SIGKILL], output(run, 0, "err")[-3000:]
+    message = next(line for line in output(run, 0, "err").splitlines() if line.startswith("ember: "))
+    assert message.startswith("ember: process 1 of this 2-process run was lost (")
+    assert "Relaunch every process." in message
+    assert finish(start(run, args=args)) == [0, 0], output(run, 0, "err")[-3000:]
+    assert "Resuming " in output(run, 0)
+    assert "Done: 3 epochs, 66 iterations" in output(run, 0)

@@ -1,0 +1,105 @@
+"""`ember launch -n N COMMAND`: N local processes with the coordinator set, output prefixed, signals forwarded."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ember.cli._launch import GRACE, launch
+
+CHILD = """
+import os, signal, sys, time
+index = int(os.environ["EMBER_PROCESS_ID"])
+mode = sys.argv[1]
+def stop(sig, frame):
+    print(f"got signal {sig}", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+if mode == "env":
+    env = os.environ
+    print(env["EMBER_COORDINATOR"], env["EMBER_NUM_PROCESSES"], index, env["JAX_COORDINATOR_ADDRESS"])
+    print(f"to stderr from {index}", file=sys.stderr)
+elif mode == "fail":
+    if index == 1:
+        sys.exit(3)
+    time.sleep(600)
+elif mode in ("wait", "pid"):
+    print(f"ready {os.getpid()}", flush=True)
+    time.sleep(600)
+"""
+
+
+def run_launcher(mode: str, **kwargs):
+    return subprocess.Popen(
+        [sys.executable, "-m", "ember.cli", "launch", "-n", "2", "--", sys.executable, "-c", CHILD, mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def test_each_process_gets_the_coordinator_and_its_index_and_its_output_is_prefixed():
+    """Both processes see one coordinator, 2 processes, their own index; their lines come back marked [i]."""
+    done = run_launcher("env")
+    out, err = done.communicate(timeout=120)
+    assert done.returncode == 0, err
+    lines = sorted(out.splitlines())
+    assert [line[:4] for line in lines] == ["[0] ", "[1] "]
+    address = lines[0].split()[1]
+    assert address.startswith("localhost:")
+    assert lines == [f"[0] {address} 2 0 {address}", f"[1] {address} 2 1 {address}"]
+    assert sorted(err.splitlines()) == ["[0] to stderr from 0", "[1] to stderr from 1"]
+
+
+def test_the_first_failure_is_the_exit_status_and_the_others_are_stopped():
+    """Process 1 exits 3 at once: process 0 (sleeping) gets SIGTERM; the launcher exits 3 well within the grace."""
+    started = time.monotonic()
+    done = run_launcher("fail")
+    out, _ = done.communicate(timeout=GRACE + 60)
+    assert done.returncode == 3
+    assert out.splitlines() == [f"[0] got signal {int(signal.SIGTERM)}"]
+    assert time.monotonic() - started < GRACE
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_are_forwarded_to_every_process(sig):
+    """The launcher's signal reaches both processes once each; they end cleanly, and so does the launcher."""
+    done = run_launcher("wait")
+    ready = [done.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
+    assert all(" ready " in line for line in ready), ready
+    done.send_signal(sig)
+    out, err = done.communicate(timeout=60)
+    assert done.returncode == 0, err
+    assert sorted(out.splitlines()) == [f"[0] got signal {int(sig)}", f"[1] got signal {int(sig)}"]
+
+
+def test_a_killed_launcher_takes_its_processes_with_it():
+    """SIGKILL of the launcher: both processes are gone within 10 s (none lives on, re-parented)."""
+    done = run_launcher("pid")
+    pids = [int(done.stdout.readline().split()[-1]) for _ in range(2)]  # type: ignore[union-attr]
+    done.kill()
+    done.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_bad_arguments_are_named():
+    """No processes, or no command: each refused with what to give."""
+    with pytest.raises(ValueError, match=r"`count` \(-n\) must be a positive number of processes, got 0\."):
+        launch(0, ["true"])
+    with pytest.raises(ValueError, match=r"`command` is empty: name the program to run"):
+        launch(2, [])
