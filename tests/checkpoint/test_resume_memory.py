@@ -1,27 +1,17 @@
 """A resume holds one train state at a time: per device, and on the host no more than orbax's own restore."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.subprocesses import run_python
+
 SCRIPT = Path(__file__).with_name("resume_memory_script.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(mode: str, folder: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-W", "error", str(SCRIPT), mode, str(folder)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    done = run_python(["-W", "error", str(SCRIPT), mode, str(folder)])
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from tests.distributed.launch import free_port
+from tests.subprocesses import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["handlers.progress=false", "trainer.max_epochs=2"]
@@ -57,28 +58,17 @@ def epoch_lines(text: str) -> list[str]:
 def test_two_processes_train_the_default_config_as_one_process_on_two_devices(tmp_path):
     """The main job on 2 processes prints 1 process x 2 devices' epoch lines, from process 0 only; relaunch: done."""
     one = tmp_path / "one"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    reference = subprocess.run(
-        [sys.executable, "-m", "ember.cli", "train", "--output", str(one), *ARGS],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
+    devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    reference = run_python(["-m", "ember.cli", "train", "--output", str(one), *ARGS], env=devices)
+    assert reference.returncode == 0, reference.stderr[-3000:]
     run = tmp_path / "two"
-    env = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "EMBER_HEARTBEAT_TIMEOUT": "5"}
+    env = {
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+        "JAX_PLATFORMS": "cpu",
+        "EMBER_HEARTBEAT_TIMEOUT": "5",
+    }
     train = [sys.executable, "-m", "ember.cli", "train", "--distributed", "--output", str(run), *ARGS]
-    launched = subprocess.run(  # as a user runs it: ember launch -n 2 -- ember train --distributed
-        [sys.executable, "-m", "ember.cli", "launch", "-n", "2", "--", *train],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    launched = run_python(["-m", "ember.cli", "launch", "-n", "2", "--", *train], env=env)  # as a user runs it
     assert launched.returncode == 0, launched.stderr[-3000:]
     lines = launched.stdout.splitlines()
     assert [line[4:] for line in lines if line.startswith("[0] epoch ")] == epoch_lines(reference.stdout)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from ember.cli._launch import GRACE, launch
+from tests.subprocesses import alive
 
 CHILD = """
 import os, signal, sys, time
@@ -84,17 +85,9 @@ def test_a_killed_launcher_takes_its_processes_with_it():
     done.kill()
     done.communicate(timeout=30)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.1)
-    assert [pid for pid in pids if _alive(pid)] == []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert [pid for pid in pids if alive(pid)] == []
 
 
 def test_bad_arguments_are_named():

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.subprocesses import alive
+
 SCRIPT = Path(__file__).with_name("grain_workers_script.py")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,15 +26,6 @@ def test_a_run_that_ends_leaves_no_shared_memory_and_prints_nothing_of_it(mode):
     assert done.stdout.splitlines()[-1] == "done"
     assert "leaked" not in done.stderr, done.stderr[-3000:]
     assert "Exception ignored" not in done.stderr, done.stderr[-3000:]
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie waiting to be reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_the_workers_end_when_the_main_process_is_killed():

@@ -2,16 +2,14 @@
 
 import errno
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.subprocesses import run_python
+
 SCRIPT = Path(__file__).with_name("full_disk_script.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def on_a_small_disk(tmp_path: Path, *args: str) -> tuple[dict, str]:
@@ -25,16 +23,8 @@ def on_a_small_disk(tmp_path: Path, *args: str) -> tuple[dict, str]:
     if shutil.which("unshare") is None:
         pytest.fail("this test mounts a small tmpfs with util-linux's `unshare`, which is not installed")
     mount = 'mount -t tmpfs -o size=1m tmpfs "$0" && exec "$@"'
-    command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", mount, str(disk)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [*command, sys.executable, str(SCRIPT), *args, str(disk)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    namespace = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", mount, str(disk)]
+    done = run_python([str(SCRIPT), *args, str(disk)], prefix=namespace)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :]), done.stderr

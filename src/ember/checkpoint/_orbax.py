@@ -86,9 +86,9 @@ class OrbaxStore(CheckpointStore):
             # orbax copies the arrays off the devices before this returns, and writes on its own threads
             self._checkpointer.save(tmp / ITEM, args=self._ocp.args.StandardSave(serialization.to_state_dict(tree)))
         except BaseException as e:
+            self._renew()  # orbax's threads are done with the folder before it goes
             if jax.process_index() == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
-            self._renew()
             raise _os_error(e, name, self.root) from None
         return Prepared(name, manifest, replaces, tmp=tmp)
 
@@ -142,10 +142,10 @@ class OrbaxStore(CheckpointStore):
                     self._commit(tmp, prepared)
             except BaseException as e:
                 problem = e
-            if problem is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
         if problem is not None:
-            self._renew()
+            self._renew()  # orbax's threads are done with the folder before it goes
+            if jax.process_index() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
         told = _describe(problem) if problem is not None and jax.process_index() == 0 else ""
         answer = exchange(f"commit:{self.root}", told)[0]  # process 0's: all return once the checkpoint is on disk
         if problem is None and answer:
