@@ -200,3 +200,55 @@ def test_pruning_verifies_each_checkpoint_once_and_again_when_a_file_of_it_is_re
     manifest.write_text(manifest.read_text().replace('"step": 3', '"step": 30'))  # fails its checksum
     assert [c.step for c in store.checkpoints()] == [2]  # re-read, found damaged, left out (and so not counted)
     assert read[3:] == ["step_00000003"]
+
+
+def test_a_store_made_on_a_folder_leaves_a_write_in_flight_alone(tmp_path, monkeypatch):
+    """A second store on the folder (a reader, another process's store) while a background save runs: it commits."""
+    import threading
+
+    import ember.checkpoint._store as store_module
+
+    release = threading.Event()
+    real = store_module.write_leaves
+
+    def held(f, leaves):
+        assert release.wait(timeout=30)
+        return real(f, leaves)
+
+    monkeypatch.setattr(store_module, "write_leaves", held)
+    writer = CheckpointStore(tmp_path)
+    writer.save_in_background({"w": np.arange(3.0)}, step=1)
+    in_flight = [p.name for p in tmp_path.iterdir()]
+    assert len(in_flight) == 1
+    assert in_flight[0].startswith(".tmp-step_00000001-")
+    CheckpointStore(tmp_path)  # would have deleted the write's folder
+    assert [p.name for p in tmp_path.iterdir()] == in_flight
+    release.set()
+    assert writer.wait().step == 1
+    assert [c.step for c in CheckpointStore(tmp_path).checkpoints()] == [1]
+
+
+def test_only_abandoned_temporaries_are_removed(tmp_path):
+    """A dead process's, an unowned (older ember) one, and a day-old one of another host go; a live writer's stays."""
+    import os
+    import subprocess
+    import sys
+
+    from ember.checkpoint._atomic import STALE_AFTER, owner, temporary_name
+
+    host = owner().split(".")[0]
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone_pid = int(dead.stdout)
+    names = {
+        "dead": temporary_name("step_00000001", f"{host}.{gone_pid}"),
+        "live": temporary_name("step_00000002"),  # this process: alive
+        "unowned": ".tmp-step_00000003-1a2b3c4d",
+        "elsewhere_old": temporary_name("step_00000004", "otherhost.12"),
+        "elsewhere_new": temporary_name("step_00000005", "otherhost.13"),
+    }
+    for name in names.values():
+        (tmp_path / name).mkdir()
+    old = (tmp_path / names["elsewhere_old"]).stat().st_mtime - STALE_AFTER - 60
+    os.utime(tmp_path / names["elsewhere_old"], (old, old))
+    CheckpointStore(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names["live"], names["elsewhere_new"]])

@@ -112,9 +112,14 @@ def test_distributed_launch_reads_all_three_variables_or_none(monkeypatch):
 
     from ember.cli._main import start_distributed
 
-    with mock.patch("jax.distributed.initialize") as init:
+    with mock.patch("jax.distributed.initialize") as init, mock.patch("jax.config.update") as update:
         assert start_distributed({}) == {}
-        init.assert_called_once_with()
+        init.assert_called_once_with(heartbeat_timeout_seconds=30)  # JAX's detection, a lost process found in 30 s
+        update.assert_called_once_with("jax_enable_recoverability", True)
+        start_distributed({"EMBER_HEARTBEAT_TIMEOUT": "5"})
+        assert init.call_args == mock.call(heartbeat_timeout_seconds=5)
+    with pytest.raises(ValueError, match=re.escape("EMBER_HEARTBEAT_TIMEOUT must be a positive number of seconds")):
+        start_distributed({"EMBER_HEARTBEAT_TIMEOUT": "soon"})
     with pytest.raises(ValueError, match=re.escape("--distributed got ['EMBER_COORDINATOR'] from the environment")):
         start_distributed({"EMBER_COORDINATOR": "h:1"})
     with pytest.raises(ValueError, match=re.escape("EMBER_NUM_PROCESSES and EMBER_PROCESS_ID must be ints")):

@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+import time
 
 import jax
 
@@ -16,6 +17,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+import ember.checkpoint._store as store_module  # noqa: E402
 from ember import Engine, Events  # noqa: E402
 from ember.checkpoint import CheckpointStore  # noqa: E402
 from ember.handlers import Checkpoint  # noqa: E402
@@ -71,7 +73,11 @@ first = averaging_engine()
 saver = Checkpoint({"engine": first}, folder, n_saved=None)  # process 0 writes, every process saves its part
 saver.attach(first, Events.ITERATION_COMPLETED(once=3))
 first.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate())
+if pid == 0:  # the writer is slow: the other process must still return only once the checkpoint is on disk
+    real_write = store_module.write_leaves
+    store_module.write_leaves = lambda f, leaves: time.sleep(2) or real_write(f, leaves)
 first.run(values)
+out["on_disk_when_run_returned"] = [c.step for c in CheckpointStore(folder).checkpoints()]
 again = averaging_engine()
 Checkpoint({"engine": again}, folder).resume()
 out["resumed_avg"] = again.run(values).metrics["avg"]

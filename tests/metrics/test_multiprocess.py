@@ -31,9 +31,16 @@ def two_processes(tmp_path_factory) -> list[dict]:
         )
         for pid in (0, 1)
     ]
+    outputs = []
+    try:
+        outputs = [proc.communicate(timeout=180) for proc in procs]  # both, before anything is asserted
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=30)
     results = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=180)
+    for proc, (stdout, stderr) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, stderr[-3000:]
         line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
         results.append(json.loads(line[len("RESULT ") :]))
@@ -75,6 +82,7 @@ def test_an_epoch_wise_metric_resumed_mid_epoch_gets_each_processs_own_part_back
     for result in two_processes:
         assert result["straight_avg"] == pytest.approx(expected)
         assert result["resumed_avg"] == result["straight_avg"]
+    assert [r["on_disk_when_run_returned"] for r in two_processes] == [[3], [3]]  # process 0 wrote it slowly
     saved = two_processes[0]["saved_avg"]["processes"]
     assert [part["state"]["tuple"][0]["data"] for part in saved] == [[33.0], [63.0]]  # 10+11+12, 20+21+22
     assert [part["updates"] for part in saved] == [3, 3]

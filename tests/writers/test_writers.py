@@ -229,3 +229,12 @@ def test_an_unchecked_tensorboardx_major_is_refused_by_name(monkeypatch):
     monkeypatch.setattr(tensorboardX, "__version__", "3.0.1")
     with pytest.raises(ImportError, match=re.escape("checked with tensorboardX 2.x; tensorboardX 3.0.1 is installed")):
         events_writer_class()
+
+
+def test_event_files_of_one_process_sort_in_the_order_they_were_opened(tmp_path):
+    """Twelve writers, one after another: TensorBoard reads the files by name, and gets them in order (10 > 9)."""
+    for step in range(12):
+        writer = TensorBoardWriter(tmp_path)
+        writer.write_scalars(step, {"x": float(step)})
+        writer.close()
+    assert [step for step, _ in read_scalars(tmp_path)["x"]] == list(range(12))

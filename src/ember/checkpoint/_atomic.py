@@ -7,12 +7,57 @@ each checkpoint either as it was or as it is meant to be, never half of one.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 TMP_PREFIX = ".tmp-"
 REPLACING_SUFFIX = ".replacing"  # a checkpoint committed beside the one of the same name it replaces
+
+#: A temporary folder of another machine is taken for abandoned once it is this many seconds old.
+STALE_AFTER = 24 * 3600.0
+
+
+def owner() -> str:
+    """This process as a temporary folder's name says it: ``<host>.<pid>`` (the host without ``-`` or ``.``)."""
+    return f"{re.sub(r'[^A-Za-z0-9_]', '_', socket.gethostname())}.{os.getpid()}"
+
+
+def abandoned(root: Path) -> Iterator[Path]:
+    """The temporary folders in ``root`` that no live writer will finish: safe to remove.
+
+    A temporary's name ends with its owner and a random part (``.tmp-step_00000004-host.4242-1a2b3c4d``). It is
+    abandoned when its owner is a process of this machine that no longer runs, when it names no owner (written
+    before owners were named), or when it is older than `STALE_AFTER` (its owner on another machine). A write in
+    flight, in this process, in another store object or in another process, is never touched.
+    """
+    here = owner().split(".")[0]
+    for path in root.glob(f"{TMP_PREFIX}*"):
+        found = re.search(r"-([A-Za-z0-9_]+)\.(\d+)-[0-9a-f]+$", path.name)
+        if found is None:
+            yield path
+            continue
+        host, pid = found.group(1), int(found.group(2))
+        try:
+            old = time.time() - path.stat().st_mtime > STALE_AFTER
+        except FileNotFoundError:
+            continue  # gone already: its writer committed or removed it
+        if old or (host == here and not _running(pid)):
+            yield path
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def fsync_dir(path: Path) -> None:
@@ -24,9 +69,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def temporary_name(name: str, writer: str | None = None, unique: int | None = None) -> str:
+    """The name of a temporary folder for writing ``name``, owned by ``writer`` (this process by default).
+
+    Its last part is random, or ``unique`` (in hex) where every process must arrive at the same name.
+    """
+    tail = f"{unique:08x}" if unique is not None else uuid.uuid4().hex[:8]
+    return f"{TMP_PREFIX}{name}-{writer or owner()}-{tail}"
+
+
 def temporary_dir(root: Path, name: str) -> Path:
     """A new folder in ``root`` for writing ``name``; created with the permissions the umask allows."""
-    tmp = root / f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+    tmp = root / temporary_name(name)
     tmp.mkdir()  # not tempfile.mkdtemp: that would force 0700 whatever the umask (Ignite #1876)
     return tmp
 
@@ -63,7 +117,7 @@ def remove(folder: Path) -> None:
     """Delete a checkpoint folder (renamed to a temporary name first, so a crash never leaves half of one)."""
     if not folder.exists():
         return
-    doomed = folder.with_name(f"{TMP_PREFIX}deleting-{folder.name}-{uuid.uuid4().hex[:8]}")
+    doomed = folder.with_name(temporary_name(f"deleting-{folder.name}"))
     os.replace(folder, doomed)
     fsync_dir(folder.parent)
     shutil.rmtree(doomed)
@@ -71,7 +125,7 @@ def remove(folder: Path) -> None:
 
 def replace_file(folder: Path, name: str, text: str) -> None:
     """Write ``folder/name`` anew with ``text``: a temporary file, fsynced, renamed over it, the folder fsynced."""
-    tmp = folder / f"{TMP_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+    tmp = folder / temporary_name(name)
     try:
         with open(tmp, "w") as f:
             f.write(text)

@@ -15,10 +15,11 @@ import jax
 from flax import serialization
 
 from ember._multiprocess import exchange
-from ember.checkpoint._atomic import TMP_PREFIX, fsync_dir
+from ember.checkpoint._atomic import TMP_PREFIX, fsync_dir, owner, temporary_name
 from ember.checkpoint._files import checksum_problem, list_files, record, size_problem
 from ember.checkpoint._folder import file_records
 from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, new_manifest, write_manifest, wrong_store
+from ember.checkpoint._notice import committed, describe, rebuilt
 from ember.checkpoint._snapshot import flat_leaves
 from ember.checkpoint._store import CheckpointInfo, CheckpointStore, Prepared, naming
 
@@ -66,6 +67,8 @@ class OrbaxStore(CheckpointStore):
         super().__init__(root)
         self._ocp = ocp
         self._checkpointer = self._new_checkpointer()
+        self._writer_id: str | None = None  # process 0's owner id: it makes each save's folder (learnt at the first)
+        self._saves = 0
         _QUIET.folders.add(str(self.root / TMP_PREFIX))  # orbax's own error logs for ember's writes: raised instead
 
     def _prepare(
@@ -79,7 +82,11 @@ class OrbaxStore(CheckpointStore):
     ) -> Prepared:
         name = self._new_name(step, name, replaces)
         manifest = new_manifest(step, metrics, metadata, flat_leaves(tree))
-        tmp = self.root / f"{TMP_PREFIX}{name}-orbax"  # the same on every process: orbax's save is collective
+        # the same on every process (orbax's save is collective): process 0's, numbered by the saves so far
+        if self._writer_id is None:
+            self._writer_id = exchange(f"owner:{self.root}", owner())[0]
+        tmp = self.root / temporary_name(f"{name}-orbax", self._writer_id, unique=self._saves)
+        self._saves += 1
         try:
             if jax.process_index() == 0:
                 tmp.mkdir()
@@ -126,11 +133,11 @@ class OrbaxStore(CheckpointStore):
             files = record(tmp / ITEM, names[jax.process_index() :: jax.process_count()])  # this process's share
         except BaseException as e:
             problem = _os_error(e, name, self.root)
-        mine = json.dumps([_describe(problem) if problem is not None else "", files])
+        mine = json.dumps([describe(problem) if problem is not None else "", files])
         everyone = [json.loads(v) for v in exchange(f"save:{self.root}", mine)]
         failed = [(p, why) for p, (why, _) in enumerate(everyone) if why]
         if problem is None and failed:
-            problem = _raised(*failed[0])
+            problem = rebuilt(*failed[0])
         if jax.process_index() == 0:
             try:
                 if problem is None:
@@ -146,10 +153,7 @@ class OrbaxStore(CheckpointStore):
             self._renew()  # orbax's threads are done with the folder before it goes
             if jax.process_index() == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
-        told = _describe(problem) if problem is not None and jax.process_index() == 0 else ""
-        answer = exchange(f"commit:{self.root}", told)[0]  # process 0's: all return once the checkpoint is on disk
-        if problem is None and answer:
-            problem = _raised(0, answer)
+        problem = committed(self.root, problem)  # process 0's word: every process returns once it is on disk
         if problem is not None:
             raise problem
         return CheckpointInfo(self.root / name, manifest["step"], manifest["metrics"], manifest)
@@ -221,22 +225,6 @@ def _os_error(error: BaseException, name: str, root: Path) -> BaseException:
         return error
     code = int(found.group(1))
     return naming(OSError(code, os.strerror(code)), name, root)
-
-
-def _describe(error: BaseException) -> str:
-    """An error as JSON text that `_raised` turns back into one, for the other processes."""
-    errno = error.errno if isinstance(error, OSError) else None
-    text = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0]
-    return json.dumps({"type": type(error).__name__, "errno": errno, "text": text or type(error).__name__})
-
-
-def _raised(process: int, described: str) -> BaseException:
-    """The error `_describe` described, raised on this process; another process's says so."""
-    d = json.loads(described)
-    elsewhere = "" if process == jax.process_index() else f" (on process {process})"
-    if d["errno"] is not None:
-        return OSError(d["errno"], d["text"] + elsewhere)
-    return RuntimeError(f"{d['type']}: {d['text']}{elsewhere}")
 
 
 class _QuietFilter(logging.Filter):

@@ -14,23 +14,22 @@ from typing import Any
 import jax
 import numpy as np
 
-from ember.checkpoint._atomic import TMP_PREFIX, commit, replace_file, temporary_dir
+from ember.checkpoint._amend import Amending
+from ember.checkpoint._amend import then_after as _then
+from ember.checkpoint._atomic import abandoned, commit, temporary_dir
 from ember.checkpoint._folder import DATA, CheckpointFolder, CheckpointInfo
 from ember.checkpoint._format import lower_thread_priority, write_leaves
 from ember.checkpoint._manifest import (
-    MANIFEST,
     CorruptCheckpointError,
-    amended,
     describe_tree,
-    manifest_text,
     new_manifest,
-    read_manifest,
     write_manifest,
 )
+from ember.checkpoint._notice import committed
 from ember.checkpoint._snapshot import check_gatherable, detach, flat_leaves, on_host
 
 
-class CheckpointStore(CheckpointFolder):
+class CheckpointStore(Amending, CheckpointFolder):
     """Checkpoints in one folder, each committed atomically and verified before it is ever returned.
 
     A checkpoint is a folder holding ``state.msgpack`` (the tree, streamed leaf by leaf) and
@@ -75,7 +74,7 @@ class CheckpointStore(CheckpointFolder):
         self.device_snapshot = device_snapshot
         self.root = Path(os.path.abspath(root))  # resolved once: a later chdir changes nothing
         self.root.mkdir(parents=True, exist_ok=True)
-        for leftover in self.root.glob(f"{TMP_PREFIX}*"):  # an interrupted write
+        for leftover in abandoned(self.root):  # an interrupted write; never one still in flight
             shutil.rmtree(leftover, ignore_errors=True)
         self._writer: ThreadPoolExecutor | None = None
         self._pending: Future[CheckpointInfo] | None = None
@@ -118,7 +117,7 @@ class CheckpointStore(CheckpointFolder):
         """
         elsewhere = self._start_save(tree, step, metrics, name)
         if elsewhere is not None:
-            return elsewhere
+            return self._heard(elsewhere)
         return self._write(self._prepare(tree, step, metrics, metadata, name, replaces))
 
     def save_in_background(
@@ -151,9 +150,8 @@ class CheckpointStore(CheckpointFolder):
             (1, 'step_00000001')
         """
         elsewhere = self._start_save(tree, step, metrics, name)
-        if elsewhere is not None:
-            self._pending = Future()
-            self._pending.set_result(elsewhere)
+        if elsewhere is not None:  # process 0 writes; this process hears when it has, on its own writer thread
+            self._pending = self._submit(_then, functools.partial(self._heard, elsewhere), then)
             return self._pending
         if not self.collective_saves:  # a collective store (orbax) takes its own copy, shard by shard
             tree = detach(tree, self._host_buffers, on_device=self.device_snapshot)
@@ -167,73 +165,6 @@ class CheckpointStore(CheckpointFolder):
                 max_workers=1, thread_name_prefix="ember-checkpoint", initializer=lower_thread_priority
             )
         return self._writer.submit(*task)
-
-    def amend(
-        self, name: str, *, metrics: Mapping[str, float] | None = None, metadata: Mapping[str, Any] | None = None
-    ) -> CheckpointInfo:
-        """Replace the metrics or the metadata of checkpoint ``name`` (those given); its arrays stay as they are.
-
-        For a save of a step whose arrays have not changed since it was saved (the same state, saved again at the
-        epoch's end with ``epoch_completed`` now true): only the manifest is written again, atomically, and no
-        second copy of the arrays is made. Waits for a background save in flight first.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> _ = store.save({"w": np.ones(2)}, step=3, metadata={"epoch_completed": False})
-            >>> info = store.amend("step_00000003", metadata={"epoch_completed": True})
-            >>> info.manifest["metadata"], [c.path.name for c in store.checkpoints()]
-            ({'epoch_completed': True}, ['step_00000003'])
-        """
-        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here
-        previous = self._pending
-        self.wait()
-        return self._amend(previous, name, metrics, metadata)
-
-    def amend_in_background(
-        self,
-        name: str,
-        *,
-        metrics: Mapping[str, float] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        then: Callable[[], object] | None = None,
-    ) -> Future[CheckpointInfo]:
-        """[`amend`][ember.checkpoint.CheckpointStore.amend] on the writer thread, after the save in flight.
-
-        The training thread waits for nothing: a save of ``name`` still being written is amended once it is on disk
-        (and if it fails, this fails with its error). ``then`` runs after, as for a background save.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> _ = store.save_in_background({"w": np.ones(2)}, step=3)
-            >>> _ = store.amend_in_background("step_00000003", metrics={"loss": 0.5})
-            >>> store.wait().metrics
-            {'loss': 0.5}
-        """
-        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here, in the caller's thread
-        amend = functools.partial(self._amend, self._pending, name, metrics, metadata)
-        self._pending = self._submit(_then, amend, then)
-        return self._pending
-
-    def _amend(
-        self,
-        previous: Future[CheckpointInfo] | None,
-        name: str,
-        metrics: Mapping[str, float] | None,
-        metadata: Mapping[str, Any] | None,
-    ) -> CheckpointInfo:
-        saved = previous.result() if previous is not None else None  # on disk (or its error is this one's)
-        path = self.root / name
-        if not self._writes_manifests():  # process 0 amends; the info says what it writes
-            step = saved.step if saved is not None else -1
-            manifest = {"step": step, "written_by": "process 0"}
-            return CheckpointInfo(path, step, dict(metrics or {}), manifest)
-        manifest = amended(read_manifest(path), metrics, metadata)
-        replace_file(path, MANIFEST, manifest_text(manifest))
-        return CheckpointInfo(path, manifest["step"], manifest["metrics"], manifest)
 
     def _writes_manifests(self) -> bool:
         """Whether this process writes the manifests (process 0 of a multi-process run)."""
@@ -346,7 +277,25 @@ class CheckpointStore(CheckpointFolder):
             raise FileExistsError(f"A checkpoint named {name!r} already exists in {self.root}.")
         return name
 
+    def _heard(self, info: CheckpointInfo) -> CheckpointInfo:
+        """On a process that does not write: return once process 0 has committed the save, or raise its error."""
+        problem = committed(self.root, None)
+        if problem is not None:
+            raise problem
+        return info
+
     def _write(self, prepared: Prepared) -> CheckpointInfo:
+        try:
+            info = self._write_files(prepared)
+        except BaseException as e:
+            if jax.process_count() > 1:
+                committed(self.root, e)  # the others raise it too
+            raise
+        if jax.process_count() > 1:
+            committed(self.root, None)
+        return info
+
+    def _write_files(self, prepared: Prepared) -> CheckpointInfo:
         leaves = on_host(prepared.leaves)  # device snapshots (or, saving in the foreground, the state) come over here
         manifest = prepared.manifest
         manifest["tree"] = describe_tree(leaves)
@@ -396,11 +345,3 @@ class Prepared:
     replaces: str | None
     leaves: dict[str, Any] = field(default_factory=dict[str, Any])
     tmp: Path | None = None
-
-
-def _then(task: Callable[[], CheckpointInfo], then: Callable[[], object] | None) -> CheckpointInfo:
-    """``task()``, then ``then()``: one background task, so a failure of either is the task's."""
-    info = task()
-    if then is not None:
-        then()
-    return info

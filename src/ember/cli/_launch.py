@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -16,8 +15,6 @@ from typing import IO, Any
 
 #: Seconds the other processes get to end after one has failed (SIGTERM), before they are killed.
 GRACE = 30.0
-
-_PR_SET_PDEATHSIG = 1
 
 
 def free_port() -> int:
@@ -47,11 +44,20 @@ def process_environment(index: int, count: int, port: int) -> dict[str, str]:
     }
 
 
-def _die_with_the_launcher() -> None:  # pragma: no cover - runs in the child, between fork and exec
-    """In a child, before it runs its command: be killed when the launcher dies (Linux; elsewhere nothing)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+#: Run first in each process on Linux: ask to be killed when the launcher dies (a parent-death signal survives
+#: ``exec``), then become the command. A shim, not ``preexec_fn``: that would fork the launcher, which warns, and can
+#: deadlock, in a process that runs JAX.
+_SHIM = (
+    "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+    "os.getppid() == int(sys.argv[1]) or os._exit(1); os.execvp(sys.argv[2], sys.argv[2:])"
+)
+
+
+def _with_the_launcher(command: Sequence[str]) -> list[str]:
+    """``command``, started so that its process ends with the launcher's (Linux; elsewhere as it is)."""
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [sys.executable, "-c", _SHIM, str(os.getpid()), *command]
 
 
 def _relay(pipe: IO[str], index: int, out: IO[str], lock: threading.Lock) -> None:
@@ -106,13 +112,12 @@ def launch(
         env = {**os.environ, **process_environment(index, count, port)}
         procs.append(
             subprocess.Popen(
-                list(command),
+                _with_the_launcher(command),
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
                 start_new_session=True,  # a Ctrl-C reaches each process once: forwarded by the launcher
-                preexec_fn=_die_with_the_launcher,
             )
         )
     lock = threading.Lock()

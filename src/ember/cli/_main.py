@@ -32,7 +32,7 @@ def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any
         >>> from unittest import mock
         >>> from ember.cli._main import start_distributed
         >>> env = {"EMBER_COORDINATOR": "node0:1234", "EMBER_NUM_PROCESSES": "2", "EMBER_PROCESS_ID": "1"}
-        >>> with mock.patch("jax.distributed.initialize") as init:
+        >>> with mock.patch("jax.distributed.initialize"), mock.patch("jax.config.update"):
         ...     start_distributed(env)
         {'coordinator_address': 'node0:1234', 'num_processes': 2, 'process_id': 1}
     """

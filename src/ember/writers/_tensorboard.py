@@ -80,7 +80,7 @@ class TensorBoardWriter(Writer):
 
         if self._events is None:
             EventsWriter = events_writer_class()  # a class
-            suffix = f".{os.getpid()}.{next(_opened)}"
+            suffix = f".{os.getpid()}.{next(_opened):06d}"  # padded: files sort in the order they were opened
             self._events = EventsWriter(os.path.join(self.logdir, "events"), suffix)
         self._events.write_event(Event(summary=summary, step=int(step), wall_time=time.time()))
         if time.monotonic() - self._flushed > self.flush_secs:
