@@ -6,6 +6,7 @@ import shutil
 import tempfile
 
 import pytest
+from hypothesis import settings
 
 # One XLA compilation cache for the run, this process and the scripts it launches: the suite compiles the
 # same small models again and again (an example's second trainer, a resumed run, each test's own trainer),
@@ -17,6 +18,13 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+
+# Hypothesis: the same examples every run (derandomized, no example database), so a red CI run is red again on a
+# rerun and a green one stays green; HYPOTHESIS_PROFILE=explore draws new ones, many more of them, to look for bugs.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", max_examples=2000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture

@@ -252,3 +252,54 @@ def test_only_abandoned_temporaries_are_removed(tmp_path):
     os.utime(tmp_path / names["elsewhere_old"], (old, old))
     CheckpointStore(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names["live"], names["elsewhere_new"]])
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "background"])
+@pytest.mark.parametrize("layout", ["transposed", "strided", "reversed", "fortran"])
+def test_arrays_that_are_not_c_contiguous_save_and_restore_exactly(tmp_path, background, layout):
+    """A transposed, strided, reversed or Fortran-ordered NumPy array: written in C order, read back equal."""
+    base = np.arange(24.0).reshape(4, 6)
+    array = {"transposed": base.T, "strided": base[:, ::2], "reversed": base[::-1], "fortran": np.asfortranarray(base)}[
+        layout
+    ]
+    assert not array.flags.c_contiguous or layout == "fortran"
+    store = CheckpointStore(tmp_path)
+    if background:
+        store.save_in_background({"w": array}, step=1)
+        store.wait()
+    else:
+        store.save({"w": array}, step=1)
+    tree, _ = store.restore()
+    np.testing.assert_array_equal(tree["w"], array)
+    assert tree["w"].shape == array.shape
+
+
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_ties_in_best_checkpoints_go_to_the_later_step(tmp_path, mode):
+    """Two checkpoints share the best score: best() and ranked() prefer the later step; retention keeps it."""
+    store = CheckpointStore(tmp_path)
+    good, bad = (0.9, 0.5) if mode == "max" else (0.1, 0.5)
+    for step, score in ((1, good), (2, bad), (3, good), (4, bad)):
+        store.save({"w": np.zeros(1)}, step=step, metrics={"score": score})
+    assert store.best("score", mode=mode).step == 3
+    assert [c.step for c in store.ranked("score", mode)] == [3, 1, 4, 2]
+    store.prune(keep_best=1, metric="score", mode=mode)
+    assert [c.step for c in store.checkpoints()] == [3]
+
+
+def test_every_single_byte_flip_in_a_data_file_is_found_by_its_checksum(tmp_path):
+    """Each byte of a small checkpoint's data file flipped in turn: every one is caught (never a wrong restore)."""
+    from ember.checkpoint import CorruptCheckpointError
+
+    store = CheckpointStore(tmp_path)
+    info = store.save({"w": np.arange(6, dtype=np.float32), "n": 3}, step=1)
+    data = info.path / "state.msgpack"
+    clean = data.read_bytes()
+    for i in range(len(clean)):
+        damaged = bytearray(clean)
+        damaged[i] ^= 0x20
+        data.write_bytes(bytes(damaged))
+        with pytest.raises(CorruptCheckpointError, match=r"state\.msgpack does not match the checksum"):
+            store.restore(checkpoint=info)
+    data.write_bytes(clean)
+    assert store.restore(checkpoint=info)[0]["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]

@@ -25,10 +25,10 @@ def default_run(tmp_path_factory):
     return run
 
 
-def test_the_default_run_reaches_97_percent_under_a_minute(default_run, capsys):
+def test_the_default_run_reaches_97_percent(default_run, capsys):
+    """The embedded run's accuracy and its run folder (its time is measured by benchmarks/workloads.py, digits)."""
     summary = json.loads((default_run / "summary.json").read_text())
     assert summary["best_accuracy"] >= 0.97
-    assert summary["seconds"] < 60
     assert summary["resumed_from"] is None
     assert sorted(p.name for p in default_run.iterdir()) == [
         "checkpoints",

@@ -142,3 +142,35 @@ def test_ember_train_reads_a_file_then_overrides(tmp_path, capsys):
     )
     assert main(["train", str(path), str(path)]) == 2
     assert "ember train takes one config file, got" in capsys.readouterr().err
+
+
+BOUNDS = [  # (dotted field, refused just outside the bound, accepted at it or just inside)
+    ("optimizer.learning_rate", "0.0", "1e-12"),
+    ("optimizer.weight_decay", "-1e-12", "0.0"),
+    ("optimizer.clip_norm", "0.0", "1e-12"),
+    ("optimizer.momentum", "-1e-12", "0.0"),
+    ("optimizer.momentum", "1.0", "0.999999"),
+    ("data.val_fraction", "0.0", "1e-06"),
+    ("data.val_fraction", "1.0", "0.999999"),
+    ("optimizer.warmup_steps", "-1", "0"),
+    ("trainer.max_epochs", "0", "1"),
+    ("trainer.steps_per_call", "0", "1"),
+    ("trainer.eval_every", "0", "1"),
+    ("data.batch_size", "0", "1"),
+    ("handlers.log_every", "0", "1"),
+    ("handlers.checkpoint.keep_latest", "0", "1"),
+    ("handlers.checkpoint.every_iters", "0", "1"),
+]
+
+
+@pytest.mark.parametrize(("field", "outside", "inside"), BOUNDS)
+def test_every_range_is_checked_on_both_sides_of_its_bound(field, outside, inside):
+    """Just outside the bound: refused, naming the field and the value; at or just inside it: accepted."""
+    with pytest.raises(ConfigError, match=rf"^{re.escape(field)}: expected "):
+        load_config(None, [f"{field}={outside}"])
+    config = load_config(None, [f"{field}={inside}"])
+    section, _, name = field.rpartition(".")
+    value = config
+    for part in [*section.split("."), name]:
+        value = getattr(value, part)
+    assert value == float(inside)

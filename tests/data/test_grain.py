@@ -255,3 +255,16 @@ def test_epochs_follow_ignite_a_finite_loader_ends_one_an_endless_one_needs_epoc
     ):
         Engine(lambda e, b: b).run(endless)
     assert Engine(lambda e, b: b).run(endless, epoch_length=3, max_epochs=2).iteration == 6
+
+
+def test_every_pass_is_a_new_permutation_of_the_records():
+    """Every pass is a permutation of all records, no two of 5 passes alike, another seed another order."""
+    records = [{"x": np.int64(i)} for i in range(30)]
+    data = GrainPipeline(records, batch_size=6, shuffle=True, seed=7)
+    stream = [int(v) for b, _ in zip(data, range(25), strict=False) for v in b["x"]]
+    passes = [stream[i * 30 : (i + 1) * 30] for i in range(5)]
+    for p in passes:
+        assert sorted(p) == list(range(30))  # a permutation: every record once (30 divides by 6: none dropped)
+    assert len({tuple(p) for p in passes}) == 5
+    other = GrainPipeline(records, batch_size=6, shuffle=True, seed=8)
+    assert [int(v) for b, _ in zip(other, range(5), strict=False) for v in b["x"]] != passes[0]

@@ -331,3 +331,19 @@ def test_a_finished_engine_is_garbage_collected():
     gc.collect()
     assert ref() is None
     handle.remove()  # a handle outliving its engine is harmless
+
+
+def test_a_k_step_trainer_counts_before_each_iteration_event_too():
+    """steps_per_call=3 over 7 batches: each ITERATION event sees its own 1-based iteration, in order."""
+    import jax.numpy as jnp
+    import optax
+
+    from ember.training import TrainState, create_trainer
+
+    state = TrainState.create(lambda p, x: x * p, jnp.array(1.0), optax.sgd(0.1))
+    trainer = create_trainer(state, lambda m, b: jnp.mean(m(b) ** 2), steps_per_call=3)
+    seen = []
+    for ev in (Events.ITERATION_STARTED, Events.ITERATION_COMPLETED):
+        trainer.add_event_handler(ev, lambda e, ev=ev: seen.append((ev.name[10:], e.state.iteration)))
+    trainer.run([jnp.ones(2)] * 7)
+    assert seen == [(kind, i) for i in range(1, 8) for kind in ("STARTED", "COMPLETED")]

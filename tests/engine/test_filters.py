@@ -166,3 +166,26 @@ def test_once_next_due_is_the_next_listed_value(values, value):
     """For once=[...], next_due(v) is the smallest listed value above v."""
     f = Events.ITERATION_COMPLETED(once=values).filter
     assert f.next_due(value) == min((v for v in values if v > value), default=NEVER)
+
+
+def test_once_fires_again_after_each_new_run_but_not_in_a_resumed_one():
+    """once=[2, 5]: fires at both in each new run; a run resumed at iteration 3 fires only at 5."""
+    fired = []
+
+    def engine():
+        e = Engine(lambda e, b: b)
+        e.add_event_handler(Events.ITERATION_COMPLETED(once=[2, 5]), lambda e: fired.append(e.state.iteration))
+        return e
+
+    first = engine()
+    first.run([0, 1, 2], max_epochs=2)
+    first.run([0, 1, 2], max_epochs=2)  # a finished run started again: a new run from iteration 0
+    assert fired == [2, 5, 2, 5]
+    stopped = engine()
+    stopped.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate())
+    stopped.run([0, 1, 2], max_epochs=2)
+    resumed = engine()
+    resumed.load_state_dict(stopped.state_dict())
+    fired.clear()
+    resumed.run([0, 1, 2])
+    assert fired == [5]

@@ -251,21 +251,43 @@ def _saved_trainer(folder, steps=(2, 4)):
     return saver
 
 
+class Weights:
+    """An array tree that follows its engine's iteration (what a trainer's state is, to a checkpoint)."""
+
+    def __init__(self, engine):
+        self.engine, self.loaded = engine, None
+
+    def tree_state_dict(self):
+        return {"w": np.full(64, float(self.engine.state.iteration), np.float32)}
+
+    def load_tree_state_dict(self, tree):
+        self.loaded = tree
+
+
 def test_resume_falls_back_past_a_checksum_corrupt_checkpoint_and_names_it(tmp_path):
-    """A bit flip in the newest data file: resume() warns naming folder and file, moves it aside, uses the previous."""
-    _saved_trainer(tmp_path)
+    """A bit flip inside an array's bytes (the file still parses): the CRC-32 catches it; the previous one is used."""
+    from ember.checkpoint._format import parse_leaves
+
+    trainer = Engine(lambda e, b: b)
+    saver = Checkpoint({"trainer": trainer, "weights": Weights(trainer)}, tmp_path, n_saved=None, background=False)
+    saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
+    trainer.run(range(4))
     data = tmp_path / "step_00000004" / "state.msgpack"
     raw = bytearray(data.read_bytes())
-    raw[-1] ^= 0x01
+    raw[-5] ^= 0x01  # a byte of the last float32 of the array "w"
     data.write_bytes(bytes(raw))
+    damaged = parse_leaves(np.frombuffer(bytes(raw), np.uint8))["weights/w"]
+    assert damaged[:-2].tolist() == [4.0] * 62  # the damage does not break the file: only its checksum can tell
     fresh = Engine(lambda e, b: b)
-    with pytest.warns(
-        UserWarning,
-        match=re.escape(f"Checkpoint '{tmp_path / 'step_00000004'}' is corrupt: its state.msgpack ")
-        + ".* It was moved aside to 'corrupt-step_00000004' and skipped.",
-    ):
-        info = Checkpoint({"trainer": fresh}, tmp_path).resume()
+    weights = Weights(fresh)
+    with pytest.warns(UserWarning, match="does not match the checksum") as caught:
+        info = Checkpoint({"trainer": fresh, "weights": weights}, tmp_path).resume()
+    assert [str(w.message) for w in caught] == [
+        f"Checkpoint '{tmp_path / 'step_00000004'}' is corrupt: its state.msgpack does not match the checksum in "
+        "manifest.json. It was moved aside to 'corrupt-step_00000004' and skipped."
+    ]
     assert (info.step, fresh.state.iteration) == (2, 2)
+    assert weights.loaded["w"].tolist() == [2.0] * 64
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt-step_00000004", "step_00000002"]
 
 

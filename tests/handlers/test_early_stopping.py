@@ -102,3 +102,73 @@ def test_load_state_dict_names_missing_keys():
     stop = EarlyStopping(2, lambda e: 0.0, Engine(lambda e, b: b))
     with pytest.raises(KeyError, match=r"lacks \['best_score'\]; got keys \['counter'\]"):
         stop.load_state_dict({"counter": 1})
+
+
+def ignites_rule(scores, threshold=0.0, threshold_mode="abs", mode="max", cumulative=False):
+    """Ignite 0.5.5's EarlyStopping.__call__, written out: the counter after each score (an independent reference)."""
+    best, counter, counters = None, 0, []
+    for score in scores:
+        if best is None:
+            best = score
+        else:
+            step = -threshold if mode == "min" else threshold
+            bar = best + step if threshold_mode == "abs" else best * (1 + step)
+            if (score <= bar) if mode == "max" else (score >= bar):
+                if not cumulative:
+                    best = max(score, best) if mode == "max" else min(score, best)
+                counter += 1
+            else:
+                best, counter = score, 0
+        counters.append(counter)
+    return counters
+
+
+def counters_of(scores, **kwargs):
+    trainer = Engine(lambda e, b: b)
+    stop = EarlyStopping(100, scored(scores), trainer, **kwargs)
+    out = []
+    for _ in scores:
+        stop(trainer)
+        out.append(stop.counter)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["max", "min"])
+def test_a_score_equal_to_the_best_is_not_an_improvement(mode):
+    """Ignite's rule: equal to the best (threshold 0) counts as no improvement, in either mode."""
+    scores = [1.0, 1.0, 1.0]
+    assert counters_of(scores, mode=mode) == [0, 1, 2] == ignites_rule(scores, mode=mode)
+
+
+@pytest.mark.parametrize(
+    ("mode", "scores", "absolute", "relative"),
+    [
+        ("max", [10.0, 10.5], [0, 0], [0, 1]),  # abs: 10.5 > 10 + 0.1; rel: 10.5 <= 10 x 1.1 = 11
+        ("min", [10.0, 9.5], [0, 0], [0, 1]),  # abs: 9.5 < 10 - 0.1; rel: 9.5 >= 10 x 0.9 = 9
+        ("max", [10.0, 11.0], [0, 0], [0, 1]),  # rel: exactly at the bar, 10 x 1.1, is not over it
+    ],
+)
+def test_relative_and_absolute_thresholds_differ_where_ignites_do(mode, scores, absolute, relative):
+    """Scores far from 1, where threshold=0.1 means 0.1 absolute but 1.0 relative: each mode as Ignite decides."""
+    assert counters_of(scores, mode=mode, threshold=0.1) == absolute == ignites_rule(scores, 0.1, "abs", mode)
+    assert (
+        counters_of(scores, mode=mode, threshold=0.1, threshold_mode="rel")
+        == relative
+        == ignites_rule(scores, 0.1, "rel", mode)
+    )
+
+
+def test_the_rule_matches_ignites_on_random_scores():
+    """200 random sequences, every mode, threshold kind and cumulative flag: the same counters as Ignite's rule."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        scores = [round(rng.uniform(0.5, 20.0), rng.choice([0, 1, 2])) for _ in range(rng.randint(2, 12))]
+        kwargs = {
+            "threshold": rng.choice([0.0, 0.05, 0.5]),
+            "threshold_mode": rng.choice(["abs", "rel"]),
+            "mode": rng.choice(["max", "min"]),
+            "cumulative": rng.choice([False, True]),
+        }
+        assert counters_of(scores, **kwargs) == ignites_rule(scores, **kwargs), (scores, kwargs)

@@ -98,3 +98,37 @@ def test_evaluate_arguments():
         Evaluate([], [])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=re.escape("`writer` must be an ember.writers.Writer or None, got str.")):
         Evaluate(Engine(lambda e, b: b), [], writer="log")  # type: ignore[arg-type]
+
+
+def test_evaluate_covers_every_example_as_numpy_over_the_whole_set_does():
+    """At every epoch, accuracy and loss equal NumPy's over all 57 examples with that moment's parameters."""
+    import optax
+
+    from ember.metrics import Accuracy, Loss
+    from ember.training import create_evaluator
+
+    t = trainer()
+    val = [*DATA[:3], {"x": DATA[3]["x"][:9], "y": DATA[3]["y"][:9]}]  # 16 + 16 + 16 + 9 examples
+    ev = create_evaluator(t, lambda model, b: {"y_pred": model(b["x"]), "y": b["y"]})
+    Accuracy().attach(ev, "accuracy")
+    Loss(optax.softmax_cross_entropy_with_integer_labels).attach(ev, "loss")
+    expected = []
+
+    def by_numpy(engine):  # at the same event, before the evaluation: the parameters it evaluates
+        p = engine.state.train_state.params
+        x = np.concatenate([b["x"] for b in val])
+        y = np.concatenate([b["y"] for b in val])
+        logits = x @ np.asarray(p["w"]) + np.asarray(p["b"])
+        shifted = logits - logits.max(1, keepdims=True)
+        losses = np.log(np.exp(shifted).sum(1)) - shifted[np.arange(len(y)), y]
+        expected.append({"accuracy": float(np.mean(logits.argmax(1) == y)), "loss": float(losses.mean())})
+
+    t.add_event_handler(Events.EPOCH_COMPLETED, by_numpy)
+    evaluate = Evaluate(ev, val)
+    evaluate.attach(t, Events.EPOCH_COMPLETED)
+    t.run(DATA, max_epochs=3)
+    assert len(evaluate.history) == len(expected) == 3
+    for (_, got), want in zip(evaluate.history, expected, strict=True):
+        assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-7)
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+    assert len({round(m["loss"], 6) for _, m in evaluate.history}) == 3  # the parameters changed between them

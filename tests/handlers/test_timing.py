@@ -40,14 +40,43 @@ def test_timer_attach_returns_the_timer_as_ignites_does():
     assert timer.step_count == 4
 
 
-def test_timer_sync_waits_for_the_step():
-    """With sync=True a pause waits until the output is computed: the timed work is real."""
+class Pending:
+    """A step's output that records when it is waited for: what an array still being computed would be."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def block_until_ready(self):
+        self.log.append("waited")
+        return self
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_timer_sync_waits_for_the_output_before_it_reads_the_clock(sync):
+    """sync=True: at every pause the output is waited for, then the clock read; sync=False: never waited for."""
+    log = []
+
+    def clock():
+        log.append("clock")
+        return 0.0
+
+    engine = Engine(lambda e, b: {"loss": Pending(log)})
+    timer = Timer(sync=sync, clock=clock)
+    timer.attach(engine, start=Events.ITERATION_STARTED, pause=Events.ITERATION_COMPLETED)
+    log.clear()  # the timer read its clock when it was made
+    engine.run([1, 2])
+    pair = ["clock", "waited", "clock"] if sync else ["clock", "clock"]  # start, (wait,) pause
+    assert log == pair * 2
+
+
+def test_timer_sync_on_a_trainer_times_real_work():
+    """On a real trainer, sync=True times the steps' device work: a positive time, the output ready after it."""
     t = trainer()
     timer = Timer(sync=True)
     timer.attach(t, start=Events.ITERATION_STARTED, pause=Events.ITERATION_COMPLETED)
     t.run(DATA)
     assert 0 < timer.value() < 10
-    t.state.output["loss"].block_until_ready()
+    assert t.state.output["loss"].is_ready()
 
 
 def test_time_limit_stops_cleanly_and_restarts_its_clock():

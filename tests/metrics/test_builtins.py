@@ -224,3 +224,14 @@ def test_last_and_collect_keep_what_they_see():
     feed(last, np.zeros(4), np.array([1, 2, 3, 4]), batch=3)
     assert last.compute().tolist() == [4]
     assert [c.tolist() for c in got] == [list(map(float, range(10))), list(range(10))]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_masked_accuracy_equals_sklearn_on_the_examples_the_mask_keeps(seed):
+    """Random scores, labels and masks, batches of 7: the accuracy of exactly the kept examples (scikit-learn's)."""
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=(45, 4)).astype(np.float32)
+    y = rng.integers(0, 4, size=45)
+    mask = rng.random(45) < 0.6
+    want = skm.accuracy_score(y[mask], scores[mask].argmax(1))
+    assert feed(Accuracy(), scores, y, mask=mask.astype(np.float32)) == pytest.approx(want)

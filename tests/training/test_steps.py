@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import linen as nn
 from flax import nnx
 
 from ember.training import TrainState, make_eval_step, make_train_step
@@ -29,16 +30,30 @@ def test_step_updates_params_model_state_and_step_and_returns_aux():
     assert not np.allclose(new.model_state["batch_stats"]["BatchNorm_0"]["mean"], 0.0)
 
 
+class MaskNet(nn.Module):
+    """Its output is its dropout mask (1 kept, 0 dropped), whatever its parameter: a step's draw, made visible."""
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        scale = self.param("scale", nn.initializers.ones, (1,))
+        return nn.Dropout(0.5, deterministic=not train)(jnp.ones((64,))) / 2 + 0.0 * scale * x.sum()
+
+
 def test_dropout_differs_per_step_and_is_reproducible():
-    """The step's key is fold_in(rng, step): two steps draw different masks, a rerun the same ones."""
-    step = jax.jit(make_train_step(lambda model, b: (jnp.sum(model(b["x"])), {"out": model(b["x"])})))
-    state = linen_state()
-    batch = batches(1)[0]
-    s1, o1 = step(state, batch)
-    _, o2 = step(s1, batch)
-    _, o1_again = step(linen_state(), batch)
-    assert not np.allclose(o1["out"], o2["out"])
-    np.testing.assert_array_equal(o1["out"], o1_again["out"])
+    """The step's key is fold_in(rng, step): each step draws another mask, a rerun draws the same ones."""
+    step = jax.jit(make_train_step(lambda model, b: (jnp.sum(model(b)), {"mask": model(b)})))
+    fresh = lambda: TrainState.from_linen(MaskNet(), jnp.ones((1,)), optax.sgd(0.1), rngs=("dropout",))  # noqa: E731
+    state, masks = fresh(), []
+    for _ in range(3):
+        state, out = step(state, jnp.ones((1,)))
+        masks.append(np.asarray(out["mask"]))
+    assert all(set(np.unique(m).tolist()) == {0.0, 1.0} for m in masks)  # masks, half kept
+    assert len({m.tobytes() for m in masks}) == 3  # a new mask every step
+    again, replayed = fresh(), []
+    for _ in range(3):
+        again, out = step(again, jnp.ones((1,)))
+        replayed.append(np.asarray(out["mask"]))
+    assert [m.tolist() for m in replayed] == [m.tolist() for m in masks]  # the same masks on a rerun
 
 
 def test_two_model_calls_in_one_loss_use_different_keys():
@@ -157,3 +172,25 @@ def test_a_loss_fn_returning_anything_but_a_scalar_is_named_at_tracing(loss_fn, 
     message = "`loss_fn` must return a float scalar loss, or (loss, aux) with aux a dict; it returned " + returned
     with pytest.raises(TypeError, match="^" + re.escape(message)):
         jax.jit(step)(state, jnp.ones(3))
+
+
+@pytest.mark.parametrize(("batch", "steps"), [(12, 3), (10, 5), (8, 8)])
+def test_gradient_accumulation_on_a_trainer_equals_the_whole_batch_for_another_model_and_loss(batch, steps):
+    """Another path and shape: a trainer, a mean squared error, 5 features: accumulate_steps=k equals one batch."""
+    from ember.training import create_trainer
+
+    rng = np.random.default_rng(batch)
+    data = [{"x": rng.normal(size=(batch, 5)).astype(np.float32), "y": rng.normal(size=(batch,)).astype(np.float32)}]
+
+    def loss(model, b):
+        return jnp.mean((model(b["x"]) - b["y"]) ** 2)
+
+    def trained(**kwargs):
+        state = TrainState.create(
+            lambda p, x: x @ p["w"] + p["b"], {"w": jnp.zeros(5), "b": jnp.zeros(())}, optax.sgd(0.1)
+        )
+        return create_trainer(state, loss, **kwargs).run(data * 3).train_state.params
+
+    whole, accumulated = trained(), trained(accumulate_steps=steps)
+    np.testing.assert_allclose(accumulated["w"], whole["w"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(accumulated["b"], whole["b"], rtol=1e-5, atol=1e-6)

@@ -402,3 +402,16 @@ def test_an_evaluator_counts_only_the_real_examples_of_masked_batches_and_a_trai
     trainer = create_trainer(state, lambda m, b: jnp.mean(m(b) ** 2))
     with pytest.raises(TypeError, match=re.escape("build the training data with drop_remainder=True")):
         trainer.run(data)
+
+
+def test_a_k_step_trainer_donates_its_state_and_an_evaluator_reads_without_donating():
+    """steps_per_call=2 donates the given state too; an evaluator of the trainer leaves its state alive."""
+    state = TrainState.create(lambda p, x: x * p, jnp.ones(2), optax.sgd(0.1))
+    trainer = create_trainer(state, lambda m, b: jnp.mean(m(b) ** 2), steps_per_call=2)
+    trainer.run([jnp.ones(2)] * 4)
+    assert state.params.is_deleted()
+    before = trainer.state.train_state
+    evaluator = create_evaluator(trainer, lambda m, b: {"y": m(b)})
+    evaluator.run([jnp.ones(2)] * 3)
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(before))
+    assert trainer.state.train_state is before

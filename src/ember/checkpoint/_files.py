@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ember.checkpoint._atomic import fsync_dir
 from ember.checkpoint._format import Checksum
 
 #: Bytes read and checksummed at a time: large enough that a piece costs nothing to hand over, small enough that the
@@ -28,14 +29,17 @@ def list_files(folder: Path) -> list[str]:
     return sorted(found)
 
 
-def crc32_of(path: Path) -> tuple[int, str]:
+def crc32_of(path: Path, *, durable: bool = False) -> tuple[int, str]:
     """``(bytes, CRC-32 as hex)`` of one file, read in pieces with the checksum of each beside the next read.
 
     Two buffers of `PIECE` bytes take turns: one is read into while the other is checksummed on a helper thread.
+    With ``durable``, the file is fsynced too (its bytes on disk, not only in the page cache).
     """
     crc = Checksum()
     size = os.path.getsize(path)
     if size == 0:
+        if durable:
+            fsync_path(path)
         return 0, crc.hexdigest()
     buffers = [memoryview(bytearray(min(PIECE, size))) for _ in range(2 if size > PIECE else 1)]
     done = 0
@@ -48,16 +52,33 @@ def crc32_of(path: Path) -> tuple[int, str]:
             nxt = buffers[(turn + 1) % len(buffers)]
             got = crc.overlapped(filled, lambda b=nxt: f.readinto(b)) if done < size else (crc.update(filled) or 0)
             turn = (turn + 1) % len(buffers)
+        if durable:
+            os.fsync(f.fileno())
     return done, crc.hexdigest()
 
 
 def record(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """The records of ``names`` (relative to ``folder``), reading each file once."""
+    """The records of ``names`` (relative to ``folder``), reading each file once; each file and folder made durable.
+
+    Another program wrote the files (orbax, through tensorstore) and nothing says it fsynced them: each is fsynced as
+    it is checksummed, and so is every folder holding one, before the manifest that records them is written.
+    """
     out = {}
     for name in names:
-        size, crc = crc32_of(folder / name)
+        size, crc = crc32_of(folder / name, durable=True)
         out[name] = {"bytes": size, "crc32": crc}
+    for parent in sorted({(folder / name).parent for name in out}):
+        fsync_dir(parent)
     return out
+
+
+def fsync_path(path: Path) -> None:
+    """Make one file's bytes durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def size_problem(folder: Path, records: Mapping[str, Mapping[str, Any]]) -> tuple[str, str] | None:
