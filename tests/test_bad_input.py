@@ -70,7 +70,7 @@ def test_an_empty_dataset():
 
 
 def test_a_handler_with_the_wrong_signature():
-    with pytest.raises(TypeError, match=re.escape("cannot be called on Events.ITERATION_COMPLETED: it will receive")):
+    with pytest.raises(ValueError, match=re.escape("cannot be called on Events.ITERATION_COMPLETED: it will receive")):
         Engine(lambda e, b: b).add_event_handler(Events.ITERATION_COMPLETED, lambda a, b, c: None)
 
 
@@ -142,7 +142,7 @@ def test_checkpoint_arguments_and_scores_name_themselves(tmp_path):
         ([0.9], "[0.9] of type list"),
     ):
         saver = Checkpoint({"trainer": trainer}, tmp_path, score_function=lambda e, v=value: v)
-        with pytest.raises(TypeError) as info:
+        with pytest.raises(ValueError, match=r"^`score_function` must return a number") as info:
             saver(trainer)
         assert str(info.value) == f"`score_function` must return a number (a float, or a 0-d array), got {shown}."
 

@@ -118,6 +118,16 @@ def test_the_custom_early_stopping_on_the_handlers_page_works():
     assert stop.state_dict() == {"best": 0.8, "bad": 3}
 
 
+def test_the_save_handler_on_the_checkpoints_page_runs_and_prints_what_it_says(capsys):
+    """The bucket saver in docs/concepts/checkpoints.md: Ignite's names, n_saved, and a restore from the dict."""
+    page = (DOCS / "concepts" / "checkpoints.md").read_text()
+    code = page.split("<!-- run: save-handler -->\n```python\n", 1)[1].split("```", 1)[0]
+    exec(code, {})
+    printed = capsys.readouterr().out.splitlines()
+    claimed = [line.split("# ", 1)[1] for line in code.splitlines() if line.startswith("print(")]
+    assert printed == claimed == ["['trainer_12.ckpt', 'trainer_9.ckpt']", "12"]
+
+
 SPHINX_ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc|obj):(?:`|<code>)")
 
 

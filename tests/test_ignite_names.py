@@ -6,7 +6,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from ember import Engine, Events
+from ember import Engine, Events, State
 
 GUIDE = (Path(__file__).resolve().parents[1] / "docs" / "migrating" / "ignite.md").read_text()
 
@@ -190,6 +190,39 @@ def _usages() -> None:
     Average().attach(Engine(lambda e, b: b), "value", usage=MetricUsage.filtered(Events.ITERATION_COMPLETED(every=2)))
 
 
+def _engine_names() -> None:
+    import logging
+
+    engine = Engine(lambda e, b: b)
+    assert engine.has_registered_events(Events.STARTED)
+    assert isinstance(engine.logger, logging.Logger)
+    assert Engine.interrupt_resume_enabled is True
+
+
+def _usage_classes() -> None:
+    from ember import metrics
+
+    for name in ("EpochWise", "BatchWise", "RunningEpochWise", "RunningBatchWise", "SingleEpochRunningBatchWise"):
+        usage = getattr(metrics, name)()
+        metrics.Average().attach(Engine(lambda e, b: b), "value", usage=usage)
+    metrics.Average().attach(Engine(lambda e, b: b), "value", usage=metrics.BatchFiltered(every=2))
+
+
+def _checkpoint_names() -> None:
+    from ember.handlers import Checkpoint
+
+    assert Checkpoint.setup_filename_pattern(False, False, False, True) == "{name}_{global_step}.{ext}"
+    engine = Engine(lambda e, b: b)
+    engine.state.metrics["acc"] = 0.5
+    assert Checkpoint.get_default_score_fn("acc", -1.0)(engine) == -0.5
+    saver = Checkpoint({"e": engine}, lambda c, f, m: None)
+    saver(engine)
+    assert (saver.last_checkpoint, saver.state_dict()["_saved"]) == ("e_0.ckpt", [(0, "e_0.ckpt")])
+    saver.reset()
+    assert saver.last_checkpoint is None
+    assert callable(saver.save_handler)
+
+
 def _tested_by(path: str, test: str):
     """A row whose behaviour has its own test elsewhere: the test must be there."""
 
@@ -200,7 +233,7 @@ def _tested_by(path: str, test: str):
 
 
 def _rows_checks() -> dict[str, object]:
-    from ember import handlers, training, writers
+    from ember import handlers, metrics, training, writers
 
     return {
         "`ignite.engine.Engine(process_function)`": lambda: Engine(lambda e, b: b * 2).run([1]).output == 2,
@@ -208,6 +241,21 @@ def _rows_checks() -> dict[str, object]:
         "`@trainer.on(...)`, `add_event_handler`, `remove_event_handler`, `has_event_handler`": _handler_registry,
         "`engine.state.iteration`, `.epoch`, `.output`, `.metrics`, `.batch`": _state,
         "`engine.terminate()`, `terminate_epoch()`, `interrupt()`": _termination,
+        "`State(**kwargs)`": lambda: State(iteration=3, epoch=1).iteration == 3,
+        "`engine.should_terminate`, `engine.should_terminate_single_epoch`": _tested_by(
+            "engine/test_ignite_fidelity.py", "test_should_terminate_single_epoch_as_ignite_sets_it"
+        ),
+        "`engine.has_registered_events(event)`, `engine.logger`, `Engine.interrupt_resume_enabled`": _engine_names,
+        "`Events.default_event_filter`, `RemovableEventHandle.engine`": _tested_by(
+            "engine/test_ignite_fidelity.py", "test_default_event_filter_is_ignites_deprecated_always_true_filter"
+        ),
+        "`engine.run(data, max_iters=...)`": _tested_by(
+            "engine/test_ignite_fidelity.py",
+            "test_switching_a_finished_run_between_max_epochs_and_max_iters_needs_a_reset",
+        ),
+        "data whose `len()` raises `TypeError` (a `DataLoader` over an `IterableDataset`)": _tested_by(
+            "engine/test_ignite_fidelity.py", "test_data_whose_len_raises_type_error_runs_as_unknown_length"
+        ),
         "`engine.state_dict()` / `load_state_dict()`": _engine_state_dict,
         "`create_supervised_trainer(model, optimizer, loss_fn)`": lambda: accepts(
             training.create_supervised_trainer, model=None, optimizer=None, loss_fn=None
@@ -221,8 +269,13 @@ def _rows_checks() -> dict[str, object]:
         "`Accuracy`, `Precision`, `Recall`, `Fbeta`, `Loss`, `ConfusionMatrix`, `IoU`, `mIoU`, `RunningAverage`, "
         "`MetricsLambda`, metric arithmetic": _metric_names,
         "`metric.attach(engine, name, usage=...)`": _usages,
+        "`EpochWise()`, `BatchWise()`, `RunningEpochWise()`, `RunningBatchWise()`, `SingleEpochRunningBatchWise()`, "
+        "`BatchFiltered(every=...)`": _usage_classes,
+        "`RunningAverage(src, alpha, output_transform, epoch_bound)`": lambda: accepts(
+            metrics.RunningAverage, src=None, alpha=0.9, output_transform=None, epoch_bound=True
+        ),
         "`Checkpoint(to_save, save_handler, filename_prefix, score_function, score_name, n_saved, "
-        "global_step_transform)`": lambda: accepts(
+        "global_step_transform, filename_pattern, include_self, greater_or_equal)`": lambda: accepts(
             handlers.Checkpoint,
             to_save={},
             save_handler="dir",
@@ -231,7 +284,16 @@ def _rows_checks() -> dict[str, object]:
             score_name="acc",
             n_saved=2,
             global_step_transform=None,
+            filename_pattern="{name}_{global_step}.{ext}",
+            include_self=True,
+            greater_or_equal=True,
         ),
+        "`BaseSaveHandler` (`__call__(checkpoint, filename, metadata)`, `remove(filename)`), or a function as "
+        "`save_handler`": _tested_by(
+            "handlers/test_save_handlers.py", "test_a_base_save_handler_gets_ignites_calls_names_metadata_and_dict"
+        ),
+        "`Checkpoint.setup_filename_pattern()`, `get_default_score_fn(name)`, `reset()`, `save_handler`, "
+        "`last_checkpoint`, `state_dict()`": _checkpoint_names,
         "`DiskSaver(dirname, require_empty=...)`, `ModelCheckpoint(dirname, filename_prefix, n_saved=...)`, "
         "`global_step_from_engine(trainer)`": lambda: (
             accepts(handlers.DiskSaver, dirname="d", require_empty=False),
@@ -252,6 +314,25 @@ def _rows_checks() -> dict[str, object]:
                 threshold_mode="abs",
                 mode="max",
             )
+        ),
+        "`setup_common_training_handlers(..., train_sampler=, output_names=, with_pbar_on_iters=, save_handler=, "
+        "**kwargs)`": lambda: accepts(
+            handlers.setup_common_training_handlers,
+            trainer=None,
+            train_sampler=None,
+            output_names=["loss"],
+            with_pbar_on_iters=False,
+            save_handler=None,
+            filename_prefix="training",
+        ),
+        "`EarlyStopping.attach(engine, event, reset_engine, reset_event)`, `reset()`": lambda: (
+            accepts(handlers.EarlyStopping.attach, "self", "engine", event=None, reset_engine=None, reset_event=None),
+            accepts(handlers.EarlyStopping.reset, "self"),
+        ),
+        "`EpochOutputStore(output_transform)`, `attach(engine, name)`, `data`": lambda: (
+            accepts(handlers.EpochOutputStore, output_transform=None),
+            accepts(handlers.EpochOutputStore.attach, "self", "engine", name="output"),
+            handlers.EpochOutputStore().data == [],
         ),
         "`setup_common_training_handlers(trainer, to_save=, save_every_iters=, output_path=, n_saved=, with_pbars=, "
         "log_every_iters=)`": lambda: accepts(
@@ -326,3 +407,16 @@ def test_every_row_of_the_guides_name_table_holds(row):
 
 def test_no_check_is_left_for_a_row_the_guide_dropped():
     assert sorted(set(_rows_checks()) - set(_table_rows())) == []
+
+
+EVENTS_PAGE = (Path(__file__).resolve().parents[1] / "docs" / "concepts" / "events.md").read_text()
+NUMBERS = {"Ten": 10, "Eleven": 11, "Twelve": 12, "Thirteen": 13, "Fourteen": 14, "Fifteen": 15, "Sixteen": 16}
+
+
+def test_the_guide_counts_the_differences_the_events_page_numbers():
+    """The guide says how many behaviours differ; the events page numbers exactly that many, 1 to N."""
+    said = GUIDE.split("## Where ember deliberately differs", 1)[1].split()[0]
+    listed = EVENTS_PAGE.split("<!-- differences", 1)[1].split("\nAdditions", 1)[0]
+    numbers = [int(line.split(".", 1)[0]) for line in listed.splitlines() if line[:1].isdigit()]
+    assert numbers == list(range(1, len(numbers) + 1))
+    assert NUMBERS[said] == len(numbers)

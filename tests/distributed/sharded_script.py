@@ -90,6 +90,11 @@ restored_equal = all(
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again.state.train_state.params), strict=True)
 )
 
+calls = []  # a user's save handler (Ignite's signature): process 0 alone is called, with the whole arrays gathered
+Checkpoint({"trainer": again}, lambda checkpoint, filename, metadata: calls.append((checkpoint, filename)))(again)
+saved_kernel = [v for k, v in calls[0][0]["tree_state_dict"].items() if k == "params.Dense_1.kernel"] if calls else []
+whole_kernel = np.asarray(multihost_utils.process_allgather(kernel, tiled=True))  # a collective: on every process
+
 print(
     "RESULT "
     + json.dumps(
@@ -104,6 +109,8 @@ print(
             "restored_equal": restored_equal,
             "checkpoints": sorted(p.name for p in store.root.iterdir()),
             "final_step": trainer.state.iteration,
+            "user_saves": [filename for _, filename in calls],
+            "user_saved_kernel_whole": bool(len(saved_kernel) == 1 and np.array_equal(saved_kernel[0], whole_kernel)),
             "kernel_histogram": [  # of the whole kernel, on the host, as tensorboardX would count it (the test's check)
                 x.tolist()
                 for x in histogram(np.asarray(multihost_utils.process_allgather(kernel, tiled=True))).trimmed()

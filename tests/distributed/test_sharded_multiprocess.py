@@ -56,3 +56,11 @@ def test_histograms_of_state_sharded_across_processes_are_counted_on_device(runs
     limits, counts = p0["kernel_histogram"]
     assert list(last.bucket) == counts
     assert list(last.bucket_limit) == pytest.approx(limits)
+
+
+def test_a_users_save_handler_is_called_on_process_0_alone_with_the_whole_arrays(runs):
+    """Ignite's save_on_rank=0: each sharded array gathered from both processes, then handed to process 0's saver."""
+    p0, p1 = runs["two"]
+    assert p0["user_saves"] == ["trainer_12.ckpt"]
+    assert p1["user_saves"] == []
+    assert p0["user_saved_kernel_whole"] is True

@@ -62,7 +62,7 @@ def test_max_iters_ends_with_terminate_then_completed_without_epoch_completed():
     engine, log = recording_engine()
     state = engine.run([1, 2, 3], max_iters=4)
     assert log == expect.RUN_MAX_ITERS
-    assert (state.iteration, state.epoch, state.max_epochs, state.max_iters) == (4, 2, 2, 4)
+    assert (state.iteration, state.epoch, state.max_epochs, state.max_iters) == (4, 2, None, 4)
 
 
 def test_max_iters_on_an_epoch_boundary_completes_normally():
@@ -250,10 +250,12 @@ def test_bad_run_arguments_fail_with_clear_errors():
 
 
 def test_process_fn_is_checked_at_construction():
-    """Engine() rejects a non-callable or a function that cannot take (engine, batch)."""
-    with pytest.raises(TypeError, match=r"`process_fn` must be callable"):
+    """Engine(None) and a function that cannot take (engine, batch) raise ValueError (Ignite's); 3, TypeError."""
+    with pytest.raises(ValueError, match=r"`process_fn` must be callable as process_fn\(engine, batch\), got None"):
         Engine(None)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"`process_fn` must accept \(engine, batch\); .*\(batch\) does not"):
+    with pytest.raises(TypeError, match=r"`process_fn` must be callable as process_fn\(engine, batch\), got 3"):
+        Engine(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`process_fn` must accept \(engine, batch\); .*\(batch\) does not"):
         Engine(lambda batch: batch)  # type: ignore[arg-type]
 
 

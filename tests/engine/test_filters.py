@@ -138,7 +138,11 @@ def test_filters_on_started_and_completed_see_the_epoch():
         ({"every_secs": 0}, ValueError, r"`every_secs` must be a positive number of seconds, got 0"),
         ({"every": 2, "clock": lambda: 0.0}, ValueError, r"`clock` only applies to `every_secs`"),
         ({"event_filter": 3}, TypeError, r"`event_filter` must be callable as event_filter\(engine, value\), got 3"),
-        ({"event_filter": lambda v: True}, TypeError, r"must accept two arguments \(engine, value\); .*\(v\) does not"),
+        (
+            {"event_filter": lambda v: True},
+            ValueError,
+            r"must accept two arguments \(engine, value\); .*\(v\) does not",
+        ),
     ],
 )
 def test_bad_filter_arguments_raise_at_construction(kwargs, error, match):

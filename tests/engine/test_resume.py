@@ -212,11 +212,11 @@ def test_load_state_dict_validates_like_ignite(sd: Any, error: type[Exception], 
     assert (engine.state.iteration, engine.state.max_epochs) == (0, None)
 
 
-def test_load_state_dict_with_max_iters_derives_max_epochs():
-    """A max_iters state dict sets max_epochs from epoch_length, and the run stops at max_iters."""
+def test_load_state_dict_with_max_iters_leaves_max_epochs_none():
+    """A max_iters state dict leaves max_epochs None (Ignite's load_state_dict), and the run stops at max_iters."""
     engine = Engine(lambda e, b: b)
     engine.load_state_dict({"epoch_length": 3, "iteration": 2, "max_iters": 7})
-    assert (engine.state.max_epochs, engine.state.max_iters) == (3, 7)
+    assert (engine.state.max_epochs, engine.state.max_iters) == (None, 7)
     assert engine.run([1, 2, 3]).iteration == 7
 
 
@@ -270,8 +270,8 @@ def batches_run(engine: Engine, data: Any, **run_kwargs: Any) -> list[Any]:
 
 ALREADY_COMPLETE = (
     "The run loaded by load_state_dict() is already complete (epoch 2 of 2, iteration 6); run() does nothing. "
-    "Pass a larger max_epochs (or max_iters) to train further, or set engine.state.max_epochs = None to start "
-    "again from zero."
+    "Pass a larger max_epochs (or max_iters) to train further, or set engine.state.max_epochs = None to restart "
+    "from zero."
 )
 
 

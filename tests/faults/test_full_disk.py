@@ -2,6 +2,7 @@
 
 import errno
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,15 @@ import pytest
 from tests.subprocesses import run_python
 
 SCRIPT = Path(__file__).with_name("full_disk_script.py")
+
+#: tensorstore's own print, rarely (about 1 run in 40 here): a write that orbax's failed save no longer awaits ends
+#: after orbax's event loop closed, and tensorstore's C++ callback prints the loop's refusal (``PyErr_Print``). It is
+#: upstream's, outside any Python frame ember could catch; the tests remove exactly this block and nothing else.
+UPSTREAM_LOOP_CLOSED = re.compile(
+    r"Traceback \(most recent call last\):\n"
+    r'(?:  File "[^"\n]*/asyncio/base_events\.py", line \d+, in \w+\n    [^\n]*\n)+'
+    r"RuntimeError: Event loop is closed\n"
+)
 
 
 def on_a_small_disk(tmp_path: Path, *args: str) -> tuple[dict, str]:
@@ -27,7 +37,7 @@ def on_a_small_disk(tmp_path: Path, *args: str) -> tuple[dict, str]:
     done = run_python([str(SCRIPT), *args, str(disk)], prefix=namespace)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :]), done.stderr
+    return json.loads(line[len("RESULT ") :]), UPSTREAM_LOOP_CLOSED.sub("", done.stderr)
 
 
 @pytest.mark.parametrize("store", ["orbax", "msgpack"])

@@ -215,7 +215,13 @@ def test_checkpoint_and_load_objects_errors(tmp_path):
         Checkpoint({"model": object()}, tmp_path)
     with pytest.raises(ValueError, match=r"`n_saved` must be a positive int or None \(keep every checkpoint\), got 0"):
         Checkpoint({"t": Engine(lambda e, b: b)}, tmp_path, n_saved=0)
-    with pytest.raises(TypeError, match=re.escape("`save_handler` must be a folder, a CheckpointStore or a DiskSaver")):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "`save_handler` must be a folder, a CheckpointStore, a DiskSaver, or a callable (checkpoint, filename, "
+            "metadata) such as a BaseSaveHandler; got int."
+        ),
+    ):
         Checkpoint({"t": Engine(lambda e, b: b)}, 3)  # type: ignore[arg-type]
     with pytest.raises(FileNotFoundError, match=r"No valid checkpoint in .* to load from"):
         load_objects({"t": Engine(lambda e, b: b)}, tmp_path / "empty")
@@ -411,7 +417,7 @@ def test_ignites_disk_saver_and_model_checkpoint(tmp_path):
     assert DiskSaver(tmp_path, require_empty=False).store.root == tmp_path
     with pytest.raises(ValueError, match=re.escape("`atomic` must be True: ember writes every checkpoint atomically")):
         DiskSaver(tmp_path / "new", atomic=False)
-    with pytest.raises(FileNotFoundError, match=r"does not exist, and create_dir=False"):
+    with pytest.raises(ValueError, match=r"does not exist, and create_dir=False"):
         DiskSaver(tmp_path / "missing", create_dir=False)
     with pytest.raises(TypeError, match=r"ModelCheckpoint saves what it is given: add it with"):
         ModelCheckpoint(tmp_path / "other")(trainer)

@@ -172,3 +172,45 @@ def test_the_rule_matches_ignites_on_random_scores():
             "cumulative": rng.choice([False, True]),
         }
         assert counters_of(scores, **kwargs) == ignites_rule(scores, **kwargs), (scores, kwargs)
+
+
+def _evaluated_trainer(scores):
+    trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
+    it = iter(scores)
+    evaluator.add_event_handler(Events.COMPLETED, lambda e: e.state.metrics.update(score=next(it)))
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: evaluator.run([0]))
+    return trainer, evaluator
+
+
+def test_attach_resets_at_the_start_of_each_new_run_of_the_trainer():
+    """Ignite 0.5.4's attach registers reset() at STARTED: a second run starts with the patience whole."""
+    trainer, evaluator = _evaluated_trainer([1.0, 0.9, 0.8, 2.0, 1.9, 1.8, 1.7])
+    stop = EarlyStopping(2, lambda e: e.state.metrics["score"], trainer)
+    stop.attach(evaluator)
+    assert trainer.run([0], max_epochs=10).epoch == 3
+    trainer.state.max_epochs = None  # a new run from iteration 0
+    assert trainer.run([0], max_epochs=10).epoch == 3  # 2.0 is its first best, not compared with the old 1.0
+    assert stop.state_dict() == {"counter": 2, "best_score": 2.0}
+
+
+def test_reset_engine_and_reset_event_pick_where_the_count_restarts():
+    """reset_event=EPOCH_STARTED on the trainer: the count restarts every epoch, so the run never stops."""
+    trainer, evaluator = _evaluated_trainer([1.0, 0.9, 0.8, 0.7, 0.6])
+    stop = EarlyStopping(2, lambda e: e.state.metrics["score"], trainer)
+    stop.attach(evaluator, reset_engine=trainer, reset_event=Events.EPOCH_STARTED)
+    assert trainer.run([0], max_epochs=5).epoch == 5
+    trainer, evaluator = _evaluated_trainer([1.0, 0.9, 0.8, 0.7, 0.6])
+    stop = EarlyStopping(2, lambda e: e.state.metrics["score"], trainer)
+    stop.attach(evaluator, reset_engine=evaluator)  # Ignite's default: reset at each evaluation, never stopping
+    assert trainer.run([0], max_epochs=5).epoch == 5
+
+
+def test_a_resumed_run_keeps_the_patience_it_had():
+    """A STARTED that continues a run (iteration above 0) keeps the restored count: the run stops where it would."""
+    trainer, evaluator = _evaluated_trainer([1.0, 0.9, 0.8])
+    stop = EarlyStopping(3, lambda e: e.state.metrics["score"], trainer)
+    stop.attach(evaluator)
+    trainer.load_state_dict({"epoch_length": 1, "iteration": 4, "max_epochs": 10})
+    stop.load_state_dict({"counter": 1, "best_score": 1.5})
+    assert trainer.run([0]).epoch == 6  # epochs 5 and 6: two more calls without improvement
+    assert stop.state_dict() == {"counter": 3, "best_score": 1.5}

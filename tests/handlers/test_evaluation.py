@@ -132,3 +132,62 @@ def test_evaluate_covers_every_example_as_numpy_over_the_whole_set_does():
         assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-7)
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
     assert len({round(m["loss"], 6) for _, m in evaluate.history}) == 3  # the parameters changed between them
+
+
+class _Sampler:
+    def __init__(self):
+        self.epochs = []
+
+    def set_epoch(self, epoch):
+        self.epochs.append(epoch)
+
+
+def test_common_training_handlers_take_ignites_sampler_output_names_and_pbar_choice(tmp_path):
+    """train_sampler.set_epoch(epoch - 1) each epoch; one running average per output name; an epochs bar alone."""
+    import io
+
+    sampler, out = _Sampler(), io.StringIO()
+    engine = Engine(lambda e, b: {"loss": np.float32(b), "acc": np.float32(1 - b)})
+    handlers = setup_common_training_handlers(
+        engine, train_sampler=sampler, output_names=["loss", "acc"], with_pbar_on_iters=False, log_every_iters=1
+    )
+    handlers["progress"].stream = out
+    state = engine.run([0.5, 0.25], max_epochs=2)
+    assert sampler.epochs == [0, 1]
+    assert sorted(state.metrics) == ["acc", "loss"]
+    loss = 0.98 * (0.98 * (0.98 * 0.5 + 0.02 * 0.25) + 0.02 * 0.5) + 0.02 * 0.25
+    assert float(state.metrics["loss"]) == pytest.approx(loss)
+    assert float(state.metrics["acc"]) == pytest.approx(1 - loss)
+    assert "Epochs" in out.getvalue()
+    assert "Epoch [" not in out.getvalue()  # the iteration bar is off
+    seq = Engine(lambda e, b: (np.float32(b), np.float32(2 * b)))
+    setup_common_training_handlers(seq, output_names=["a", "b"], with_pbars=False, stop_on_nan=False)
+    assert float(seq.run([1.0]).metrics["b"]) == 2.0
+    with pytest.raises(TypeError, match=re.escape("`train_sampler` must have a set_epoch(epoch) method, got list.")):
+        setup_common_training_handlers(engine, train_sampler=[])
+    with pytest.raises(
+        ValueError, match=re.escape("`to_save` was given, but neither `output_path` nor `save_handler`")
+    ):
+        setup_common_training_handlers(engine, to_save={"trainer": engine})
+    with pytest.raises(TypeError, match=re.escape("`output_names` must be a list of names of the trainer's outputs")):
+        setup_common_training_handlers(engine, output_names="loss")
+    saved = []
+    user = Engine(lambda e, b: {"loss": np.float32(b)})
+    setup_common_training_handlers(
+        user, save_handler=lambda c, f, m: saved.append(f), save_every_iters=2, with_pbars=False, n_saved=None
+    )
+    user.run([1.0] * 4)
+    # every 2 iterations and at COMPLETED; a save handler of yours is called each time, as Ignite calls it (the
+    # second save of step 4 holds the epoch's end, which the first, taken before EPOCH_COMPLETED, does not)
+    assert saved == ["trainer_2.ckpt", "trainer_4.ckpt", "trainer_4.ckpt"]
+    prefixed = Engine(lambda e, b: {"loss": np.float32(b)})
+    found = setup_common_training_handlers(
+        prefixed, output_path=tmp_path / "c", filename_prefix="training", with_pbars=False, save_every_iters=2
+    )
+    prefixed.run([1.0] * 4)
+    assert [c.path.name for c in found["checkpoint"].store.checkpoints()] == [
+        "training_step_00000002",
+        "training_step_00000004",
+    ]
+    with pytest.raises(TypeError, match=re.escape("got ['filename_prefix'], which only apply to the checkpoint")):
+        setup_common_training_handlers(prefixed, filename_prefix="training")

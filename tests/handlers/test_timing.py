@@ -90,8 +90,10 @@ def test_time_limit_stops_cleanly_and_restarts_its_clock():
     assert completed == [3]
     engine.run(range(100), max_epochs=2)  # a new run: the clock starts again
     assert completed == [3, 6]
-    with pytest.raises(ValueError, match=re.escape("`limit_sec` must be a positive number, got 0.")):
+    with pytest.raises(ValueError, match=re.escape("`limit_sec` must be a positive number of seconds, got 0.")):
         TimeLimit(0)
+    with pytest.raises(TypeError, match=re.escape("`limit_sec` must be a positive number of seconds, got str 'abc'.")):
+        TimeLimit("abc")  # type: ignore[arg-type]
 
 
 def test_time_limit_as_ignite_adds_it_counts_from_its_making():

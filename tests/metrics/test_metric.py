@@ -48,11 +48,11 @@ def test_batch_wise_gives_each_batch_value():
     assert seen == [1.5, 3.5, 5.5, 7.5]
 
 
-def test_running_epoch_wise_never_resets_within_a_run():
-    """The running_epoch_wise usage accumulates over epochs and computes at each EPOCH_COMPLETED."""
+def test_running_epoch_wise_updates_at_each_epochs_end_as_ignite():
+    """Ignite's running_epoch_wise: reset once at STARTED, update and compute at EPOCH_COMPLETED (the last output)."""
     engine, seen = engine_recording(Average(), RUNNING_EPOCH_WISE, Events.EPOCH_COMPLETED)
     engine.run(DATA, max_epochs=2)
-    assert seen == [2.5, 4.5]
+    assert seen == [3.5, 5.5]  # [3, 4], then [3, 4, 7, 8]
 
 
 def test_running_batch_wise_gives_the_run_so_far_every_iteration():
@@ -72,12 +72,12 @@ def test_single_epoch_running_batch_wise_gives_the_epoch_so_far_every_iteration(
 
 def test_the_old_usage_names_warn_and_keep_their_meaning():
     """Ember's names before Ignite's work for one release, with a warning naming Ignite's."""
-    with pytest.warns(DeprecationWarning, match="usage='running' is deprecated .* use 'running_epoch_wise'"):
+    with pytest.warns(DeprecationWarning, match=r"usage='running' is deprecated .* use MetricUsage\('running', "):
         engine, seen = engine_recording(Average(), "running", Events.EPOCH_COMPLETED)
     engine.run(DATA, max_epochs=2)
     assert seen == [2.5, 4.5]
     with pytest.warns(
-        DeprecationWarning, match=r"SINGLE_EPOCH_RUNNING is deprecated .* SINGLE_EPOCH_RUNNING_BATCH_WISE"
+        DeprecationWarning, match=r"SINGLE_EPOCH_RUNNING is deprecated .* 'single_epoch_running_batch_wise'"
     ):
         from ember.metrics import SINGLE_EPOCH_RUNNING  # type: ignore[attr-defined]
     assert SINGLE_EPOCH_RUNNING is SINGLE_EPOCH_RUNNING_BATCH_WISE

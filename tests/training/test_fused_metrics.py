@@ -107,7 +107,7 @@ def test_fused_state_follows_the_step_and_moves_between_engines():
     total = Sum(output_transform=lambda out: out["y"])  # the labels: exact integer sums
     first, second = create_trainer(state(), loss_fn), create_trainer(state(), loss_fn)
     seen = []
-    total.attach(first, "total", usage="running_epoch_wise")
+    total.attach(first, "total", usage="running_batch_wise")
     first.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(int(total.state)))
     data = batches(4)
     first.run(data)
@@ -118,7 +118,7 @@ def test_fused_state_follows_the_step_and_moves_between_engines():
     assert float(total.state) == 0.0
     with pytest.raises(RuntimeError, match="computed before any update"):
         total.compute()
-    total.attach(second, "total", usage="running_epoch_wise")
+    total.attach(second, "total", usage="running_batch_wise")
     second.run(data[:2])  # the running usage resets at STARTED
     assert total.compute() == want[1]
     assert total.state_dict()["updates"] == 2

@@ -128,9 +128,25 @@ class CheckpointFolder:
             self.delete(c)
         return doomed
 
-    def delete(self, info: CheckpointInfo) -> None:
-        """Remove a checkpoint (renamed to a temporary name first, so a crash never leaves half of one)."""
-        remove(info.path)
+    def delete(self, checkpoint: CheckpointInfo | str) -> None:
+        """Remove a checkpoint, given by its info or its folder's name; one already gone is no error.
+
+        The folder is renamed to a temporary name first, so a crash never leaves half of one.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save({"w": np.zeros(1)}, step=1); _ = store.save({"w": np.zeros(1)}, step=2)
+            >>> store.delete("step_00000001"); [c.step for c in store.checkpoints()]
+            [2]
+        """
+        if isinstance(checkpoint, CheckpointInfo):
+            remove(checkpoint.path)
+            return
+        if not checkpoint or "/" in checkpoint or checkpoint in (".", ".."):
+            raise ValueError(f"`checkpoint` must be a checkpoint's folder name in {self.root}, got {checkpoint!r}.")
+        remove(self.root / checkpoint)
 
     # -- finding ---------------------------------------------------------------------------------
 

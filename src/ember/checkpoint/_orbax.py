@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,7 @@ class OrbaxStore(CheckpointStore):
             self._writer_id = exchange(f"owner:{self.root}", owner())[0]
         tmp = self.root / temporary_name(f"{name}-orbax", self._writer_id, unique=self._saves)
         self._saves += 1
+        _QUIET.saving(+1)  # until _write has finished, or this fails
         try:
             if jax.process_index() == 0:
                 tmp.mkdir()
@@ -94,6 +96,7 @@ class OrbaxStore(CheckpointStore):
             self._checkpointer.save(tmp / ITEM, args=self._ocp.args.StandardSave(serialization.to_state_dict(tree)))
         except BaseException as e:
             self._renew()  # orbax's threads are done with the folder before it goes
+            _QUIET.saving(-1)
             if jax.process_index() == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise _os_error(e, name, self.root) from None
@@ -117,6 +120,13 @@ class OrbaxStore(CheckpointStore):
                 continue
 
     def _write(self, prepared: Prepared) -> CheckpointInfo:
+        """Finish orbax's write and commit it (`_finish`); orbax's threads are done with it when this returns."""
+        try:
+            return self._finish(prepared)
+        finally:
+            _QUIET.saving(-1)
+
+    def _finish(self, prepared: Prepared) -> CheckpointInfo:
         """Finish orbax's write, record every file's size and CRC-32, and commit (process 0), on every process.
 
         Two rounds of `exchange` keep the processes together: each hands process 0 its files' records (or its
@@ -228,15 +238,28 @@ def _os_error(error: BaseException, name: str, root: Path) -> BaseException:
 
 
 class _QuietFilter(logging.Filter):
-    """Drops orbax's warnings and errors about ember's temporary checkpoint folders: ember raises them itself."""
+    """Drops orbax's warnings and errors about ember's writes, which ember raises itself.
+
+    Those that name one of ember's temporary checkpoint folders, and, while one of ember's saves is in flight
+    (``writing``), an orbax thread's logged ``OSError`` (a full disk's ENOSPC from a write or a flush names no file).
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.folders: set[str] = set()
+        self.writing = 0
+        self._lock = threading.Lock()
+
+    def saving(self, change: int) -> None:
+        """One of ember's saves starts (+1) or is done with orbax's threads (-1)."""
+        with self._lock:
+            self.writing += change
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or not self.folders:
             return True
+        if self.writing and record.exc_info is not None and isinstance(record.exc_info[1], OSError):
+            return False
         text = record.getMessage()
         return not any(folder in text for folder in self.folders)
 

@@ -204,7 +204,7 @@ def train(
     writer.close()
     if jax.process_count() > 1:  # process 0 has written every checkpoint: all read the same best
         multihost_utils.sync_global_devices("ember train: checkpoints written")
-    best_info = best.store.best("val_accuracy")
+    best_info = best.store.best("val_accuracy") if best.store is not None else None
     summary = {
         "run_dir": str(run_dir),
         "resumed_from": None if info is None else info.step,

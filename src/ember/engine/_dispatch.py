@@ -149,7 +149,7 @@ def check_handler(
                 *(f"{k}={v!r}" for k, v in kwargs.items()),
             ]
         )
-        raise TypeError(
+        raise ValueError(
             f"Handler `{name}{sig}` cannot be called on {event!r}: it will receive "
             f"(engine{', ' + given if given else ''}) or ({given}). "
             "Change its parameters or the arguments passed to add_event_handler."
@@ -161,6 +161,11 @@ class RemovableEventHandle:
 
     It holds weak references only, so it keeps neither the engine nor the handler alive. ``remove()``
     is idempotent, and the handle is a context manager that removes the handler on exit.
+
+    Attributes:
+        event: the event as registered (Ignite's ``event_name`` is the same).
+        handler: a weak reference to the handler: ``handle.handler()`` is the handler, or ``None`` once collected.
+        engine: a weak reference to the engine, as Ignite's: ``handle.engine()``.
 
     Examples:
         >>> from ember import Engine, Events
@@ -174,9 +179,12 @@ class RemovableEventHandle:
         [1, 2]
         >>> engine.has_event_handler(log_epoch)
         False
+        >>> handle = engine.add_event_handler(Events.STARTED, print)
+        >>> handle.engine() is engine, handle.event_name
+        (True, Events.STARTED)
     """
 
-    __slots__ = ("_engine", "_regs", "event", "handler")
+    __slots__ = ("_regs", "engine", "event", "handler")
 
     def __init__(
         self,
@@ -187,18 +195,23 @@ class RemovableEventHandle:
     ) -> None:
         self.event = event
         self.handler = weakref.WeakMethod(handler) if inspect.ismethod(handler) else _weak(handler)
-        self._engine = weakref.ref(engine)
+        self.engine = weakref.ref(engine)
         self._regs = [weakref.ref(r) for r in regs]
 
     def remove(self) -> None:
         """Remove the registration; nothing happens if it is already gone."""
-        engine = self._engine()
+        engine = self.engine()
         if engine is None:
             return
         for ref in self._regs:
             reg = ref()
             if reg is not None:
                 engine._dispatch_of(reg.event).remove(reg)
+
+    @property
+    def event_name(self) -> EventEnum | FilteredEvent | EventsList | str:
+        """The event as registered, by Ignite's name."""
+        return self.event
 
     def __enter__(self) -> RemovableEventHandle:
         return self

@@ -42,8 +42,15 @@ class Engine(EventHandlers, RunSetup):
     Attributes:
         state: the run's [`State`][ember.engine.State].
         last_event_name: the event fired last.
-        should_terminate: ``True`` once [`terminate`][ember.engine.Engine.terminate] was called, until the next run
-            starts.
+        should_terminate: ``True`` once [`terminate`][ember.engine.Engine.terminate] was called (``"skip_completed"``
+            with ``skip_completed=True``), until the next run starts; setting it stops the run as ``terminate()``.
+        should_terminate_single_epoch: ``True`` once [`terminate_epoch`][ember.engine.Engine.terminate_epoch] was
+            called (``"skip_epoch_completed"`` when it skips EPOCH_COMPLETED), until the epoch ends.
+        logger: the engine's ``logging.Logger``, named as Ignite names its own
+            (``"ember.engine._engine.Engine"``, the class name last): run start and resume, each epoch's and the
+            run's time, ``terminate``/``interrupt`` requests at INFO, an exception that ends the run at ERROR.
+        interrupt_resume_enabled: class attribute, ``True``; set it to ``False`` to make
+            [`interrupt`][ember.engine.Engine.interrupt] raise, as Ignite does.
 
     Examples:
         >>> from ember import Engine, Events
@@ -58,13 +65,17 @@ class Engine(EventHandlers, RunSetup):
         4
     """
 
+    interrupt_resume_enabled = True
+
     def __init__(self, process_fn: ProcessFn) -> None:
+        if process_fn is None:
+            raise ValueError("`process_fn` must be callable as process_fn(engine, batch), got None.")
         if not callable(process_fn):
             raise TypeError(f"`process_fn` must be callable as process_fn(engine, batch), got {process_fn!r}.")
         try:
             inspect.signature(process_fn).bind(None, None)
         except TypeError:
-            raise TypeError(
+            raise ValueError(
                 f"`process_fn` must accept (engine, batch); {getattr(process_fn, '__qualname__', process_fn)}"
                 f"{inspect.signature(process_fn)} does not."
             ) from None
@@ -115,9 +126,8 @@ class Engine(EventHandlers, RunSetup):
             >>> engine.run().iteration
             50
         """
-        self.should_terminate = True
-        self._skip_completed = bool(skip_completed)
-        self._signal = True
+        self.logger.info("Terminate signaled. Engine will stop after current iteration is finished.")
+        self.should_terminate = "skip_completed" if skip_completed else True
 
     def terminate_epoch(self, skip_epoch_completed: bool = False) -> None:
         """End the current epoch once the current event's handlers have run; the next epoch follows.
@@ -135,9 +145,8 @@ class Engine(EventHandlers, RunSetup):
             >>> engine.run(range(10), max_epochs=3).iteration
             6
         """
-        self._terminate_epoch = True
-        self._skip_epoch_completed = bool(skip_epoch_completed)
-        self._signal = True
+        self.logger.info("Terminate current epoch is signaled. The epoch ends after current iteration is finished.")
+        self.should_terminate_single_epoch = "skip_epoch_completed" if skip_epoch_completed else True
 
     def interrupt(self) -> None:
         """Return from [`run`][ember.engine.Engine.run] once the current event's handlers have run; INTERRUPT fires.
@@ -155,7 +164,16 @@ class Engine(EventHandlers, RunSetup):
             8
             >>> engine.run().iteration
             9
+
+        Raises:
+            RuntimeError: ``Engine.interrupt_resume_enabled`` is ``False`` (Ignite's switch for its former behaviour).
         """
+        if not self.interrupt_resume_enabled:
+            raise RuntimeError(
+                "interrupt() is disabled: Engine.interrupt_resume_enabled is False. Set it to True to interrupt "
+                "and resume runs, or call terminate() to end the run."
+            )
+        self.logger.info("interrupt signaled. Engine will interrupt the run after current iteration is finished.")
         self._interrupt = True
         self._signal = True
 
@@ -174,9 +192,9 @@ class Engine(EventHandlers, RunSetup):
     ) -> State:
         """Run, or continue, over ``data``; return the state.
 
-        A new run starts at iteration 0 when the engine has never run, when its last run finished, or when
-        ``state.max_epochs`` was set to ``None``. Otherwise (after [`terminate`][ember.engine.Engine.terminate],
-        [`interrupt`][ember.engine.Engine.interrupt], an exception, or
+        A new run starts at iteration 0 when the engine has never run, when its last run finished, or when the limit
+        the run counts by (``state.max_epochs``, or ``state.max_iters``) was set to ``None``. Otherwise (after
+        [`terminate`][ember.engine.Engine.terminate], [`interrupt`][ember.engine.Engine.interrupt], an exception, or
         [`load_state_dict`][ember.engine.Engine.load_state_dict]) the run continues where it stopped, and a larger
         ``max_epochs`` extends it. A run loaded by [`load_state_dict`][ember.engine.Engine.load_state_dict] that is
         already complete stays complete: ``run()`` fires nothing and warns, unless ``max_epochs`` (or ``max_iters``)
@@ -198,7 +216,8 @@ class Engine(EventHandlers, RunSetup):
 
         Raises:
             TypeError: ``data`` is not iterable, or an argument has the wrong type.
-            ValueError: conflicting or out-of-range arguments, or empty data.
+            ValueError: conflicting or out-of-range arguments, empty data, or ``max_iters`` for a run that counts
+                epochs (``max_epochs`` for one that counts iterations) before that run's limit was reset to ``None``.
             RuntimeError: called from inside this engine's own run.
 
         Examples:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from typing import Any
 
-from ember.engine._filters import EventFilter, FilterFn, make_filter
+from ember.engine._filters import Custom, EventFilter, FilterFn, make_filter
 
 
 class EventEnum(Enum):
@@ -57,8 +58,9 @@ class EventEnum(Enum):
             A [`FilteredEvent`][ember.engine.FilteredEvent] that compares equal to this event.
 
         Raises:
-            ValueError: no filter, two kinds at once, or a value out of range.
-            TypeError: ``event_filter`` is not a callable of ``(engine, value)``.
+            ValueError: no filter, two kinds at once, a value out of range, or an ``event_filter`` that cannot
+                take ``(engine, value)`` (Ignite's type).
+            TypeError: ``event_filter`` is not callable.
         """
         filt = make_filter(
             event_filter,
@@ -117,6 +119,25 @@ class Events(EventEnum):
     INTERRUPT = "interrupt"
     COMPLETED = "completed"
 
+    @staticmethod
+    def default_event_filter(engine: Any, event: int) -> bool:
+        """A filter that always fires; deprecated in Ignite, which warns on each call (so does this). Use ``None``.
+
+        Examples:
+            >>> import warnings
+            >>> from ember import Events
+            >>> with warnings.catch_warnings(record=True) as caught:
+            ...     warnings.simplefilter("always")
+            ...     Events.default_event_filter(None, 3), str(caught[0].message)
+            (True, 'Events.default_event_filter is deprecated and will be removed. Please, use None instead')
+        """
+        warnings.warn(
+            "Events.default_event_filter is deprecated and will be removed. Please, use None instead",
+            UserWarning,
+            stacklevel=2,
+        )
+        return True
+
 
 class FilteredEvent:
     """An event with a filter, built by calling an event: ``Events.ITERATION_COMPLETED(every=25)``.
@@ -127,7 +148,9 @@ class FilteredEvent:
 
     Attributes:
         event: the base event.
-        filter: the filter, a callable ``(engine, value) -> bool``.
+        filter: the filter, a callable ``(engine, value) -> bool``: the ``event_filter`` function given, as
+            Ignite keeps it, or the filter built from ``every``/``once``/``before``/``after``/``every_secs``.
+        rule: the filter as the engine runs it (an `EventFilter`: it also says when it is next due).
 
     Examples:
         >>> from ember import Events
@@ -140,11 +163,16 @@ class FilteredEvent:
         True
     """
 
-    __slots__ = ("event", "filter")
+    __slots__ = ("event", "rule")
 
-    def __init__(self, event: EventEnum, filter: EventFilter) -> None:
+    def __init__(self, event: EventEnum, rule: EventFilter) -> None:
         self.event = event
-        self.filter = filter
+        self.rule = rule
+
+    @property
+    def filter(self) -> Callable[[Any, int], bool]:
+        """The filter: the ``event_filter`` function as given, else the filter built from the keywords."""
+        return self.rule.fn if isinstance(self.rule, Custom) else self.rule
 
     @property
     def name(self) -> str:
@@ -165,7 +193,7 @@ class FilteredEvent:
         return EventsList([self]) | other
 
     def __repr__(self) -> str:
-        return f"{self.event!r}({self.filter.describe()})"
+        return f"{self.event!r}({self.rule.describe()})"
 
 
 class EventsList:

@@ -162,7 +162,7 @@ def _check_filter_fn(fn: object) -> None:
     try:
         inspect.signature(fn).bind(None, 0)
     except TypeError as e:
-        raise TypeError(
+        raise ValueError(
             f"`event_filter` must accept two arguments (engine, value); "
             f"{getattr(fn, '__qualname__', fn)!s}{inspect.signature(fn)} does not: {e}."
         ) from None

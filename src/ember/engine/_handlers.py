@@ -60,7 +60,7 @@ class EventHandlers:
 
         Raises:
             TypeError: an event is neither an ``EventEnum`` member nor a string.
-            ValueError: ``event_to_attr`` names an event not being registered.
+            ValueError: ``event_to_attr`` is not a mapping, or names an event not being registered.
 
         Examples:
             >>> from ember import Engine, EventEnum
@@ -71,6 +71,11 @@ class EventHandlers:
             >>> engine.state.time_iteration
             0
         """
+        if event_to_attr is not None and not isinstance(event_to_attr, Mapping):
+            raise ValueError(
+                f"`event_to_attr` must be a mapping of event to state attribute name, got "
+                f"{type(event_to_attr).__name__} {event_to_attr!r}."
+            )
         for e in events:
             if not isinstance(e, EventEnum | str):
                 raise TypeError(f"register_events takes EventEnum members or strings, got {type(e).__name__} {e!r}.")
@@ -79,10 +84,27 @@ class EventHandlers:
             if e not in self._dispatch:
                 raise ValueError(f"`event_to_attr` maps {e!r}, which is not registered; pass it in `events` too.")
             if not isinstance(attr, str) or not attr.isidentifier():
-                raise TypeError(f"`event_to_attr` values must be attribute names, got {attr!r} for {e!r}.")
+                raise ValueError(f"`event_to_attr` values must be attribute names, got {attr!r} for {e!r}.")
             self._event_to_attr[e] = attr
             if not hasattr(self.state, attr):
                 setattr(self.state, attr, 0)
+
+    def has_registered_events(self, event: Any) -> bool:
+        """Whether ``event`` may be fired and handled on this engine: a built-in event, or one registered.
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> engine = Engine(lambda e, b: b)
+            >>> engine.register_events("backward_completed")
+            >>> engine.has_registered_events(Events.STARTED), engine.has_registered_events("backward_completed")
+            (True, True)
+            >>> engine.has_registered_events("forward_completed")
+            False
+        """
+        try:
+            return base_event(event) in self._dispatch
+        except TypeError:  # unhashable: not an event
+            return False
 
     def get_event_attrib_value(self, event: EventEnum | str) -> int:
         """The ``state`` counter ``event`` counts by: the epoch for epoch events, the iteration for iteration ones.
@@ -139,8 +161,9 @@ class EventHandlers:
             A [`RemovableEventHandle`][ember.engine.RemovableEventHandle].
 
         Raises:
-            ValueError: the event is not registered, or is filtered but has no counter.
-            TypeError: the handler cannot be called with what the engine will pass.
+            ValueError: the event is not registered, or is filtered but has no counter, or the handler
+                cannot be called with what the engine will pass (Ignite's type).
+            TypeError: the handler is not callable.
 
         Examples:
             >>> from ember import Engine, Events
@@ -190,7 +213,7 @@ class EventHandlers:
         regs: list[Registration] = []
         for e, takes_engine in checked:
             base = base_event(e)
-            filt = e.filter.bind() if isinstance(e, FilteredEvent) else None
+            filt = e.rule.bind() if isinstance(e, FilteredEvent) else None
             reg = Registration(base, handler, filt, args, kwargs, takes_engine)
             reg.priority = priority
             self._dispatch[base].add(reg)

@@ -7,7 +7,7 @@ one ``_signal`` bool checked after each event; nothing is formatted or logged pe
 
 from __future__ import annotations
 
-import math
+import logging
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -17,6 +17,7 @@ from ember.engine._data import release, reopen
 from ember.engine._dispatch import Dispatch
 from ember.engine._events import EventEnum, Events
 from ember.engine._state import State
+from ember.engine._validate import length_of
 
 #: What the run generator yields to its driver.
 PAUSE = "pause"  # an ``iterate`` event fired: hand the state to the caller
@@ -44,8 +45,8 @@ class RunLoop:
         self._process_fn = process_fn
         self.state = State()
         self.last_event_name: EventEnum | str | None = None
-        self.should_terminate = False
-        self._skip_completed = False
+        self.logger = logging.getLogger(f"ember.engine._engine.{type(self).__name__}")
+        self._terminate: bool | str = False
         self._terminate_epoch = False
         self._skip_epoch_completed = False
         self._interrupt = False
@@ -73,11 +74,38 @@ class RunLoop:
 
     # -- signals ---------------------------------------------------------------------------------
 
+    @property
+    def should_terminate(self) -> bool | str:
+        """``True`` once ``terminate()`` was called (``"skip_completed"`` with ``skip_completed=True``), as Ignite.
+
+        Setting it to ``True`` from a handler stops the run as ``terminate()`` does; it is cleared when a run starts.
+        """
+        return self._terminate
+
+    @should_terminate.setter
+    def should_terminate(self, value: bool | str) -> None:
+        self._terminate = value
+        self._update_signal()
+
+    @property
+    def should_terminate_single_epoch(self) -> bool | str:
+        """``True`` once ``terminate_epoch()`` was called (``"skip_epoch_completed"`` when it skips EPOCH_COMPLETED).
+
+        Setting it from a handler ends the epoch as ``terminate_epoch()`` does; it is cleared once the epoch ends.
+        """
+        return "skip_epoch_completed" if self._skip_epoch_completed else self._terminate_epoch
+
+    @should_terminate_single_epoch.setter
+    def should_terminate_single_epoch(self, value: bool | str) -> None:
+        self._terminate_epoch = bool(value)
+        self._skip_epoch_completed = value == "skip_epoch_completed"
+        self._update_signal()
+
     def _update_signal(self) -> None:
-        self._signal = self.should_terminate or self._terminate_epoch or self._interrupt or self._pause
+        self._signal = bool(self._terminate or self._terminate_epoch or self._interrupt or self._pause)
 
     def _clear_signals(self) -> None:
-        self.should_terminate = self._skip_completed = False
+        self._terminate = False
         self._terminate_epoch = self._skip_epoch_completed = False
         self._interrupt = self._pause = self._signal = False
 
@@ -90,7 +118,7 @@ class RunLoop:
     def _on_signal(self, event: EventEnum) -> RunGen:
         """Act on flags set by the handlers of ``event``, after all of them have run."""
         yield from self._pause_point()
-        if self.should_terminate:
+        if self._terminate:
             raise _Terminate
         if self._terminate_epoch:
             if event in _NO_TERMINATE_EPOCH:
@@ -164,18 +192,21 @@ class RunLoop:
                         st.times["EPOCH_COMPLETED"] = time.perf_counter() - epoch_start
                         if self._signal:
                             yield from self._on_signal(Events.EPOCH_COMPLETED)
+                    self.logger.info("Epoch[%d] Complete. Time taken: %s", st.epoch, _hms(st.times["EPOCH_COMPLETED"]))
             except _Terminate:
                 self._fire(Events.TERMINATE, st.epoch)
                 yield from self._pause_point()
             st.times["COMPLETED"] = time.perf_counter() - run_start
-            if not self._skip_completed:
+            if self._terminate != "skip_completed":
                 self._fire(Events.COMPLETED, st.epoch)
                 st.times["COMPLETED"] = time.perf_counter() - run_start
                 yield from self._pause_point()
+            self.logger.info("Engine run finished. Time taken: %s", _hms(st.times["COMPLETED"]))
         except GeneratorExit:
             raise
         except BaseException as e:
             self._release_data(failed=True)
+            self.logger.error("Engine run is terminating due to exception: %s", e)
             self._fire(Events.EXCEPTION_RAISED, st.iteration, e)
             raise
 
@@ -194,7 +225,7 @@ class RunLoop:
         pos = self._epoch_pos
         try:
             while True:
-                st.batch = st.output = None
+                st.batch = None
                 if self._iter is not None:
                     self.last_event_name = Events.GET_BATCH_STARTED
                     if gbs.regs:
@@ -210,11 +241,14 @@ class RunLoop:
                     except Exception as e:
                         e.add_note(f"(raised by the data, fetching the batch of iteration {st.iteration + 1})")
                         raise
+                    st.output = None  # only once a batch came: the epoch's last output outlives the data's end
                     self.last_event_name = Events.GET_BATCH_COMPLETED
                     if gbc.regs:
                         gbc.fire(self, st.iteration)
                     if self._signal:
                         yield from self._on_signal(Events.GET_BATCH_COMPLETED)
+                else:
+                    st.output = None
                 pos += 1
                 self._epoch_pos = pos
                 st.iteration += 1
@@ -254,8 +288,6 @@ class RunLoop:
                 if pos == 0:
                     raise ValueError("`data` produced no batches; pass data with at least one batch.")
                 st.epoch_length = pos
-                if st.max_iters is not None:
-                    st.max_epochs = math.ceil(st.max_iters / pos)
                 return False
             if restarted:
                 total = st.max_iters if st.max_iters is not None else st.epoch_length * (st.max_epochs or 0)
@@ -291,7 +323,7 @@ class RunLoop:
         source = self._source
         set_epoch = getattr(source, "set_epoch", None)
         if callable(set_epoch):
-            length = _length(source)
+            length = length_of(source)
             if length:
                 set_epoch(self.state.iteration // length)
         return iter(data)
@@ -322,7 +354,7 @@ class RunLoop:
         it = self._fresh_pass(data)
         # data that has no position of its own is skipped through, to where the pass stands: an
         # iterator runs on across epochs when they are shorter than the data
-        length = _length(data)
+        length = length_of(data)
         for skipped in range(self.state.iteration % length if length else self._epoch_pos):
             try:
                 next(it)
@@ -334,8 +366,8 @@ class RunLoop:
         return it
 
 
-def _length(data: object) -> int | None:
-    try:
-        return len(data)  # type: ignore[arg-type]
-    except TypeError:
-        return None
+def _hms(seconds: float | None) -> str:
+    """``seconds`` as Ignite's logs write a duration: ``00:01:02.345``."""
+    mins, secs = divmod(seconds or 0.0, 60)
+    hours, mins = divmod(mins, 60)
+    return f"{round(hours):02d}:{round(mins):02d}:{secs:06.3f}"

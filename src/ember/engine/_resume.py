@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -86,8 +85,7 @@ def load_engine_state(state: State, sd: Mapping[str, Any], user_keys: list[str])
     state.epoch_length = epoch_length
     state.iteration = iteration
     if limit == "max_iters":
-        state.max_iters = m
-        state.max_epochs = math.ceil(m / epoch_length) if epoch_length else None
+        state.max_epochs, state.max_iters = None, m
     else:
         state.max_epochs, state.max_iters = m, None
     for k in user_keys:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterable
 from typing import Any
 
 from ember.engine._resume import ResumableLoop
-from ember.engine._validate import already_complete, check_run_args, data_length, same_data
+from ember.engine._validate import already_complete, check_mode, check_run_args, data_length, restart_hint, same_data
 
 
 class RunSetup(ResumableLoop):
@@ -53,10 +52,10 @@ class RunSetup(ResumableLoop):
             )
         check_run_args(data, max_epochs, max_iters, epoch_length)
         st = self.state
-        undetermined = st.max_iters is not None and st.epoch_length is None
-        if st.max_epochs is not None or undetermined:  # a run exists: apply what the caller changes first
+        check_mode(st, max_epochs, max_iters)
+        if st.max_epochs is not None or st.max_iters is not None:  # a run exists: apply what the caller changes
             self._update_limits(max_epochs, max_iters, epoch_length)
-        if st.max_epochs is None and not undetermined:
+        if st.max_epochs is None and st.max_iters is None:
             self._start_new_run(data, max_epochs, max_iters, epoch_length)
         elif self._gen is None and self._is_done():
             if self._loaded:
@@ -65,10 +64,16 @@ class RunSetup(ResumableLoop):
             self._start_new_run(data, max_epochs, max_iters, epoch_length)
         else:
             self._continue_run(data)
+            self._log_resume()
         self._loaded = False
         if self._gen is None:
             self._gen = self._run_gen()
         return True
+
+    def _log_resume(self) -> None:
+        st = self.state
+        until = f"{st.max_iters} iterations" if st.max_iters is not None else f"{st.max_epochs} epochs"
+        self.logger.info("Engine run resuming from iteration %d, epoch %d until %s", st.iteration, st.epoch, until)
 
     def _start_new_run(
         self,
@@ -84,8 +89,6 @@ class RunSetup(ResumableLoop):
             epoch_length = data_length(data)
         if max_iters is None and max_epochs is None:
             max_epochs = 1
-        if max_iters is not None and epoch_length is not None:
-            max_epochs = math.ceil(max_iters / epoch_length)
         st.iteration = st.epoch = 0
         st.max_epochs, st.max_iters, st.epoch_length = max_epochs, max_iters, epoch_length
         self._epoch_owed = False
@@ -96,28 +99,23 @@ class RunSetup(ResumableLoop):
         self._released = False
         self._epoch_open, self._epoch_pos = False, 0
         self._reset_filters()
+        limit = f"max_iters={max_iters}" if max_iters is not None else f"max_epochs={max_epochs}"
+        self.logger.info("Engine run starting with %s.", limit)
 
     def _update_limits(self, max_epochs: int | None, max_iters: int | None, epoch_length: int | None) -> None:
         st = self.state
-        if max_epochs is not None:
-            if max_epochs < st.epoch:
+        for name, value, reached in (("max_epochs", max_epochs, "epoch"), ("max_iters", max_iters, "iteration")):
+            if value is not None and value < getattr(st, reached):
                 raise ValueError(
-                    f"`max_epochs`={max_epochs} is below the epoch this engine reached ({st.epoch}); pass a "
-                    "larger value to continue, or set engine.state.max_epochs = None to restart from zero."
+                    f"`{name}`={value} is below the {reached} this engine reached ({getattr(st, reached)}); pass a "
+                    f"larger value to continue, or {restart_hint(st)}."
                 )
-            st.max_epochs, st.max_iters = max_epochs, None
-        if max_iters is not None:
-            if max_iters < st.iteration:
-                raise ValueError(
-                    f"`max_iters`={max_iters} is below the iteration this engine reached ({st.iteration}); "
-                    "pass a larger value to continue, or set engine.state.max_epochs = None to restart from zero."
-                )
-            st.max_iters = max_iters
-            st.max_epochs = math.ceil(max_iters / st.epoch_length) if st.epoch_length else None
+            if value is not None:
+                setattr(st, name, value)
         if epoch_length is not None and epoch_length != st.epoch_length:
             raise ValueError(
                 f"`epoch_length`={epoch_length} differs from the run being continued ({st.epoch_length}); "
-                "omit it, or set engine.state.max_epochs = None to restart from zero."
+                f"omit it, or {restart_hint(st)}."
             )
 
     def _continue_run(self, data: Iterable[Any] | None) -> None:

@@ -32,14 +32,20 @@ class State:
     (``TrainState.from_linen(..., seed=)``) and folded with the step, so a resumed run draws what an
     uninterrupted one would without a global seed.
 
+    Args:
+        **kwargs: attributes to set after the defaults, as Ignite's ``State(**kwargs)``:
+            ``State(iteration=3, epoch=1)``.
+
     Examples:
-        >>> from ember import Engine
+        >>> from ember import Engine, State
         >>> state = Engine(lambda engine, batch: batch).run([1, 2, 3], max_epochs=2)
         >>> state.iteration, state.epoch, state.epoch_length, state.output
         (6, 2, 3, 3)
+        >>> State(iteration=3, epoch=1, loss=0.5)
+        State(iteration=3, epoch=1, epoch_length=None, max_epochs=None, max_iters=None, output=NoneType, metrics={})
     """
 
-    def __init__(self) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         self.iteration: int = 0
         self.epoch: int = 0
         self.epoch_length: int | None = None
@@ -50,6 +56,8 @@ class State:
         self.metrics: dict[str, Any] = {}
         self.dataloader: Iterable[Any] | None = None
         self.times: dict[str, float | None] = {"EPOCH_COMPLETED": None, "COMPLETED": None}
+        for k, v in kwargs.items():
+            setattr(self, k, v)
 
     def __repr__(self) -> str:
         fields = ("iteration", "epoch", "epoch_length", "max_epochs", "max_iters")

@@ -28,7 +28,7 @@ def check_run_args(
                 f"`data` must be an iterable of batches (a list, a generator, a data loader) or None, "
                 f"got {type(data).__name__}."
             )
-        if hasattr(data, "__len__") and len(data) == 0:  # type: ignore[arg-type]
+        if length_of(data) == 0:
             raise ValueError("`data` is empty; pass at least one batch.")
     check_count("max_epochs", max_epochs)
     check_count("max_iters", max_iters)
@@ -40,6 +40,28 @@ def check_run_args(
         )
 
 
+def check_mode(st: State, max_epochs: int | None, max_iters: int | None) -> None:
+    """Refuse to switch a run between ``max_epochs`` and ``max_iters`` without a reset, as Ignite does."""
+    if max_iters is not None and st.max_epochs is not None:
+        raise ValueError(
+            f"`max_iters`={max_iters} was given, but this engine's run counts epochs (state.max_epochs="
+            f"{st.max_epochs}); to switch to max_iters, first reset with engine.state.max_epochs = None, "
+            "which starts a new run from iteration 0."
+        )
+    if max_epochs is not None and st.max_iters is not None:
+        raise ValueError(
+            f"`max_epochs`={max_epochs} was given, but this engine's run counts iterations (state.max_iters="
+            f"{st.max_iters}); to switch to max_epochs, first reset with engine.state.max_iters = None, "
+            "which starts a new run from iteration 0."
+        )
+
+
+def restart_hint(st: State) -> str:
+    """How to start this engine's run again from zero: clear the limit the run counts by."""
+    name = "max_iters" if st.max_iters is not None else "max_epochs"
+    return f"set engine.state.{name} = None to restart from zero"
+
+
 def already_complete(st: State) -> str:
     end = (
         f"iteration {st.iteration} of {st.max_iters}"
@@ -48,7 +70,7 @@ def already_complete(st: State) -> str:
     )
     return (
         f"The run loaded by load_state_dict() is already complete ({end}); run() does nothing. Pass a larger "
-        "max_epochs (or max_iters) to train further, or set engine.state.max_epochs = None to start again from zero."
+        f"max_epochs (or max_iters) to train further, or {restart_hint(st)}."
     )
 
 
@@ -65,10 +87,17 @@ def same_data(a: object, b: object) -> bool:
 ENDLESS = 2**50  # a len() no data set reaches: Grain gives repeat()ed datasets sys.maxsize (then batched: less)
 
 
-def data_length(data: Iterable[Any]) -> int | None:
+def length_of(data: object) -> int | None:
+    """``len(data)``, or ``None`` for data without one (a ``len()`` that raises ``TypeError`` counts as none)."""
     try:
-        n = len(data)  # type: ignore[arg-type]
+        return len(data)  # type: ignore[arg-type]
     except TypeError:
+        return None
+
+
+def data_length(data: Iterable[Any]) -> int | None:
+    n = length_of(data)
+    if n is None:
         return None
     if n == 0:
         raise ValueError("`data` is empty; pass at least one batch.")

@@ -3,6 +3,7 @@
 from ember.handlers._checkpoint import Checkpoint
 from ember.handlers._common import setup_common_training_handlers
 from ember.handlers._early_stopping import EarlyStopping
+from ember.handlers._epoch_outputs import EpochOutputStore
 from ember.handlers._evaluation import Evaluate
 from ember.handlers._handler_times import HandlersTimeProfiler
 from ember.handlers._layers import GradsHistHandler, GradsScalarHandler, WeightsHistHandler, WeightsScalarHandler
@@ -15,6 +16,7 @@ from ember.handlers._preemption import Preemption
 from ember.handlers._profiler import Profiler
 from ember.handlers._progress import ProgressBar
 from ember.handlers._readers import CheckpointReader, HighestCheckpointReader, LowestCheckpointReader
+from ember.handlers._save_handlers import BaseSaveHandler, SaveHandler
 from ember.handlers._savers import DiskSaver, global_step_from_engine
 from ember.handlers._statistics import GradientSpikeMonitor, ParamStats, count_parameters
 from ember.handlers._terminate_on_nan import NonFiniteError, TerminateOnNan
@@ -23,10 +25,12 @@ from ember.handlers._timing import TimeLimit, Timer
 from ember.handlers._watchdog import ProcessWatchdog
 
 __all__ = [
+    "BaseSaveHandler",
     "Checkpoint",
     "CheckpointReader",
     "DiskSaver",
     "EarlyStopping",
+    "EpochOutputStore",
     "Evaluate",
     "GradientSpikeMonitor",
     "GradsHistHandler",
@@ -43,6 +47,7 @@ __all__ = [
     "ProcessWatchdog",
     "Profiler",
     "ProgressBar",
+    "SaveHandler",
     "ScalarLogger",
     "TerminateOnNan",
     "Throughput",

@@ -1,23 +1,28 @@
-"""`Checkpoint`: save what a run needs to resume, on any event, with combined retention."""
+"""`Checkpoint`: save what a run needs to resume, on any event, keeping Ignite's ``n_saved`` best or newest."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import warnings
-import weakref
-from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Mapping, MutableMapping
 from typing import Any, Literal
 
 import jax
-import numpy as np
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore, check_retention
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.handlers._checkpoint_files import CheckpointFiles
+from ember.handlers._checkpoint_record import CheckpointRecord
 from ember.handlers._loading import kind_of, load_objects
 from ember.handlers._renamed import renamed
-from ember.handlers._savers import DiskSaver, as_store
+from ember.handlers._retention import Item, Ledger
+from ember.handlers._same_arrays import Saved, score_of
+from ember.handlers._save_handlers import (
+    SaveHandler,
+    takes_metadata,
+)
+from ember.handlers._savers import DiskSaver
 
 
 class _Unset:
@@ -27,35 +32,51 @@ class _Unset:
 _UNSET = _Unset()
 
 
-class Checkpoint:
-    """Saves ``to_save`` into a ``CheckpointStore`` when its event fires, Ignite's way.
+class Checkpoint(CheckpointRecord, CheckpointFiles):
+    """Saves ``to_save`` when its event fires, Ignite's way, into one of ember's stores or a save handler of yours.
 
-    Ignite's arguments: ``Checkpoint(to_save, save_handler, filename_prefix, score_function, score_name,
-    n_saved, global_step_transform)``. Objects with ``state_dict()``/``load_state_dict()`` (engines,
-    handlers) go into the manifest; objects with ``tree_state_dict()``/``load_tree_state_dict()`` (a
-    trainer: its train state) go into the array file; a trainer contributes both. Writes run in the
-    background (the host copy is made before the handler returns); an error in a background write is
-    raised at the next iteration and at COMPLETED, which also waits until everything is on disk. After
-    each save the ``n_saved`` best by ``score_function`` (``mode``) are kept, or without a score the
-    ``n_saved`` newest, and with ``keep_every`` also every step that is a multiple of it. Each checkpoint
-    is a folder named by the step (``step_00000400``) and, when scored, the score
-    (``step_00000400-val_accuracy=0.9731``).
+    Ignite's arguments: ``Checkpoint(to_save, save_handler, filename_prefix, score_function, score_name, n_saved,
+    global_step_transform, filename_pattern, include_self, greater_or_equal, save_on_rank)``. Ignite's rule decides
+    what is kept: a new checkpoint is saved while fewer than ``n_saved`` are kept, or when its priority (the score,
+    else the global step) beats the lowest kept one's (``>``; ``>=`` with ``greater_or_equal``), and the lowest then
+    goes; ``keep_every`` also keeps every step that is a multiple of it.
+
+    Into a store (a folder, a [`CheckpointStore`][ember.checkpoint.CheckpointStore] or a
+    [`DiskSaver`][ember.handlers.DiskSaver]), each checkpoint is a folder (``mnist_step_00000400-acc=0.9731``, or
+    ``filename_pattern``) written atomically and verified. Objects with ``state_dict()``/``load_state_dict()``
+    (engines, handlers) go into the manifest; objects with ``tree_state_dict()``/``load_tree_state_dict()`` (a
+    trainer: its train state) go into the array file. Writes run in the background (the host copy is made before
+    the handler returns); an error in a background write is raised at the next iteration and at COMPLETED, which
+    also waits until everything is on disk. A checkpoint that retention no longer keeps is deleted only once its
+    successor is on disk.
+
+    A ``save_handler`` that is a function ``(checkpoint, filename, metadata)`` or an object with Ignite's
+    ``BaseSaveHandler`` methods ([`SaveHandler`][ember.handlers.SaveHandler]) is called on the training thread,
+    as Ignite calls it, with a dict of host values and Ignite's file name (``checkpoint_400.ckpt``); its ``remove``
+    is called for a checkpoint no longer kept, after the new one was saved.
 
     Args:
         to_save: what to save, by name.
-        save_handler: where: a folder, a [`CheckpointStore`][ember.checkpoint.CheckpointStore], or a
-            [`DiskSaver`][ember.handlers.DiskSaver].
-        filename_prefix: starts every checkpoint's name, with ``_`` after it (``mnist_step_00000400``);
-            retention only touches names with it.
+        save_handler: where: a folder, a [`CheckpointStore`][ember.checkpoint.CheckpointStore], a
+            [`DiskSaver`][ember.handlers.DiskSaver], or your own save handler.
+        filename_prefix: starts every checkpoint's name, with ``_`` after it (``mnist_step_00000400``).
         score_function: ``score_function(engine) -> float``, e.g. an evaluator's validation accuracy.
-        score_name: the score's name in checkpoint names and manifests (default ``"score"``).
+        score_name: the score's name in checkpoint names and manifests; given alone, the score is
+            ``engine.state.metrics[score_name]``
+            ([`get_default_score_fn`][ember.handlers.Checkpoint.get_default_score_fn]).
         n_saved: checkpoints kept: the best by ``score_function``, else the newest; ``None`` keeps all.
         global_step_transform: ``global_step_transform(engine, event_name) -> int``, the step that names a checkpoint
             (Ignite's signature; [`global_step_from_engine`][ember.handlers.global_step_from_engine] for a handler on an
             evaluator); the engine's iteration by default.
+        filename_pattern: names checkpoints from ``{filename_prefix}``, ``{name}``, ``{score}``, ``{score_name}``,
+            ``{global_step}`` and ``{ext}`` (``"ckpt"``), as Ignite's; ``None``: ember's folder names in a store,
+            Ignite's [`setup_filename_pattern`][ember.handlers.Checkpoint.setup_filename_pattern] for a save handler.
+        include_self: save this handler's own ``state_dict()`` (what it keeps) as ``"checkpointer"``.
+        greater_or_equal: a checkpoint scoring the same as the lowest kept one replaces it (Ignite's option).
+        save_on_rank: the process that calls a save handler of yours (all take part in gathering the arrays).
         mode: ``"max"`` or ``"min"``: which scores are best.
         keep_every: also keep checkpoints whose step is a multiple of this.
-        background: write on a background thread (default) or before returning.
+        background: write into a store on a background thread (default) or before returning.
         on_error: what a failed write (disk full, permission denied: an ``OSError``) does: ``"raise"``
             (default) fails the run with it; ``"warn"`` issues a ``RuntimeWarning`` naming the error and
             training goes on. Either way the failed checkpoint leaves nothing behind and earlier ones
@@ -68,6 +89,11 @@ class Checkpoint:
         step_fn: deprecated ``step_fn(engine)``; use ``global_step_transform(engine, event_name)``.
         prefix: deprecated name of ``filename_prefix``.
 
+    Attributes:
+        save_handler: where checkpoints go: the `DiskSaver`, store or handler given (a folder becomes a `DiskSaver`).
+        store: the [`CheckpointStore`][ember.checkpoint.CheckpointStore] written to, or ``None`` with your own
+            save handler.
+
     Examples:
         >>> import tempfile
         >>> from ember import Engine, Events
@@ -76,19 +102,32 @@ class Checkpoint:
         >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp(), n_saved=2)
         >>> _ = saver.attach(trainer, Events.EPOCH_COMPLETED)
         >>> _ = trainer.run([1, 2], max_epochs=3)
-        >>> [c.path.name for c in saver.store.checkpoints()]
-        ['step_00000004', 'step_00000006']
+        >>> [c.path.name for c in saver.store.checkpoints()], saver.last_checkpoint.name
+        (['step_00000004', 'step_00000006'], 'step_00000006')
     """
+
+    Item = Item
+    ext = "ckpt"
 
     def __init__(
         self,
         to_save: Mapping[str, Any],
-        save_handler: CheckpointStore | DiskSaver | str | os.PathLike[str] | None = None,
+        save_handler: CheckpointStore
+        | DiskSaver
+        | SaveHandler
+        | Callable[..., Any]
+        | str
+        | os.PathLike[str]
+        | None = None,
         filename_prefix: str = "",
         score_function: Callable[[Engine], float] | None = None,
         score_name: str | None = None,
         n_saved: int | None = 1,
         global_step_transform: Callable[[Engine, Any], int] | None = None,
+        filename_pattern: str | None = None,
+        include_self: bool = False,
+        greater_or_equal: bool = False,
+        save_on_rank: int = 0,
         *,
         mode: Literal["min", "max"] = "max",
         keep_every: int | None = None,
@@ -109,8 +148,16 @@ class Checkpoint:
             global_step_transform = lambda engine, _event: old(engine)  # noqa: E731
         if not isinstance(to_save, Mapping) or not to_save:
             raise TypeError(f"`to_save` must be a non-empty mapping of names to objects, got {to_save!r}.")
-        if save_handler is None:
-            raise TypeError("`save_handler` is required: a folder, a CheckpointStore or a DiskSaver.")
+        if include_self and not isinstance(to_save, MutableMapping):
+            raise TypeError(
+                f"`include_self=True` needs `to_save` to be mutable (a dict), got {type(to_save).__name__}."
+            )
+        if include_self and "checkpointer" in to_save:
+            raise ValueError(
+                "`to_save` has the key 'checkpointer', which `include_self=True` saves this handler under."
+            )
+        if score_function is None and score_name is not None:
+            score_function = self.get_default_score_fn(score_name)
         if score_function is not None and not callable(score_function):
             raise TypeError(f"`score_function` must be callable as score_function(engine), got {score_function!r}.")
         if global_step_transform is not None and not callable(global_step_transform):
@@ -118,6 +165,9 @@ class Checkpoint:
                 "`global_step_transform` must be callable as global_step_transform(engine, event_name), "
                 f"got {global_step_transform!r}."
             )
+        if filename_pattern is not None and not isinstance(filename_pattern, str):
+            raise TypeError(f"`filename_pattern` must be a str or None, got {type(filename_pattern).__name__}.")
+        latest_and_best: tuple[int | None, int | None] | None = None
         if not isinstance(keep_latest, _Unset) or keep_best is not None:
             warnings.warn(
                 "Checkpoint(keep_latest=..., keep_best=...) is deprecated: use n_saved= (the best by "
@@ -126,107 +176,145 @@ class Checkpoint:
                 DeprecationWarning,
                 stacklevel=2,
             )
-            latest = 1 if isinstance(keep_latest, _Unset) else keep_latest
-            best = keep_best
-        else:
-            if n_saved is not None and (not isinstance(n_saved, int) or isinstance(n_saved, bool) or n_saved < 1):
-                raise ValueError(f"`n_saved` must be a positive int or None (keep every checkpoint), got {n_saved!r}.")
-            latest, best = (n_saved, None) if score_function is None else (None, n_saved)
-        self._kinds = {name: kind_of(name, obj) for name, obj in to_save.items()}
-        check_retention(latest, best, keep_every, mode)
-        if best is not None and score_function is None:
-            raise ValueError("`keep_best` needs `score_function`, the score to rank checkpoints by.")
+            latest_and_best = (1 if isinstance(keep_latest, _Unset) else keep_latest, keep_best)
+            check_retention(latest_and_best[0], keep_best, keep_every, mode)
+            if keep_best is not None and score_function is None:
+                raise ValueError("`keep_best` needs `score_function`, the score to rank checkpoints by.")
+        elif n_saved is not None and (not isinstance(n_saved, int) or isinstance(n_saved, bool) or n_saved < 1):
+            raise ValueError(f"`n_saved` must be a positive int or None (keep every checkpoint), got {n_saved!r}.")
+        check_retention(None, None, keep_every, mode)
         if on_error not in ("raise", "warn"):
             raise ValueError(f'`on_error` must be "raise" or "warn", got {on_error!r}.')
+        self._kinds = {name: kind_of(name, obj) for name, obj in to_save.items()}
         self.on_error = on_error
-        self.to_save = dict(to_save)
-        self.store = as_store(save_handler)
+        self.to_save = to_save if include_self else dict(to_save)
+        self.save_handler, self.store = _where(save_handler)
+        self._with_metadata = takes_metadata(self.save_handler) if self.store is None else True
         self.n_saved, self.keep_every = n_saved, keep_every
-        self._keep_latest, self._keep_best = latest, best
         self.score_function = score_function
         self.mode: Literal["min", "max"] = mode
         self.score_name = score_name or ("score" if score_function is not None else None)
         self.global_step_transform = global_step_transform
-        self.filename_prefix = filename_prefix
+        self.filename_prefix, self.filename_pattern = filename_prefix, filename_pattern
+        self.include_self, self.greater_or_equal, self.save_on_rank = include_self, greater_or_equal, save_on_rank
         self._prefix = f"{filename_prefix}_" if filename_prefix else ""  # Ignite's separator: mnist_step_...
         self.background = background
-        self.last_checkpoint: CheckpointInfo | None = None
-        self._saved: _Saved | None = None  # the checkpoint written (or resumed from) last, and what it holds
+        self._ledger = Ledger.for_checkpoint(
+            n_saved=n_saved,
+            mode=mode,
+            keep_every=keep_every,
+            greater_or_equal=greater_or_equal,
+            latest_and_best=latest_and_best,
+        )
+        self._seeded = self.store is None  # a store's earlier checkpoints join the ledger at the first save
+        self._before: Any = None  # the ledger before the save in flight, put back if that save fails
+        self._saved: Saved | None = None  # the checkpoint written (or resumed from) last, and what it holds
+
+    # -- saving ----------------------------------------------------------------------------------
 
     def __call__(self, engine: Engine) -> None:
-        """Save now, then apply the retention policies once the checkpoint is on disk.
+        """Save now when retention keeps the new checkpoint (Ignite's rule), then remove what it pushes out.
 
-        One step is written once. Fired again at the same step (``ITERATION_COMPLETED(every=N) | COMPLETED`` on a
-        run that ends on a multiple of N, or the EPOCH_COMPLETED a resumed run still owed), it rewrites only that
-        checkpoint's manifest when its arrays are the very ones saved (or restored) there and its score is the same;
-        when the arrays have changed (a handler lowered the learning rate in between), the new checkpoint replaces
-        that one. A scored save with another score is another candidate for the best, kept beside it.
+        Into a store, one step is written once. Fired again at the same step (``ITERATION_COMPLETED(every=N) |
+        COMPLETED`` on a run that ends on a multiple of N, or the EPOCH_COMPLETED a resumed run still owed), it
+        rewrites only that checkpoint's manifest when its arrays are the very ones saved (or restored) there and its
+        score is the same; when the arrays have changed (a handler lowered the learning rate in between), the new
+        checkpoint replaces that one. A scored save with another score is another candidate for the best.
         """
+        transform = self.global_step_transform
+        global_step = int(transform(engine, engine.last_event_name)) if transform is not None else None
+        metrics: dict[str, float] = {}
+        if self.score_function is not None and self.score_name is not None:
+            priority = score_of(self.score_function(engine))
+            metrics[self.score_name] = priority
+        else:
+            global_step = engine.state.iteration if global_step is None else global_step
+            priority = global_step
+        step = engine.state.iteration if global_step is None else global_step
+        states = {k: obj.state_dict() for k, obj in self.to_save.items() if callable(getattr(obj, "state_dict", None))}
+        trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
+        if self.store is None:
+            self._call_handler(step, global_step, priority, states, trees)
+        else:
+            self._save_to_store(engine, step, global_step, priority, metrics, states, trees)
+
+    def _save_to_store(
+        self,
+        engine: Engine,
+        step: int,
+        global_step: int | None,
+        priority: float,
+        metrics: dict[str, float],
+        states: dict[str, Any],
+        trees: dict[str, Any],
+    ) -> None:
+        assert self.store is not None
         outer = engine.outer_engine  # an evaluator's run inside a trainer's: the trainer's run ends the writing
         for watched in (engine,) if outer is None else (engine, outer):
             if not watched.has_event_handler(self._finish, Events.COMPLETED):  # add_event_handler, Ignite's way
                 self._watch(watched)
-        transform = self.global_step_transform
-        step = int(transform(engine, engine.last_event_name)) if transform is not None else engine.state.iteration
-        metrics: dict[str, float] = {}
-        name = f"{self._prefix}step_{step:08d}"
-        if self.score_function is not None and self.score_name is not None:
-            score = _score(self.score_function(engine))
-            metrics[self.score_name] = score
-            name += f"-{self.score_name}={score:.4f}"
-        states = {k: obj.state_dict() for k, obj in self.to_save.items() if callable(getattr(obj, "state_dict", None))}
-        trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
+        default = f"{self._prefix}step_{step:08d}" + (f"-{self.score_name}={priority:.4f}" if metrics else "")
+        name = self._name(global_step, priority, default=default)
         saved = self._saved if self._saved is not None and self._saved.step == step else None
         if saved is not None and saved.metrics == metrics and saved.holds(trees):
-            if saved.states != states:
-                self._amend(saved, states)
+            if saved.states != self._with_self(states):
+                self._amend(saved, self._with_self(states))
             return
         replaces = saved.name if saved is not None and not metrics else None  # a new score is a new best candidate
         if self.store.writing:
-            self._wait()  # the previous save is on disk, older ones pruned: names are settled
+            self._wait()  # the previous save is on disk, older ones removed: names are settled
+        self._seed()
         if replaces is None and self._is_checkpoint(name):
             replaces = name  # a checkpoint of this step from before (a relaunch): this one takes its place
-        metadata = {"state_dicts": states}
+        if not self._ledger.admits(step, priority, replacing=replaces):
+            return
+        self._before = self._ledger.snapshot()
+        gone = [e.filename for e in self._ledger.add(name, step, priority) if e.filename not in (name, replaces)]
+        if replaces is not None and replaces != name:
+            self._ledger.forget(replaces)
+        states = self._with_self(states)
+        metadata = {"state_dicts": states, "checkpoint": self._metadata(priority)}
+
+        def remove_gone() -> None:
+            if jax.process_index() == 0:  # only process 0 deletes, as it alone commits
+                for old in gone:
+                    self.store.delete(old)  # type: ignore[union-attr]  # a store: tested above
+
         with self._failures():
             if self.background:
                 self.store.save_in_background(
-                    trees, step=step, metrics=metrics, metadata=metadata, name=name, then=self._prune, replaces=replaces
+                    trees, step=step, metrics=metrics, metadata=metadata, name=name, then=remove_gone, replaces=replaces
                 )
             else:
-                self.last_checkpoint = self.store.save(
-                    trees, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces
-                )
-        self._saved = _Saved.of(step, name, trees, states, metrics)
-        if not self.background:
-            self._prune()
-        elif engine.last_event_name is Events.COMPLETED and outer is None:
+                self.store.save(trees, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces)
+                remove_gone()
+                self._before = None
+        self._saved = Saved.of(step, name, trees, states, metrics)
+        if self.background and engine.last_event_name is Events.COMPLETED and outer is None:
             self._wait()  # the run ends here; a watcher added just now would not run in this firing
 
-    def _amend(self, saved: _Saved, states: dict[str, Any]) -> None:
+    def _with_self(self, states: dict[str, Any]) -> dict[str, Any]:
+        return {**states, "checkpointer": self.state_dict()} if self.include_self else states
+
+    def _amend(self, saved: Saved, states: dict[str, Any]) -> None:
         """Write the new state dicts into the manifest of the checkpoint ``saved`` describes; its arrays stay."""
+        assert self.store is not None
         with self._failures():
             if self.background:
                 self.store.amend_in_background(saved.name, metadata={"state_dicts": states})
             else:
-                self.last_checkpoint = self.store.amend(saved.name, metadata={"state_dicts": states})
+                self.store.amend(saved.name, metadata={"state_dicts": states})
         saved.states = states
-
-    def _is_checkpoint(self, name: str) -> bool:
-        """Whether a valid checkpoint is named ``name`` (a damaged one the store moves aside as it writes)."""
-        if not (self.store.root / name).exists():
-            return False
-        try:
-            self.store.verify(self.store.root / name)
-        except ValueError:  # CorruptCheckpointError too
-            return False
-        return True
 
     @contextlib.contextmanager
     def _failures(self) -> Generator[None]:
-        """Let a failed write raise, or with ``on_error="warn"`` turn it into a warning."""
+        """Let a failed write raise, or with ``on_error="warn"`` turn it into a warning; the ledger is put back."""
         try:
             yield
         except OSError as e:
+            if self._before is not None:
+                self._ledger.restore(self._before)
+                self._before = None
             if self.on_error == "raise":
                 raise
             warnings.warn(
@@ -238,9 +326,13 @@ class Checkpoint:
 
     @staticmethod
     def load_objects(
-        to_load: Mapping[str, Any], checkpoint: CheckpointInfo | CheckpointStore | str | os.PathLike[str]
-    ) -> CheckpointInfo:
-        """Ignite's ``Checkpoint.load_objects``: ``load_objects`` (a checkpoint's folder, or a folder: its latest).
+        to_load: Mapping[str, Any],
+        checkpoint: CheckpointInfo | CheckpointStore | Mapping[str, Any] | str | os.PathLike[str],
+    ) -> CheckpointInfo | None:
+        """Ignite's ``Checkpoint.load_objects``: from a checkpoint's folder, a folder (its latest), or a dict.
+
+        A dict is what a save handler of yours received (a single object's state as it is, as Ignite's); ``None`` is
+        returned for it, the checkpoint's info otherwise ([`load_objects`][ember.handlers.load_objects]).
 
         Examples:
             >>> import tempfile
@@ -250,117 +342,23 @@ class Checkpoint:
             >>> _ = trainer.run([1, 2]); _ = Checkpoint({"trainer": trainer}, folder).save_now(trainer)
             >>> Checkpoint.load_objects({"trainer": Engine(lambda e, b: b)}, folder + "/step_00000002").step
             2
+            >>> fresh = Engine(lambda e, b: b)
+            >>> Checkpoint.load_objects({"trainer": fresh}, {"epoch_length": 2, "iteration": 1, "max_epochs": 1})
+            >>> fresh.state.iteration
+            1
         """
         return load_objects(to_load, checkpoint)
-
-    def save_now(self, engine: Engine) -> CheckpointInfo:
-        """Save and wait until the checkpoint is on disk (retention applied); return it.
-
-        Examples:
-            >>> import tempfile
-            >>> from ember import Engine
-            >>> from ember.handlers import Checkpoint
-            >>> trainer = Engine(lambda e, b: b)
-            >>> _ = trainer.run([1, 2])
-            >>> Checkpoint({"trainer": trainer}, tempfile.mkdtemp()).save_now(trainer).step
-            2
-        """
-        self(engine)
-        self._wait()
-        if self.last_checkpoint is None:
-            raise RuntimeError(f"No checkpoint could be written to {self.store.root}.")
-        return self.last_checkpoint
-
-    def resume(self, reader: Any = None) -> CheckpointInfo | None:
-        """Restore everything in ``to_save`` from the latest valid checkpoint; ``None`` if there is none.
-
-        One call resumes a run exactly: the trainer's train state and counters, the data position, and every stateful
-        handler in ``to_save``. ``reader`` picks another checkpoint
-        ([`HighestCheckpointReader`][ember.handlers.HighestCheckpointReader], ...); it reads this handler's store by
-        default.
-
-        Examples:
-            >>> import tempfile
-            >>> from ember import Engine
-            >>> from ember.handlers import Checkpoint
-            >>> folder = tempfile.mkdtemp()
-            >>> trainer = Engine(lambda e, b: b)
-            >>> print(Checkpoint({"trainer": trainer}, folder).resume())  # first run: from scratch
-            None
-            >>> _ = trainer.run([1, 2, 3]); _ = Checkpoint({"trainer": trainer}, folder).save_now(trainer)
-            >>> again = Engine(lambda e, b: b)
-            >>> Checkpoint({"trainer": again}, folder).resume().step, again.state.iteration
-            (3, 3)
-        """
-        from ember.handlers._readers import CheckpointReader
-
-        reader = reader if reader is not None else CheckpointReader(self.store)
-        if not isinstance(reader, CheckpointReader):
-            raise TypeError(f"`reader` must be a CheckpointReader, got {type(reader).__name__}.")
-        info = reader.load(self.to_save)
-        if info is not None and info.path.parent == self.store.root:  # saving this step again amends it
-            trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
-            states = info.manifest.get("metadata", {}).get("state_dicts", {})
-            self._saved = _Saved.of(info.step, info.path.name, trees, states, dict(info.metrics))
-        return info
-
-    def latest_committed(self) -> CheckpointInfo | None:
-        """The newest checkpoint of this handler (named with its ``filename_prefix``) committed on disk, or ``None``.
-
-        Read from the store's folder: a background save counts once its write is finished, whichever run wrote it.
-        Damaged checkpoints are left out (without the warning a restore gives).
-
-        Examples:
-            >>> import tempfile
-            >>> from ember import Engine
-            >>> from ember.handlers import Checkpoint
-            >>> trainer = Engine(lambda e, b: b)
-            >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
-            >>> print(saver.latest_committed())
-            None
-            >>> _ = trainer.run([1, 2]); _ = saver.save_now(trainer)
-            >>> saver.latest_committed().step
-            2
-        """
-        mine = [c for c in self.store.checkpoints() if c.path.name.startswith(self._prefix)]
-        return mine[-1] if mine else None
-
-    def _wait(self) -> None:
-        """Wait for a background save (and its retention) to finish; it is then the last checkpoint."""
-        with self._failures():
-            self.last_checkpoint = self.store.wait() or self.last_checkpoint
-
-    def _prune(self) -> None:
-        """Apply the retention policies: after a foreground save, or on the writer thread after a background one."""
-        self.store.prune(
-            keep_latest=self._keep_latest,
-            keep_best=self._keep_best,
-            metric=self.score_name,
-            mode=self.mode,
-            keep_every=self.keep_every,
-            prefix=self._prefix,
-        )
-
-    def _check(self) -> None:  # every iteration: no context manager unless a write is in flight
-        if self.store.writing:
-            with self._failures():
-                self.store.raise_if_failed()
-
-    def _finish(self, engine: Engine) -> None:
-        if self.background and engine.outer_engine is None:
-            self._wait()
 
     def attach(
         self, engine: Engine, event: Events | FilteredEvent | EventsList = Events.EPOCH_COMPLETED
     ) -> RemovableEventHandle:
         """Save on ``event``; surface background errors each iteration; finish writing at COMPLETED.
 
-        With background writes, retention runs on the writer thread once each save is committed, so a
-        checkpoint is only deleted after its successor is safely on disk and the training thread waits for
-        neither; COMPLETED waits for the last save. Attached to an evaluator's COMPLETED, each save is
-        finished before the evaluator's run returns, unless that run was started from another engine's
-        handler (``Evaluate`` on a trainer): then the trainer goes on while the save is written, its iterations
-        surface a failed write, and its COMPLETED waits for the last one.
+        With background writes, a checkpoint retention no longer keeps is deleted on the writer thread once the new
+        one is committed, so the training thread waits for neither; COMPLETED waits for the last save. Attached to an
+        evaluator's COMPLETED, each save is finished before the evaluator's run returns, unless that run was started
+        from another engine's handler (``Evaluate`` on a trainer): then the trainer goes on while the save is written,
+        its iterations surface a failed write, and its COMPLETED waits for the last one.
 
         Examples:
             >>> import tempfile
@@ -371,72 +369,25 @@ class Checkpoint:
             >>> _ = saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
         """
         handle = engine.add_event_handler(event, self)
-        self._watch(engine)
+        if self.store is not None:
+            self._watch(engine)
         return handle
 
-    def _watch(self, engine: Engine) -> None:
-        """Surface background errors each iteration; finish writing at COMPLETED (after a save there)."""
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self._check)
-        engine.add_event_handler(Events.COMPLETED, self._finish)
 
-
-def _score(value: Any) -> float:
-    """A ``score_function``'s result as a float, or a ``TypeError`` saying what it returned."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float | np.number | np.ndarray | jax.Array)
-        or (np.ndim(value) != 0)
-    ):
-        raise TypeError(
-            f"`score_function` must return a number (a float, or a 0-d array), got {value!r} of type "
-            f"{type(value).__name__}."
-        )
-    return float(value)
-
-
-@dataclass
-class _Saved:
-    """A checkpoint a `Checkpoint` wrote (or resumed from): its step, name, states, metrics, and its arrays.
-
-    The arrays are held by weak reference (or, for Python scalars, by value): a train state is replaced, never
-    changed in place, so the same objects mean the same values, and nothing is kept alive for the comparison.
-    """
-
-    step: int
-    name: str
-    leaves: list[tuple[str, Any]]
-    states: dict[str, Any]
-    metrics: dict[str, float]
-
-    @classmethod
-    def of(
-        cls, step: int, name: str, trees: dict[str, Any], states: dict[str, Any], metrics: dict[str, float]
-    ) -> _Saved:
-        return cls(step, name, _references(trees), states, metrics)
-
-    def holds(self, trees: dict[str, Any]) -> bool:
-        """Whether ``trees`` are the very arrays this checkpoint holds."""
-        now = _flat(trees)
-        if [path for path, _ in now] != [path for path, _ in self.leaves]:
-            return False
-        for (_, ref), (_, leaf) in zip(self.leaves, now, strict=True):
-            if isinstance(ref, weakref.ref):
-                if ref() is not leaf:
-                    return False
-            elif type(ref) is not type(leaf) or ref != leaf:
-                return False
-        return True
-
-
-def _flat(trees: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [(f"{name}/{path}", leaf) for name, tree in sorted(trees.items()) for path, leaf in sorted(tree.items())]
-
-
-def _references(trees: dict[str, Any]) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for path, leaf in _flat(trees):
-        try:
-            out.append((path, weakref.ref(leaf)))
-        except TypeError:  # an int, a float, None: compared by value
-            out.append((path, leaf))
-    return out
+def _where(save_handler: Any) -> tuple[Any, CheckpointStore | None]:
+    """The handler as kept in ``save_handler``, and the store it writes to (``None`` for a user's handler)."""
+    if isinstance(save_handler, CheckpointStore):
+        return save_handler, save_handler
+    if isinstance(save_handler, DiskSaver):
+        return save_handler, save_handler.store
+    if isinstance(save_handler, str | os.PathLike):
+        saver = DiskSaver(save_handler, require_empty=False)
+        return saver, saver.store
+    if save_handler is None:
+        raise TypeError("`save_handler` is required: a folder, a CheckpointStore, a DiskSaver or a save handler.")
+    if callable(save_handler):
+        return save_handler, None
+    raise TypeError(
+        "`save_handler` must be a folder, a CheckpointStore, a DiskSaver, or a callable "
+        f"(checkpoint, filename, metadata) such as a BaseSaveHandler; got {type(save_handler).__name__}."
+    )

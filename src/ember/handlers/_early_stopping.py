@@ -115,18 +115,52 @@ class EarlyStopping:
         self.counter, self.best_score = 0, None
 
     def attach(
-        self, engine: Engine, event: Events | FilteredEvent | EventsList = Events.COMPLETED
+        self,
+        engine: Engine,
+        event: Events | FilteredEvent | EventsList = Events.COMPLETED,
+        reset_engine: Engine | None = None,
+        reset_event: Events | FilteredEvent | EventsList = Events.STARTED,
     ) -> RemovableEventHandle:
-        """Score on ``engine``'s ``event`` (an evaluator's COMPLETED by default).
+        """Score on ``engine``'s ``event``; reset the count on ``reset_engine``'s ``reset_event``.
+
+        Ignite 0.5.4's ``attach``, with ``reset_engine`` and ``reset_event``.
+
+        Two deliberate differences from Ignite (``docs/concepts/events.md`` lists them): ``reset_engine``
+        defaults to the ``trainer``, not to ``engine`` (Ignite's default resets at every evaluation when
+        ``engine`` is an evaluator, so its patience never runs out); and a STARTED that continues a run
+        (a resumed checkpoint, a second ``run()`` after ``terminate()``: iteration above 0) keeps the counter
+        and best score, so a restored patience is not thrown away. A new run from iteration 0 starts afresh.
+
+        Args:
+            engine: where the score is read, usually an evaluator.
+            event: ``engine``'s event to score on.
+            reset_engine: the engine whose ``reset_event`` resets the count; ``None``: the trainer.
+            reset_event: the event that resets it.
+
+        Returns:
+            The handle of the scoring handler.
 
         Examples:
-            >>> from ember import Engine
+            >>> from ember import Engine, Events
             >>> from ember.handlers import EarlyStopping
             >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
-            >>> stop = EarlyStopping(3, lambda e: e.state.output, trainer)
-            >>> handle = stop.attach(evaluator)
+            >>> stop = EarlyStopping(2, lambda e: -e.state.output, trainer)
+            >>> _ = stop.attach(evaluator)
+            >>> _ = trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: evaluator.run([1]))
+            >>> trainer.run([0], max_epochs=10).epoch
+            3
+            >>> trainer.state.max_epochs = None  # a new run, from iteration 0: the patience starts afresh
+            >>> trainer.run([0], max_epochs=10).epoch, stop.counter
+            (3, 2)
         """
-        return engine.add_event_handler(event, self)
+        handle = engine.add_event_handler(event, self)
+        (reset_engine or self.trainer).add_event_handler(reset_event, self._reset_on_start)
+        return handle
+
+    def _reset_on_start(self, engine: Engine) -> None:
+        if engine.last_event_name is Events.STARTED and engine.state.iteration > 0:
+            return  # a run continued (resumed): keep the patience it had
+        self.reset()
 
     def state_dict(self) -> dict[str, Any]:
         """The counter and best score.

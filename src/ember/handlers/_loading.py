@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import jax
+import numpy as np
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, open_store
 
@@ -24,13 +25,28 @@ def kind_of(name: str, obj: Any) -> str:
     )
 
 
+@overload
+def load_objects(
+    to_load: Mapping[str, Any], checkpoint: Mapping[str, Any], *, store: CheckpointStore | None = None
+) -> None: ...
+
+
+@overload
 def load_objects(
     to_load: Mapping[str, Any],
     checkpoint: CheckpointInfo | CheckpointStore | str | os.PathLike[str],
     *,
     store: CheckpointStore | None = None,
-) -> CheckpointInfo:
-    """Restore ``to_load`` in place from a checkpoint: one checkpoint's folder, or a store (its latest valid one).
+) -> CheckpointInfo: ...
+
+
+def load_objects(
+    to_load: Mapping[str, Any],
+    checkpoint: CheckpointInfo | CheckpointStore | Mapping[str, Any] | str | os.PathLike[str],
+    *,
+    store: CheckpointStore | None = None,
+) -> CheckpointInfo | None:
+    """Restore ``to_load`` in place from one checkpoint's folder, a store (its latest valid one), or a dict.
 
     Array trees are restored into their current shapes, dtypes and shardings without a second copy: once the
     checkpoint has passed its checks, the arrays it replaces are deleted (as the next training step's donation would),
@@ -40,6 +56,10 @@ def load_objects(
     are checked against the objects' current structure before anything is changed. A folder of orbax-written checkpoints
     is read through [`OrbaxStore`][ember.checkpoint.OrbaxStore]; ``store`` names the store a
     [`CheckpointInfo`][ember.checkpoint.CheckpointInfo] came from.
+
+    A dict is a checkpoint as a save handler of yours received it (Ignite's in-memory ``load_objects``): each
+    object's state dict by name, a trainer's as ``{"state_dict": ..., "tree_state_dict": {path: array}}``; with a
+    single object in ``to_load``, the dict may be that object's state itself. ``None`` is returned for it.
 
     Examples:
         >>> import tempfile
@@ -53,6 +73,9 @@ def load_objects(
         (3, 3)
     """
     kinds = {name: kind_of(name, obj) for name, obj in to_load.items()}
+    if isinstance(checkpoint, Mapping):
+        _load_from_dict(to_load, checkpoint, kinds)
+        return None
     if isinstance(checkpoint, str | os.PathLike) and (Path(checkpoint) / "manifest.json").is_file():
         checkpoint = _one_checkpoint(Path(checkpoint), store)  # Ignite's --resume_from: one checkpoint's folder
     if isinstance(checkpoint, CheckpointInfo):
@@ -96,6 +119,46 @@ def load_objects(
         if kinds[name] == "tree":
             obj.load_tree_state_dict(trees[name])
     return info
+
+
+def _load_from_dict(to_load: Mapping[str, Any], checkpoint: Mapping[str, Any], kinds: dict[str, str]) -> None:
+    """Restore from a checkpoint dict, every entry checked before any object changes."""
+    if len(to_load) == 1 and next(iter(to_load)) not in checkpoint:
+        checkpoint = {next(iter(to_load)): checkpoint}  # a single object's state, as Ignite saves it
+    missing = sorted(set(to_load) - set(checkpoint))
+    if missing:
+        raise KeyError(f"The checkpoint holds no state for {missing}; it holds {sorted(checkpoint)}.")
+    for name, obj in to_load.items():
+        entry = checkpoint[name]
+        if kinds[name] == "tree":
+            needed = ["tree_state_dict"] + (["state_dict"] if callable(getattr(obj, "load_state_dict", None)) else [])
+            if not isinstance(entry, Mapping) or any(k not in entry for k in needed):
+                got = sorted(entry) if isinstance(entry, Mapping) else type(entry).__name__
+                raise ValueError(f"`checkpoint[{name!r}]` must hold {needed} (a trainer's entry); it holds {got}.")
+            _check_fits(name, entry["tree_state_dict"], obj.tree_state_dict())
+    for name, obj in to_load.items():
+        entry = checkpoint[name]
+        if kinds[name] == "tree":
+            if callable(getattr(obj, "load_state_dict", None)):
+                obj.load_state_dict(entry["state_dict"])
+            obj.load_tree_state_dict(dict(entry["tree_state_dict"]))
+        else:
+            obj.load_state_dict(entry)
+
+
+def _check_fits(name: str, saved: Mapping[str, Any], live: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming every path, shape and dtype where ``saved`` differs from ``live``."""
+    problems = [f"missing: {p}" for p in sorted(set(live) - set(saved))]
+    problems += [f"not in {name}: {p}" for p in sorted(set(saved) - set(live))]
+    for path in sorted(set(saved) & set(live)):
+        want, got = live[path], saved[path]
+        if hasattr(want, "shape") and (np.shape(got) != tuple(want.shape) or np.result_type(got) != want.dtype):
+            problems.append(
+                f"{path}: the checkpoint has {np.result_type(got)}{list(np.shape(got))}, "
+                f"{name} {np.dtype(want.dtype)}{list(want.shape)}"
+            )
+    if problems:
+        raise ValueError(f"`checkpoint[{name!r}]['tree_state_dict']` does not fit {name}: " + "; ".join(problems[:20]))
 
 
 def abstract(tree: dict[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,10 @@ class ModelCheckpoint(Checkpoint):
         require_empty: refuse a folder that already holds checkpoints.
         create_dir: create the folder if it is missing.
         global_step_transform: as [`Checkpoint`][ember.handlers.Checkpoint]'s.
+        filename_pattern: as [`Checkpoint`][ember.handlers.Checkpoint]'s.
+        include_self: as [`Checkpoint`][ember.handlers.Checkpoint]'s.
+        greater_or_equal: as [`Checkpoint`][ember.handlers.Checkpoint]'s.
+        save_on_rank: as [`Checkpoint`][ember.handlers.Checkpoint]'s.
 
     Examples:
         >>> import tempfile
@@ -55,6 +59,10 @@ class ModelCheckpoint(Checkpoint):
         require_empty: bool = True,
         create_dir: bool = True,
         global_step_transform: Callable[[Engine, Any], int] | None = None,
+        filename_pattern: str | None = None,
+        include_self: bool = False,
+        greater_or_equal: bool = False,
+        save_on_rank: int = 0,
     ) -> None:
         saver = DiskSaver(dirname, atomic=atomic, create_dir=create_dir, require_empty=require_empty)
         placeholder = {"_": _Nothing()}  # what to save arrives with each call
@@ -66,6 +74,10 @@ class ModelCheckpoint(Checkpoint):
             score_name,
             n_saved,
             global_step_transform,
+            filename_pattern,
+            include_self,
+            greater_or_equal,
+            save_on_rank,
             background=False,
         )
 
@@ -79,6 +91,10 @@ class ModelCheckpoint(Checkpoint):
         if to_save is not self.to_save:
             if not isinstance(to_save, Mapping) or not to_save:
                 raise TypeError(f"`to_save` must be a non-empty mapping of names to objects, got {to_save!r}.")
+            if self.include_self and "checkpointer" in to_save:
+                raise ValueError(
+                    "`to_save` has the key 'checkpointer', which `include_self=True` saves this handler under."
+                )
             self.to_save, self._kinds = dict(to_save), {name: kind_of(name, obj) for name, obj in to_save.items()}
         super().__call__(engine)
 

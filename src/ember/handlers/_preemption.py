@@ -60,6 +60,12 @@ class Preemption:
     ) -> None:
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"`checkpoint` must be an ember.handlers.Checkpoint, got {type(checkpoint).__name__}.")
+        if checkpoint.store is None:
+            raise TypeError(
+                "`checkpoint` must write into one of ember's stores (a folder, a CheckpointStore, a DiskSaver): "
+                "Preemption waits until the checkpoint is committed before the run stops, which a save_handler of "
+                "your own cannot tell it."
+            )
         if isinstance(signals, int) or not signals:
             raise TypeError(f"`signals` must be a non-empty sequence of signal numbers, got {signals!r}.")
         self.checkpoint, self.signals = checkpoint, tuple(signals)

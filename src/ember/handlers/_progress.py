@@ -30,6 +30,8 @@ class ProgressBar:
         refresh_every: iterations between refreshes.
         persist: keep each epoch's finished bar on screen.
         epoch_bar: also draw a bar over the epochs.
+        iteration_bar: draw the bar over each epoch's iterations (``False`` leaves the epoch bar alone, Ignite's
+            ``with_pbar_on_iters=False``).
         stream: where to draw (standard error by default).
         desc: the label in front of the bar (``"Epoch"`` by default).
         tqdm_kwargs: passed to ``tqdm.tqdm`` (``ncols``, ``ascii``, ...).
@@ -55,6 +57,7 @@ class ProgressBar:
         *,
         persist: bool = False,
         epoch_bar: bool = False,
+        iteration_bar: bool = True,
         stream: TextIO | None = None,
         desc: str = "Epoch",
         **tqdm_kwargs: Any,
@@ -65,7 +68,10 @@ class ProgressBar:
             import tqdm  # noqa: F401  # pyright: ignore[reportUnusedImport]
         except ImportError as e:  # pragma: no cover - tqdm comes with the progress extra
             raise ImportError("ProgressBar needs tqdm: pip install 'ember[progress]'.") from e
+        if not (epoch_bar or iteration_bar):
+            raise ValueError("ProgressBar(epoch_bar=False, iteration_bar=False) draws nothing; keep one of them.")
         self.refresh_every, self.persist, self.epoch_bar = refresh_every, persist, epoch_bar
+        self.iteration_bar = iteration_bar
         self.stream, self.desc, self.tqdm_kwargs = stream, desc, tqdm_kwargs
         self._bar: Any = None
         self._epochs: Any = None
@@ -96,7 +102,11 @@ class ProgressBar:
 
     def _started(self, engine: Engine) -> None:
         if self.epoch_bar:
-            self._epochs = self._new_bar(engine.state.max_epochs, "Epochs", leave=True)
+            st = engine.state
+            total = st.max_epochs
+            if total is None and st.max_iters is not None and st.epoch_length:  # a max_iters run: its epochs
+                total = -(-st.max_iters // st.epoch_length)
+            self._epochs = self._new_bar(total, "Epochs", leave=True)
             self._epochs.update(engine.state.epoch)
 
     def _epoch_started(self, engine: Engine) -> None:
@@ -127,18 +137,16 @@ class ProgressBar:
         self._shown = done
 
     def _epoch_completed(self, engine: Engine) -> None:
-        if self._bar is None:
-            return
-        self._advance(engine)
-        # The epoch's metrics are host numbers by now; outputs are the last ones fetched (the engine clears
-        # state.output when it finds the end of data of unknown length, as Ignite does).
-        has_output = engine.state.output is not None
-        now = pick(engine, self._names, self._keys if has_output else (), output_transform=self._transform)
-        shown = {**self._fetched, **now}
-        if shown:
-            self._bar.set_postfix(_postfix(shown), refresh=False)
-        self._close(self._bar)
-        self._bar, self._fetched = None, {}
+        if self._bar is not None:
+            self._advance(engine)
+            # The epoch's metrics are host numbers by now; the output is the epoch's last one.
+            has_output = engine.state.output is not None
+            now = pick(engine, self._names, self._keys if has_output else (), output_transform=self._transform)
+            shown = {**self._fetched, **now}
+            if shown:
+                self._bar.set_postfix(_postfix(shown), refresh=False)
+            self._close(self._bar)
+            self._bar, self._fetched = None, {}
         if self._epochs is not None:
             self._epochs.update(1)
 
@@ -170,7 +178,8 @@ class ProgressBar:
         if not is_primary_process():
             return
         engine.add_event_handler(Events.STARTED, self._started)
-        engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
-        engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.refresh_every), self._refresh)
+        if self.iteration_bar:
+            engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
+            engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.refresh_every), self._refresh)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
         engine.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED | Events.TERMINATE, self._completed)

@@ -29,7 +29,7 @@ class DiskSaver:
         >>> from ember.handlers import Checkpoint, DiskSaver
         >>> trainer = Engine(lambda e, b: b)
         >>> saver = Checkpoint({"trainer": trainer}, DiskSaver(tempfile.mkdtemp()), "mnist", n_saved=2)
-        >>> _ = trainer.run([1, 2]); saver(trainer); saver.last_checkpoint.path.name
+        >>> _ = trainer.run([1, 2]); saver(trainer); saver.last_checkpoint.name
         'mnist_step_00000002'
     """
 
@@ -42,7 +42,7 @@ class DiskSaver:
             )
         folder = os.fspath(dirname)
         if not create_dir and not os.path.isdir(folder):
-            raise FileNotFoundError(f"`dirname` {folder!r} does not exist, and create_dir=False.")
+            raise ValueError(f"`dirname` {folder!r} does not exist, and create_dir=False.")
         self.store = CheckpointStore(folder)
         if require_empty and self.store.checkpoints():
             names = ", ".join(c.path.name for c in self.store.checkpoints()[:3])

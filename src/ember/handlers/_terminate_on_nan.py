@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ember.engine import Engine, Events, RemovableEventHandle
 from ember.errors import NonFiniteError
@@ -17,11 +19,14 @@ log = logging.getLogger("ember")
 
 
 @jax.jit
-def _all_finite(tree: Any) -> jax.Array:
-    leaves = [
-        jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-    ]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+def _all_finite(leaves: list[Any]) -> jax.Array:
+    flags = [jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.array(True)
+
+
+def _numeric_leaves(tree: Any) -> list[Any]:
+    """The leaves of ``tree`` that are numbers or arrays; others (a string, a name) are skipped, as Ignite does."""
+    return [x for x in jax.tree.leaves(tree) if isinstance(x, numbers.Number | jax.Array | np.ndarray | np.generic)]
 
 
 class TerminateOnNan:
@@ -35,7 +40,8 @@ class TerminateOnNan:
     where the value went bad.
 
     Args:
-        output_transform: picks what to check from the output (everything by default; float leaves only).
+        output_transform: picks what to check from the output (everything by default; float leaves only:
+            integers, booleans and non-numeric parts such as strings are skipped).
         action: ``"terminate"`` (Ignite's behaviour) or ``"raise"``.
 
     Examples:
@@ -66,7 +72,10 @@ class TerminateOnNan:
     def __call__(self, engine: Engine) -> None:
         """Compute this iteration's flag; act on the previous one."""
         self._act(
-            engine, self._late.push(engine.state.iteration, _all_finite(self.output_transform(engine.state.output)))
+            engine,
+            self._late.push(
+                engine.state.iteration, _all_finite(_numeric_leaves(self.output_transform(engine.state.output)))
+            ),
         )
 
     def _act(self, engine: Engine, read: tuple[int, Any] | None) -> None:

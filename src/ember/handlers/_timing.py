@@ -144,8 +144,12 @@ class TimeLimit:
         seconds: float | None = None,
     ) -> None:
         limit_sec = renamed("TimeLimit", "seconds", seconds, "limit_sec", limit_sec)
-        if isinstance(limit_sec, bool) or not isinstance(limit_sec, int | float) or limit_sec <= 0:
-            raise ValueError(f"`limit_sec` must be a positive number, got {limit_sec!r}.")
+        if isinstance(limit_sec, bool) or not isinstance(limit_sec, int | float):
+            raise TypeError(
+                f"`limit_sec` must be a positive number of seconds, got {type(limit_sec).__name__} {limit_sec!r}."
+            )
+        if limit_sec <= 0:
+            raise ValueError(f"`limit_sec` must be a positive number of seconds, got {limit_sec!r}.")
         self.check_every = positive_or_none("check_every", check_every)
         self.limit_sec, self._clock = float(limit_sec), clock
         self._start = clock()

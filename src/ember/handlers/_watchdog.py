@@ -77,6 +77,11 @@ class ProcessWatchdog:
             raise TypeError(
                 f"`checkpoint` must be an ember.handlers.Checkpoint or None, got {type(checkpoint).__name__}."
             )
+        if checkpoint is not None and checkpoint.store is None:
+            raise TypeError(
+                "`checkpoint` must write into one of ember's stores (a folder, a CheckpointStore, a DiskSaver): the "
+                "watchdog names the newest checkpoint committed there."
+            )
         if isinstance(poll_every, bool) or not isinstance(poll_every, int | float) or poll_every <= 0:
             raise ValueError(f"`poll_every` must be a positive number of seconds, got {poll_every!r}.")
         if isinstance(confirm_within, bool) or not isinstance(confirm_within, int | float) or confirm_within < 0:
@@ -119,7 +124,7 @@ class ProcessWatchdog:
 
     def _committed(self) -> Any:
         """The newest checkpoint on disk, once a save in flight has had ``SAVE_GRACE`` seconds to land."""
-        if self.checkpoint is None:
+        if self.checkpoint is None or self.checkpoint.store is None:
             return None
         with contextlib.suppress(Exception):  # a save that needs the lost process never finishes; one that fails, fails
             self.checkpoint.store.wait(timeout=SAVE_GRACE)

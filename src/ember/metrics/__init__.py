@@ -18,8 +18,13 @@ from ember.metrics._usage import (
     RUNNING_BATCH_WISE,
     RUNNING_EPOCH_WISE,
     SINGLE_EPOCH_RUNNING_BATCH_WISE,
-    USAGES,
+    BatchFiltered,
+    BatchWise,
+    EpochWise,
     MetricUsage,
+    RunningBatchWise,
+    RunningEpochWise,
+    SingleEpochRunningBatchWise,
 )
 
 __all__ = [
@@ -31,8 +36,11 @@ __all__ = [
     "Accuracy",
     "AttachedMetric",
     "Average",
+    "BatchFiltered",
+    "BatchWise",
     "Collect",
     "ConfusionMatrix",
+    "EpochWise",
     "Fbeta",
     "IoU",
     "Last",
@@ -51,6 +59,9 @@ __all__ = [
     "RocAuc",
     "RootMeanSquaredError",
     "RunningAverage",
+    "RunningBatchWise",
+    "RunningEpochWise",
+    "SingleEpochRunningBatchWise",
     "Std",
     "Sum",
     "TopKAccuracy",
@@ -63,10 +74,8 @@ def __getattr__(name: str) -> MetricUsage:
     old = {"RUNNING": "running", "SINGLE_EPOCH_RUNNING": "single_epoch_running"}.get(name)
     if old is None:
         raise AttributeError(f"module 'ember.metrics' has no attribute {name!r}")
-    new = RENAMED[old]
+    usage, now = RENAMED[old]
     warnings.warn(
-        f"ember.metrics.{name} is deprecated and goes in the next release: use {new.upper()} (Ignite's name).",
-        DeprecationWarning,
-        stacklevel=2,
+        f"ember.metrics.{name} is deprecated and goes in the next release: use {now}.", DeprecationWarning, stacklevel=2
     )
-    return USAGES[new]
+    return usage

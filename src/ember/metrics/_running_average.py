@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
-from ember.engine import Engine
+from ember.engine import Engine, Events
 from ember.metrics._composite import AttachedMetric
 from ember.metrics._metric import Metric
-from ember.metrics._usage import RUNNING_BATCH_WISE
+from ember.metrics._usage import EPOCH_WISE, RUNNING_BATCH_WISE, SINGLE_EPOCH_RUNNING_BATCH_WISE, resolve_usage
 
 
 class RunningAverage(Metric):
@@ -22,10 +26,18 @@ class RunningAverage(Metric):
     [`compute`][ember.metrics.Metric.compute] returns a float. In a multi-process run the published value is this
     process's (no collective per step) and [`compute`][ember.metrics.Metric.compute] is the mean over processes.
 
+    Attached with [`RunningEpochWise`][ember.metrics.RunningEpochWise] (Ignite's), the average is taken over epochs
+    instead: ``src`` accumulates over each epoch and its epoch value joins the average at EPOCH_COMPLETED (an output's
+    value is the epoch's last).
+
     Args:
         src: a metric whose per-batch value is averaged; or ``None`` to average an output.
         alpha: the weight of the past, in ``(0, 1)``.
         output_transform: with ``src=None``, picks the value from the output (e.g. ``lambda o: o["loss"]``).
+        epoch_bound: deprecated (Ignite's, which warns): ``True`` attaches with
+            [`SingleEpochRunningBatchWise`][ember.metrics.SingleEpochRunningBatchWise] (the average restarts each
+            epoch), ``False`` with [`RunningBatchWise`][ember.metrics.RunningBatchWise], whatever usage ``attach`` is
+            given; pass the usage to ``attach`` instead.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -45,6 +57,7 @@ class RunningAverage(Metric):
         *,
         alpha: float = 0.98,
         output_transform: Callable[[Any], Any] | None = None,
+        epoch_bound: bool | None = None,
     ) -> None:
         if (src is None) == (output_transform is None):
             raise ValueError("RunningAverage takes exactly one of `src` (a metric) and `output_transform`.")
@@ -52,8 +65,18 @@ class RunningAverage(Metric):
             raise TypeError(f"`src` must be a Metric, got {type(src).__name__}.")
         if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
             raise ValueError(f"`alpha` must be a number in (0, 1), got {alpha!r}.")
+        if epoch_bound is not None:
+            warnings.warn(
+                "`epoch_bound` is deprecated and will be removed in the future. Consider using `usage` argument of "
+                "`attach` method instead. `epoch_bound=True` is equivalent with `usage=SingleEpochRunningBatchWise()` "
+                "and `epoch_bound=False` is equivalent with `usage=RunningBatchWise()`.",
+                UserWarning,
+                stacklevel=2,
+            )
         self.src = src
         self.alpha = float(alpha)
+        self.epoch_bound = epoch_bound
+        self._over_epochs: weakref.WeakSet[Engine] = weakref.WeakSet()  # engines where src joins once per epoch
         super().__init__(output_transform, mask_key=None)
 
     def arguments(self, output: Any) -> tuple[tuple[Any, ...], Any]:
@@ -70,8 +93,10 @@ class RunningAverage(Metric):
         return jnp.asarray(value, jnp.float32)
 
     def _merge_batch(self, state: Any, args: tuple[Any, ...], mask: Any) -> Any:
+        return self._fold(state, self.batch_state(*args, mask=mask))
+
+    def _fold(self, state: Any, value: Any) -> Any:
         avg, started = state
-        value = self.batch_state(*args, mask=mask)
         return (jnp.where(started > 0, self.alpha * avg + (1 - self.alpha) * value, value), jnp.ones((), jnp.float32))
 
     def finalize(self, state: Any) -> Any:
@@ -91,6 +116,10 @@ class RunningAverage(Metric):
     def attach(self, engine: Engine, name: str, usage: Any = RUNNING_BATCH_WISE) -> AttachedMetric:
         """Attach; by default reset at STARTED and publish the device value every iteration.
 
+        With [`RunningEpochWise`][ember.metrics.RunningEpochWise] and a ``src`` metric, ``src`` is attached to
+        accumulate each epoch (as [`EpochWise`][ember.metrics.EpochWise]) and its epoch value joins the average at
+        EPOCH_COMPLETED.
+
         Examples:
             >>> import jax.numpy as jnp
             >>> from ember import Engine
@@ -100,7 +129,41 @@ class RunningAverage(Metric):
             >>> round(float(engine.run([0.0, 1.0]).metrics["loss"]), 4)
             0.02
         """
+        if self.epoch_bound is not None:
+            usage = SINGLE_EPOCH_RUNNING_BATCH_WISE if self.epoch_bound else RUNNING_BATCH_WISE
+        usage = resolve_usage(usage)
+        if self.src is not None and usage.update is Events.EPOCH_COMPLETED and engine not in self._over_epochs:
+            self.src._attach_internal(engine, EPOCH_WISE, f"{name}:src")
+            self._over_epochs.add(engine)
         return super().attach(engine, name, usage)
+
+    def _updated(self, engine: Engine) -> None:
+        if self.src is None or engine not in self._over_epochs:
+            super()._updated(engine)
+            return
+        if not self.src._updates:
+            return  # an epoch without a batch adds nothing
+        self.set_state(self._fold_fn(self._state, self.src.finalize(self.src.global_state())))
+
+    @functools.cached_property
+    def _fold_fn(self) -> Callable[[Any, Any], Any]:
+        return jax.jit(lambda state, value: self._fold(state, jnp.asarray(value, jnp.float32)))
+
+    def detach(self, engine: Engine, name: str | None = None) -> None:
+        """As [`Metric.detach`][ember.metrics.Metric.detach]; a ``src`` attached for epochs is released with it.
+
+        Examples:
+            >>> from ember import Engine
+            >>> from ember.metrics import Accuracy, RunningAverage, RunningEpochWise
+            >>> engine, avg = Engine(lambda e, b: b), RunningAverage(Accuracy())
+            >>> _ = avg.attach(engine, "acc", usage=RunningEpochWise()); avg.detach(engine)
+            >>> avg.src.is_attached(engine)
+            False
+        """
+        super().detach(engine, name)
+        if self.src is not None and engine in self._over_epochs and not self.is_attached(engine):
+            self._over_epochs.discard(engine)
+            self.src._release_internal(engine)
 
     def _completed(self, engine: Engine, att: Any) -> None:
         if not att.names:

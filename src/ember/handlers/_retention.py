@@ -1,0 +1,213 @@
+"""`Ledger`: which checkpoints a `Checkpoint` handler keeps, decided before anything is written (Ignite's rule).
+
+Ignite keeps a list of ``(priority, filename)`` items sorted by priority (the score, else the global step;
+ties in the order they were saved). A new checkpoint is saved only while fewer than ``n_saved`` are kept
+or when its priority beats the lowest (``>`` it, or ``>=`` with ``greater_or_equal``); the lowest then
+goes. The ledger keeps that list for ember's stores and for users' save handlers alike, and adds ember's
+policies on top: ``keep_every`` pins checkpoints whose step is a multiple (never removed, still counted
+among the kept), and the deprecated ``keep_latest``/``keep_best`` pair keeps the union of the newest and
+the best.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+
+class Item(NamedTuple):
+    """One kept checkpoint as Ignite records it: its ``priority`` (higher is better) and its ``filename``."""
+
+    priority: float
+    filename: str
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One kept checkpoint: its name, step, priority, and when it was saved (``order``, older first)."""
+
+    filename: str
+    step: int
+    priority: float
+    order: int
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Keep the ``count`` highest of ``key`` (``None``: all)."""
+
+    count: int | None
+    key: Callable[[Entry], float]
+
+
+class Ledger:
+    """The checkpoints one handler keeps, and the decisions Ignite's ``Checkpoint`` makes about a new one.
+
+    Args:
+        rankings: the kept checkpoints are the top of any ranking (an empty list keeps everything).
+        pinned: checkpoints never removed (``keep_every``), though they count among the kept.
+        greater_or_equal: a new checkpoint whose key equals the lowest kept one's is saved (and the older
+            one goes); by default it is not, as in Ignite.
+
+    Examples:
+        >>> from ember.handlers._retention import Ledger
+        >>> ledger = Ledger.for_checkpoint(n_saved=2, mode="max")
+        >>> for step, score in ((1, 0.5), (2, 0.9), (3, 0.7), (4, 0.6)):
+        ...     if ledger.admits(step, score):
+        ...         removed = ledger.add(f"step_{step}", step, score)
+        ...         print(step, "saved, removes", [e.filename for e in removed])
+        ...     else:
+        ...         print(step, "not saved")
+        1 saved, removes []
+        2 saved, removes []
+        3 saved, removes ['step_1']
+        4 not saved
+        >>> ledger.saved()
+        [Item(priority=0.7, filename='step_3'), Item(priority=0.9, filename='step_2')]
+    """
+
+    def __init__(
+        self, rankings: Sequence[Ranking], pinned: Callable[[int], bool], *, greater_or_equal: bool = False
+    ) -> None:
+        self.rankings = list(rankings)
+        self.pinned = pinned
+        self.greater_or_equal = greater_or_equal
+        self.entries: list[Entry] = []
+        self._order = 0
+
+    @classmethod
+    def for_checkpoint(
+        cls,
+        *,
+        n_saved: int | None,
+        mode: Literal["min", "max"],
+        keep_every: int | None = None,
+        greater_or_equal: bool = False,
+        latest_and_best: tuple[int | None, int | None] | None = None,
+    ) -> Ledger:
+        """The ledger of a ``Checkpoint``: ``n_saved`` by priority, or the deprecated (latest, best) pair."""
+        sign = 1.0 if mode == "max" else -1.0
+
+        def by_priority(e: Entry) -> float:
+            return sign * e.priority
+
+        def by_step(e: Entry) -> float:
+            return e.step
+
+        if latest_and_best is not None:
+            latest, best = latest_and_best
+            rankings = [Ranking(n, key) for n, key in ((latest, by_step), (best, by_priority)) if n is not None]
+        else:
+            rankings = [Ranking(n_saved, by_priority)]
+
+        def pinned(step: int) -> bool:
+            return keep_every is not None and step % keep_every == 0
+
+        return cls(rankings, pinned, greater_or_equal=greater_or_equal)
+
+    def _top(self, ranking: Ranking, entries: list[Entry]) -> list[Entry]:
+        if ranking.count is None:
+            return entries
+        ordered = sorted(entries, key=lambda e: (ranking.key(e), e.order))
+        return ordered[-ranking.count :]
+
+    def admits(self, step: int, priority: float, *, replacing: str | None = None) -> bool:
+        """Whether a checkpoint of ``step`` and ``priority`` is saved: pinned, or among the top of a ranking.
+
+        A new checkpoint ties below the kept ones unless ``greater_or_equal`` (Ignite's ``>`` against ``>=``).
+        ``replacing`` names a kept checkpoint the new one takes the place of (the same step saved again): it
+        does not compete.
+        """
+        if not self.rankings or self.pinned(step):
+            return True
+        order = self._order if self.greater_or_equal else -1
+        new = Entry("", step, priority, order)
+        others = [e for e in self.entries if e.filename != replacing]
+        return any(new in self._top(r, [*others, new]) for r in self.rankings)
+
+    def forget(self, filename: str) -> None:
+        """Drop a kept checkpoint from the record (it was replaced), without returning it for removal."""
+        self.entries = [e for e in self.entries if e.filename != filename]
+
+    def add(self, filename: str, step: int, priority: float) -> list[Entry]:
+        """Record a saved checkpoint; return the kept ones it pushes out (one of the same name is just replaced)."""
+        self.entries = [e for e in self.entries if e.filename != filename]
+        self.entries.append(Entry(filename, step, priority, self._order))
+        self._order += 1
+        if not self.rankings:
+            return []
+        kept: set[str] = {e.filename for e in self.entries if self.pinned(e.step)}
+        for r in self.rankings:
+            kept |= {e.filename for e in self._top(r, self.entries)}
+        removed = [e for e in self.entries if e.filename not in kept]
+        self.entries = [e for e in self.entries if e.filename in kept]
+        return removed
+
+    def seed(self, found: Sequence[tuple[str, int, float]]) -> None:
+        """Start from checkpoints found on disk (``(filename, step, priority)``, oldest first), without removing any."""
+        for filename, step, priority in found:
+            self.entries.append(Entry(filename, step, priority, self._order))
+            self._order += 1
+
+    def saved(self) -> list[Item]:
+        """The kept checkpoints as Ignite lists them: lowest priority first, ties oldest first."""
+        return [Item(e.priority, e.filename) for e in sorted(self.entries, key=lambda e: (e.priority, e.order))]
+
+    def best(self) -> Entry | None:
+        """The checkpoint Ignite's ``last_checkpoint`` names: the highest priority, the newest among ties."""
+        if not self.entries:
+            return None
+        key = self.rankings[-1].key if self.rankings else (lambda e: e.priority)
+        return max(self.entries, key=lambda e: (key(e), e.order))
+
+    def snapshot(self) -> tuple[list[Entry], int]:
+        """What `restore` puts back: a save that failed leaves the ledger as it was."""
+        return list(self.entries), self._order
+
+    def restore(self, snapshot: tuple[list[Entry], int]) -> None:
+        """Put back a `snapshot`."""
+        self.entries, self._order = list(snapshot[0]), snapshot[1]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Ignite's ``Checkpoint.state_dict()``: ``{"_saved": [(priority, filename), ...]}``, and the steps.
+
+        Examples:
+            >>> from ember.handlers._retention import Ledger
+            >>> ledger = Ledger.for_checkpoint(n_saved=None, mode="max")
+            >>> _ = ledger.add("step_4", 4, 4)
+            >>> ledger.state_dict()
+            {'_saved': [(4, 'step_4')], 'steps': [4]}
+        """
+        entries = sorted(self.entries, key=lambda e: (e.priority, e.order))
+        return {"_saved": [(e.priority, e.filename) for e in entries], "steps": [e.step for e in entries]}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take Ignite's ``{"_saved": [(priority, filename), ...]}`` (ember's adds ``"steps"``)."""
+        if not isinstance(state_dict, Mapping) or "_saved" not in state_dict:
+            raise ValueError(f"A Checkpoint's state_dict must hold '_saved'; got {state_dict!r}.")
+        saved = [tuple(item) for item in state_dict["_saved"]]
+        steps = list(state_dict.get("steps", [_as_step(p) for p, _ in saved]))
+        if len(steps) != len(saved):
+            raise ValueError(f"A Checkpoint's state_dict lists {len(saved)} checkpoints but {len(steps)} steps.")
+        self.entries, self._order = [], 0
+        self.seed([(str(f), int(s), p) for (p, f), s in zip(saved, steps, strict=True)])
+
+
+def _as_step(priority: Any) -> int:
+    """Ignite's state_dict has no steps: an integral priority was one (unscored); else no step is known (-1)."""
+    return int(priority) if isinstance(priority, int) or (isinstance(priority, float) and priority.is_integer()) else -1
+
+
+def priority_text(priority: float) -> str:
+    """A priority as Ignite writes it in a file name: an integer as is, anything else with 4 decimals.
+
+    Examples:
+        >>> from ember.handlers._retention import priority_text
+        >>> priority_text(400), priority_text(0.97312), priority_text(float("inf"))
+        ('400', '0.9731', 'inf')
+    """
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        return f"{priority}"
+    return f"{priority:.4f}" if math.isfinite(priority) else f"{priority}"
