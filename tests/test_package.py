@@ -57,9 +57,10 @@ def test_public_exceptions_live_in_errors_and_subclass_their_builtins():
     }
 
 
-# What each layer may import (docs: ../shared/DESIGN.md, "Layers"); ember.errors and ember._version import
-# nothing and are open to all; ember._multiprocess (what processes decide together) imports nothing of ember and is
-# open to all but the engine, which knows nothing of JAX.
+# What each layer may import (docs: ../shared/DESIGN.md, "Layers"). ember.errors, ember._version and ember._extras
+# (an optional feature's import, and the error naming its extra) import nothing of ember and are open to all;
+# ember._multiprocess (what processes decide together) imports nothing of ember and is open to all but the engine,
+# which knows nothing of JAX.
 ALLOWED = {
     "engine": set(),
     "data": set(),
@@ -82,5 +83,37 @@ def test_each_layer_imports_only_the_layers_below_it():
     for layer in ALLOWED:
         text = "\n".join(p.read_text() for p in (root / layer).rglob("*.py"))
         used = set(re.findall(r"^\s*(?:from|import) ember(?:\.([a-z_]+))?", text, flags=re.M))
-        found[layer] = used - {layer, "errors", "_version", "_multiprocess" if layer != "engine" else ""}
+        open_to_all = {"errors", "_version", "_extras"}
+        found[layer] = used - {layer, *open_to_all, "_multiprocess" if layer != "engine" else ""}
     assert found == {layer: allowed & found[layer] for layer, allowed in ALLOWED.items()}
+
+
+def test_every_missing_extra_names_itself_and_the_command_for_a_clone(monkeypatch):
+    """A feature without its package says which extra brings it and how to install it from a clone of ember."""
+    import re
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    import pytest
+
+    from ember.handlers import ProgressBar
+
+    root = Path(ember.__file__).parents[2]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("grain") for dep in extras["cli"])  # every data source the CLI documents
+    sources = {p: p.read_text() for p in [*(root / "src").rglob("*.py"), *(root / "docs").rglob("*.md")]}
+    named = set()
+    for path, text in sources.items():
+        assert "pip install 'ember[" not in text, path  # ember is not on PyPI: that is someone else's package
+        named |= set(re.findall(r'missing\("[^"]+", "[^"]+", "(\w+)"\)', text))
+        named |= set(re.findall(r'extra="(\w+)"\)', text))
+    assert named - {"air", "cli", "progress"}, named  # found beyond the examples named here
+    assert named <= set(extras) | {"air"}, named  # "air": the doctest's made-up extra
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if tqdm were not installed
+    with pytest.raises(ImportError) as info:
+        ProgressBar()
+    assert str(info.value) == (
+        'ProgressBar needs tqdm, which ember\'s `progress` extra brings: pip install -e ".[progress]" in your clone '
+        "of ember (ember is not on PyPI)."
+    )

@@ -139,7 +139,34 @@ def test_a_model_module_beside_the_config_is_importable(tmp_path, monkeypatch):
     )
     monkeypatch.chdir(ROOT)  # not the config's folder
     monkeypatch.setattr(sys, "path", list(sys.path))
-    assert train(config, stream=io.StringIO())["iterations"] == 22
+    assert main(["train", str(config)]) == 0  # as a user runs it: the parsed config keeps its folder
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["iterations"] == 22
+
+
+def test_a_run_that_cannot_be_built_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
+    """A model module that is not there: one line, status 2, and no run folder (nor its config.yaml) left behind."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model:\n  name: 'nosuchmodels:Net'\noutput: {tmp_path / 'run'}\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err == "ember: error: model.name: cannot import 'nosuchmodels:Net' (No module named 'nosuchmodels').\n"
+    assert not (tmp_path / "run").exists()
+
+
+def test_labels_past_the_models_classes_are_refused_before_training(tmp_path, capsys):
+    """y.npy with 20 classes and the built-in mlp (10 outputs) trained to NaN; now: one line naming the fix."""
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.normal(size=(100, 8, 8, 1)).astype(np.float32))
+    np.save(tmp_path / "y.npy", np.arange(100, dtype=np.int32) % 20)
+    args = ["train", f"data.path={tmp_path}", "data.name=npy", "model.name=mlp", f"--output={tmp_path / 'run'}"]
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        "ember: error: data: the labels go up to 19 (in y.npy), but the model 'mlp' outputs 10 classes (labels 0 to "
+        "9); set model.args.num_classes=20, or check the labels.\n"
+    )
+    assert not (tmp_path / "run").exists()
+    assert main([*args, "model.args={num_classes: 20}", "trainer.max_epochs=1", "handlers.progress=false"]) == 0
 
 
 def test_inspect_reads_a_run_folder_as_a_run(default_run, capsys):
@@ -280,3 +307,26 @@ def test_lr_find_runs_the_range_test_on_a_config_and_plots_it(tmp_path, capsys):
     assert re.fullmatch(r"suggested learning rate: [\d.e-]+ \(\d+ steps tried\)", line), line
     assert 1e-4 <= float(line.split()[3]) <= 1.0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_command_line_takes_overrides_anywhere_and_names_its_mistakes(tmp_path, capsys, monkeypatch):
+    """Overrides after --output; a key without a value; a model argument misspelt; wandb as a writer."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run = tmp_path / "run"
+    args = ["train", "--output", str(run), "trainer.max_epochs=1", "handlers.progress=false"]
+    assert main([*args, "handlers.writers=[jsonl, wandb]"]) == 0
+    assert json.loads((run / "summary.json").read_text())["iterations"] == 22
+    capsys.readouterr()
+    assert main(["train", "trainer.max_epochs"]) == 2
+    assert capsys.readouterr().err == (
+        "ember: error: 'trainer.max_epochs' is not a config file; an override takes a value: "
+        "trainer.max_epochs=VALUE (such as trainer.max_epochs=3).\n"
+    )
+    assert main(["train", f"--output={tmp_path / 'other'}", "model.name=mlp", "model.args={hiden: [8]}"]) == 2
+    assert capsys.readouterr().err == (
+        "ember: error: model.args.hiden: MLP takes no argument 'hiden'; did you mean 'hidden'? "
+        "(it takes: hidden, num_classes)\n"
+    )
+    with pytest.raises(SystemExit):
+        main(["train", "--outptu", str(run)])
+    assert "unrecognized arguments: --outptu" in capsys.readouterr().err

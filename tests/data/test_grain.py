@@ -81,7 +81,7 @@ def test_a_stopped_run_resumes_bit_for_bit(tmp_path, source, straight, stop_at, 
     first = new_trainer()
     saver = Checkpoint({"trainer": first}, tmp_path, n_saved=1)
     saver.attach(first, Events.ITERATION_COMPLETED(every=2))
-    first.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
+    first.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate(final=False))
     first.run(pipeline(source, workers), max_epochs=3)
     assert children() == []  # the run stopped: its workers are gone
 
@@ -189,7 +189,7 @@ def test_any_grain_dataset_runs_and_resumes_as_it_is():
     straight.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.output))
     straight.run(ds, max_epochs=2)
     first = Engine(lambda e, b: b)
-    first.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate())
+    first.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate(final=False))
     first.run(ds, max_epochs=2)
     assert first.state_dict()["data"] == {"next_index": 3}
     rest = []

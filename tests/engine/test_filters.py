@@ -186,7 +186,9 @@ def test_once_fires_again_after_each_new_run_but_not_in_a_resumed_one():
     first.run([0, 1, 2], max_epochs=2)  # a finished run started again: a new run from iteration 0
     assert fired == [2, 5, 2, 5]
     stopped = engine()
-    stopped.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate())
+    stopped.add_event_handler(
+        Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate(final=False)
+    )  # stopped, not ended
     stopped.run([0, 1, 2], max_epochs=2)
     resumed = engine()
     resumed.load_state_dict(stopped.state_dict())

@@ -105,7 +105,7 @@ def test_data_with_its_own_position_is_restored_not_skipped():
     """An iterator with get_state/set_state is restored from the state dict, without fetching skipped batches."""
     data = Positioned(["a", "b", "c", "d"])
     first = Engine(lambda e, b: b)
-    first.add_event_handler(Events.ITERATION_COMPLETED(once=6), lambda e: e.terminate())
+    first.add_event_handler(Events.ITERATION_COMPLETED(once=6), lambda e: e.terminate(final=False))
     first.run(data, max_epochs=2)
     assert data.closed == [2]  # the run stopped: the iterator was closed, its position kept
     sd = first.state_dict()
@@ -154,7 +154,7 @@ def test_resume_straight_equals_uninterrupted_run():
     for stop in range(1, 15):
         first = Engine(lambda e, b: b)
         got = batches_seen(first)
-        first.add_event_handler(Events.ITERATION_COMPLETED(once=stop), lambda e: e.terminate())
+        first.add_event_handler(Events.ITERATION_COMPLETED(once=stop), lambda e: e.terminate(final=False))
         first.run(data, max_epochs=3)
         second = Engine(lambda e, b: b)
         second.add_event_handler(
@@ -328,7 +328,7 @@ def test_mark_epoch_incomplete_makes_a_resumed_run_fire_that_epoch_completed_aga
     def cut_short(engine):
         engine.mark_epoch_incomplete()
         saved.append(engine.state_dict())
-        engine.terminate()
+        engine.terminate(final=False)
 
     engine.run([1, 2], max_epochs=2)
     assert saved == [{"epoch_length": 2, "iteration": 2, "max_epochs": 2, "epoch_completed": False}]

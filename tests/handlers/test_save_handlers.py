@@ -305,7 +305,7 @@ def test_a_relaunch_takes_over_the_checkpoints_left_in_the_folder(tmp_path):
     Checkpoint({"trainer": first}, tmp_path, "latest", n_saved=None, background=False).attach(
         first, Events.ITERATION_COMPLETED
     )
-    first.add_event_handler(Events.ITERATION_COMPLETED(once=4), lambda e: e.terminate())
+    first.add_event_handler(Events.ITERATION_COMPLETED(once=4), lambda e: e.terminate(final=False))
     first.run(range(6))
     other = Checkpoint({"trainer": first}, tmp_path, "best", background=False)
     other(first)  # another handler's checkpoint: not the relaunched one's to remove

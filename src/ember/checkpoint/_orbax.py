@@ -15,6 +15,7 @@ from typing import Any
 import jax
 from flax import serialization
 
+from ember._extras import missing
 from ember._multiprocess import exchange
 from ember.checkpoint._atomic import TMP_PREFIX, fsync_dir, owner, temporary_name
 from ember.checkpoint._files import checksum_problem, list_files, record, size_problem
@@ -64,7 +65,7 @@ class OrbaxStore(CheckpointStore):
         try:
             import orbax.checkpoint as ocp
         except ImportError as e:  # pragma: no cover - flax depends on orbax-checkpoint today
-            raise ImportError('OrbaxStore needs orbax-checkpoint: pip install -e ".[orbax]".') from e
+            raise ImportError(missing("OrbaxStore", "orbax-checkpoint", "orbax")) from e
         super().__init__(root)
         self._ocp = ocp
         self._checkpointer = self._new_checkpointer()

@@ -103,7 +103,7 @@ class HandlersConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     early_stopping: EarlyStoppingConfig | None = field(default_factory=EarlyStoppingConfig)
     progress: bool = True
-    writers: list[Literal["console", "tensorboard", "jsonl", "csv", "mlflow"]] = field(
+    writers: list[Literal["console", "tensorboard", "jsonl", "csv", "mlflow", "wandb"]] = field(
         default_factory=lambda: ["tensorboard", "jsonl"]
     )
     log_every: int = 50
@@ -143,7 +143,7 @@ _RANGES: dict[str, tuple[str, Any]] = {
 }
 
 
-def _suggest(given: str, allowed: list[str]) -> str | None:
+def suggest(given: str, allowed: list[str]) -> str | None:
     """The allowed name a typo most likely meant: one it abbreviates, else the closest spelling."""
     starts = [a for a in allowed if a.startswith(given) and given]
     if len(starts) == 1:
@@ -183,7 +183,7 @@ def _convert(value: Any, t: Any, path: str) -> Any:
         raise ConfigError(f"{path}: expected {_type_name(t)}, got {value!r}.")
     if origin is Literal:
         if value not in get_args(t):
-            close = _suggest(str(value), [str(a) for a in get_args(t)])
+            close = suggest(str(value), [str(a) for a in get_args(t)])
             hint = f"; did you mean {close!r}?" if close else "."
             raise ConfigError(f"{path}: expected {_type_name(t)}, got {value!r}{hint}")
         return value
@@ -240,7 +240,7 @@ def _build(cls: type[Any], raw: Any, path: str) -> Any:
     for key, value in raw.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in fields:
-            close = _suggest(str(key), sorted(fields))
+            close = suggest(str(key), sorted(fields))
             hint = f"; did you mean {close!r}?" if close else ""
             problems.append(f"{where}: unknown field{hint} (allowed: {', '.join(sorted(fields))})")
             continue
@@ -249,11 +249,11 @@ def _build(cls: type[Any], raw: Any, path: str) -> Any:
         except ConfigError as e:
             problems.extend(getattr(e, "problems", None) or [str(e)])
     if problems:
-        raise _config_error(problems)
+        raise config_error(problems)
     return cls(**values)
 
 
-def _config_error(problems: list[str]) -> ConfigError:
+def config_error(problems: list[str]) -> ConfigError:
     """One error for all the problems found: the message itself for one, a list for several."""
     message = (
         problems[0]
@@ -344,3 +344,18 @@ def dump_config(config: Config) -> str:
 
     text: str = yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
     return text
+
+
+def importable(folder: str | os.PathLike[str]) -> None:
+    """Put ``folder`` first on ``sys.path`` (once): a model named ``mymodels:Net`` may sit beside the config.
+
+    Examples:
+        >>> import sys, tempfile
+        >>> from ember.cli._config import importable
+        >>> folder = tempfile.mkdtemp(); importable(folder); sys.path[0] == folder
+        True
+    """
+    import sys
+
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -67,8 +68,8 @@ def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any
     return kwargs
 
 
-def end_together() -> None:
-    """End every process of the run together, once all have finished it; in a single process, return.
+def end_together(status: int = 0) -> None:
+    """End every process of the run together, once all have finished it, with ``status``; in one process, return.
 
     With JAX's recoverability on, the runtime no longer holds the processes together at exit, and its shutdown
     races with the CPU collectives' own calls to the coordination service (process 0 was seen aborting there). So
@@ -94,7 +95,7 @@ def end_together() -> None:
     sys.stderr.flush()
     if jax.process_index() == 0:
         time.sleep(1.0)  # the others are gone before the service is
-    os._exit(0)
+    os._exit(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,7 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_plot = sub.add_parser("plot", help="draw a run's curves into a PNG")
     p_plot.add_argument("run_dir")
     p_plot.add_argument("--output", help="the PNG (default RUN_DIR/curves.png)")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command in ("train", "lr-find") and not any(x.startswith("-") for x in extra):
+        args.config = [*args.config, *extra]  # overrides may come anywhere on the line, after --output too
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.version:
         print(f"ember {__version__}")
         return 0
@@ -158,9 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 start_distributed()
             if args.output:
                 config.output = args.output
-            train(config)
+            status = _status(train(config))
             if args.distributed:
-                end_together()
+                end_together(status)
+            return status
         elif args.command == "lr-find":
             from ember.cli._lr_find import find_learning_rate
 
@@ -183,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             saved = Path(args.run_dir) / "config.yaml"
             if not saved.exists():
                 raise FileNotFoundError(f"{args.run_dir} has no config.yaml; is it a run folder of ember train?")
-            train(saved)
+            return _status(train(saved))
         elif args.command == "inspect":
             from ember.cli._inspect import describe_checkpoint
 
@@ -198,14 +204,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError, ImportError) as e:
         print(f"ember: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before training started (or after): during it, the run saves and stops
+        print("ember: interrupted (Ctrl-C); nothing was saved since the last checkpoint.", file=sys.stderr)
+        return 130
     return 0
+
+
+def _status(summary: dict[str, Any]) -> int:
+    """The exit status of a run: 0, or 128 + the signal's number when a signal stopped it (it can be resumed)."""
+    from ember.cli._train import SIGNAL_STATUS
+
+    return SIGNAL_STATUS.get(summary.get("stopped") or "", 0)
+
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # trainer.max_epochs: a key, not a file name
 
 
 def _config_from(items: Sequence[str], command: str) -> Any:
     """The config a command line names: at most one file, then ``KEY=VALUE`` overrides."""
-    from ember.cli._config import load_config
+    from ember.cli._config import importable, load_config
 
     files = [item for item in items if "=" not in item]
+    for item in files:
+        if not Path(item).exists() and _DOTTED.fullmatch(item):
+            raise ConfigError(
+                f"{item!r} is not a config file; an override takes a value: {item}=VALUE (such as "
+                "trainer.max_epochs=3)."
+            )
     if len(files) > 1:
         raise ValueError(f"ember {command} takes one config file, got {files}; overrides are KEY=VALUE.")
+    if files:  # a model given as "mymodels:Net" may sit beside the config file
+        importable(Path(files[0]).resolve().parent)
     return load_config(files[0] if files else None, [item for item in items if "=" in item])

@@ -7,6 +7,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from ember._extras import missing
+
 
 def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | None = None) -> Path:
     """Draw a run's scalars against the step into a PNG; return its path.
@@ -28,7 +30,7 @@ def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | N
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise ImportError("ember plot needs matplotlib: pip install 'ember[cli]'.") from e
+        raise ImportError(missing("ember plot", "matplotlib", "cli")) from e
     log = Path(run_dir) / "metrics.jsonl"
     if not log.exists():
         raise FileNotFoundError(f"No metrics.jsonl in {run_dir}; was it written by ember train?")

@@ -5,13 +5,23 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import optax
 from flax import linen as nn
 
-from ember.cli._config import ConfigError, DataConfig, ModelConfig, OptimizerConfig, TrainerConfig
+from ember._extras import missing, require
+from ember.cli._config import (
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    OptimizerConfig,
+    TrainerConfig,
+    config_error,
+    suggest,
+)
 
 
 class DigitsCNN(nn.Module):
@@ -80,10 +90,37 @@ def build_model(config: ModelConfig) -> nn.Module:
             f"model.name: expected one of {sorted(MODELS)} or an import path 'package.module:Class', "
             f"got {config.name!r}."
         )
+    accepted = _arguments_of(cls)
+    unknown = [k for k in config.args if accepted is not None and k not in accepted]
+    if unknown and accepted is not None:
+        problems = []
+        for key in unknown:
+            close = suggest(str(key), accepted)
+            hint = f"; did you mean {close!r}?" if close else ""
+            problems.append(
+                f"model.args.{key}: {cls.__name__} takes no argument {key!r}{hint} (it takes: {', '.join(accepted)})"
+            )
+        raise config_error(problems)
     try:
         return cls(**config.args)
     except TypeError as e:
         raise ConfigError(f"model.args: {cls.__name__} does not take {config.args!r} ({e}).") from None
+
+
+def _arguments_of(cls: Any) -> list[str] | None:
+    """The constructor arguments of a model class (a linen module is a dataclass); ``None`` if unknown."""
+    import dataclasses
+    import inspect
+
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls) if f.init and f.name not in ("parent", "name")]
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in parameters):
+        return None
+    return [p.name for p in parameters]
 
 
 def build_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
@@ -123,7 +160,7 @@ def load_data(config: DataConfig) -> tuple[dict[str, np.ndarray], dict[str, np.n
     try:
         from sklearn.datasets import load_digits
     except ImportError as e:
-        raise ImportError("The digits data set ships with scikit-learn: pip install 'ember[cli]'.") from e
+        raise ImportError(missing("The digits data set", "scikit-learn", "cli")) from e
     digits: Any = load_digits()  # a Bunch: images (N, 8, 8) in 0..16, target (N,)
     images, target = np.asarray(digits.images), np.asarray(digits.target)
     order = np.random.default_rng(config.seed).permutation(len(target))
@@ -159,6 +196,7 @@ def build_data(config: DataConfig) -> tuple[Any, Any, Any]:
         )
         return train, ArrayDataset(val_arrays, batch_size=len(val_arrays["y"])), train_arrays["x"][:1]
     if config.name == "npy":
+        require("grain", feature="data.name: npy", package="grain", extra="cli")
         _check_fraction(config)
         try:
             source = NpySource(config.path)  # type: ignore[arg-type]  # not None: checked above
@@ -185,6 +223,46 @@ def build_data(config: DataConfig) -> tuple[Any, Any, Any]:
         raise ConfigError(f"data.path: {config.path} must return (train, val), got {type(made).__name__}.")
     train, val = made
     return train, val, np.asarray(next(iter(train))["x"])[:1]
+
+
+def check_labels(config: DataConfig, train: Any, model: nn.Module, sample: Any, model_name: str) -> None:
+    """Refuse labels the model cannot output: each must be a class index below the model's output size.
+
+    ``digits`` and ``npy`` check every label (``y.npy`` is read through a memory map); a ``grain`` function's
+    data, the first training batch. A label past the last class trains to NaN, silently, without this.
+
+    Examples:
+        >>> from ember.cli import MLP, load_config
+        >>> from ember.cli._registry import build_data, check_labels
+        >>> cfg = load_config({})
+        >>> train, _, x = build_data(cfg.data)
+        >>> check_labels(cfg.data, train, MLP(num_classes=5), x, "mlp")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ember.errors.ConfigError: data: the labels go up to 9 (in the digits), but the model 'mlp' outputs 5 ...
+    """
+    import jax
+
+    if config.name == "digits":
+        labels, where = np.asarray(train.arrays["y"]), "in the digits"
+    elif config.name == "npy":
+        labels, where = np.load(Path(config.path or ".") / "y.npy", mmap_mode="r"), "in y.npy"
+    else:
+        labels, where = np.asarray(next(iter(train))["y"]), "in the first training batch"
+    if not np.issubdtype(labels.dtype, np.integer) or labels.size == 0:
+        return
+    low, high = int(labels.min()), int(labels.max())
+    out = jax.eval_shape(
+        lambda x: model.init_with_output(jax.random.key(0), x)[0],
+        jax.ShapeDtypeStruct(np.shape(sample), np.asarray(sample).dtype),
+    )
+    classes = int(out.shape[-1])
+    if low < 0:
+        raise ConfigError(f"data: the labels must be class indices from 0, got {low} ({where}).")
+    if high >= classes:
+        raise ConfigError(
+            f"data: the labels go up to {high} ({where}), but the model {model_name!r} outputs {classes} classes "
+            f"(labels 0 to {classes - 1}); set model.args.num_classes={high + 1}, or check the labels."
+        )
 
 
 class _Part:

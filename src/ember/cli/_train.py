@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -14,8 +15,15 @@ import optax
 from jax.experimental import multihost_utils
 
 from ember import Events
-from ember.cli._config import Config, ConfigError, dump_config, load_config
-from ember.cli._registry import build_data, build_model, build_optimizer, build_placement, build_schedule
+from ember.cli._config import Config, ConfigError, dump_config, importable, load_config
+from ember.cli._registry import (
+    build_data,
+    build_model,
+    build_optimizer,
+    build_placement,
+    build_schedule,
+    check_labels,
+)
 from ember.handlers import (
     Checkpoint,
     EarlyStopping,
@@ -25,6 +33,7 @@ from ember.handlers import (
     ProcessWatchdog,
     ProgressBar,
     ScalarLogger,
+    TerminateOnNan,
     global_step_from_engine,
 )
 from ember.metrics import Accuracy, Loss, RunningAverage
@@ -49,6 +58,7 @@ def _writers(config: Config, run_dir: Path, stream: TextIO) -> AsyncWriter:
         jsonl="jsonl" in kinds,
         csv="csv" in kinds,
         mlflow="mlflow" in kinds,
+        wandb="wandb" in kinds,
         params=config,
     )
 
@@ -87,9 +97,13 @@ def train(
     listed. A model named by an import path (``mymodels:Net``) is looked up in the config file's folder and
     the working directory too (both are put on ``sys.path``).
 
+    Ctrl-C (SIGINT) and SIGTERM save a checkpoint at the next iteration and stop; the same command resumes. A
+    run ended by early stopping or a NaN loss is complete: the same command finds nothing left to do.
+
     Returns:
         The summary: ``{"run_dir", "resumed_from", "epochs", "iterations", "best_accuracy",
-        "final_accuracy", "stopped_early", "seconds"}``.
+        "final_accuracy", "stopped_early", "stopped", "seconds"}``; ``stopped`` says why the run ended before its
+        last epoch (``"early stopping"``, ``"a NaN loss"``, ``"SIGINT"``, ``"SIGTERM"``), or is ``None``.
 
     Examples:
         >>> import io, tempfile
@@ -103,8 +117,8 @@ def train(
     """
     cfg = config if isinstance(config, Config) else load_config(config)
     if isinstance(config, str | Path):  # a model given as "mymodels:Net" may sit beside the config file
-        _importable(Path(config).resolve().parent)
-    _importable(Path.cwd())
+        importable(Path(config).resolve().parent)
+    importable(Path.cwd())
     out = stream or sys.stdout
     primary = jax.process_index() == 0  # in a run of several processes, process 0 prints and writes the files
 
@@ -113,10 +127,7 @@ def train(
             print(text, file=out)
 
     run_dir = Path(cfg.output)
-    run_dir.mkdir(parents=True, exist_ok=True)
     check_same_run(run_dir, cfg)
-    if primary:
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
     started = time.perf_counter()
 
     data, val, sample = build_data(cfg.data)
@@ -127,7 +138,11 @@ def train(
         )
     total = cfg.trainer.max_iters or cfg.trainer.max_epochs * (steps_per_epoch or 0)
     schedule = build_schedule(cfg.optimizer, total)
+    check_labels(cfg.data, data, build_model(cfg.model), sample, cfg.model.name)
     trainer = build_trainer(cfg, sample, schedule)
+    run_dir.mkdir(parents=True, exist_ok=True)  # the run can be built: its folder and config are written now
+    if primary:
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
     if isinstance(trainer.placement, Sharded):
         say(f"{trainer.placement.summary()}\n{trainer.placement.layout(trainer.state.train_state)}")
     evaluator = create_evaluator(trainer, _predict, placement=trainer.placement)
@@ -148,8 +163,10 @@ def train(
         ProgressBar(refresh_every=10, stream=progress_stream, desc="Epoch").attach(trainer, metric_names=["loss"])
     to_save: dict[str, Any] = {"trainer": trainer}  # its state dict holds the data's position
     stopper = None
+    stopper_metric = None
     if h.early_stopping is not None:
         es = h.early_stopping
+        stopper_metric = es.metric
         stopper = EarlyStopping(
             es.patience,
             lambda e: e.state.metrics[es.metric],
@@ -173,7 +190,10 @@ def train(
     if h.checkpoint.every_iters:
         every = every | Events.ITERATION_COMPLETED(every=h.checkpoint.every_iters)
     latest.attach(trainer, every)
-    Preemption(latest).attach(trainer, [evaluator])
+    preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
+    preemption.attach(trainer, [evaluator])
+    nan_guard = TerminateOnNan(lambda output: output["loss"])
+    nan_guard.attach(trainer)
     if jax.process_count() > 1:  # a lost process ends the others at once, naming the checkpoint to resume from
         ProcessWatchdog(latest).attach(trainer)
 
@@ -190,7 +210,7 @@ def train(
     info = latest.resume()
     if info is not None:
         say(f"Resuming {run_dir} from {info.path.name} (iteration {info.step}).")
-    if info is not None and _finished(trainer, cfg, stopper):
+    if info is not None and _finished(trainer, cfg):
         say(f"{run_dir}: this run is already complete; nothing to do.")
         writer.close()
         previous = _saved_summary(run_dir)
@@ -205,6 +225,14 @@ def train(
     if jax.process_count() > 1:  # process 0 has written every checkpoint: all read the same best
         multihost_utils.sync_global_devices("ember train: checkpoints written")
     best_info = best.store.best("val_accuracy") if best.store is not None else None
+    stopped = _why_stopped(trainer, preemption, stopper, nan_guard)
+    if stopped == "early stopping" and stopper is not None:
+        say(
+            f"Early stopping: val {stopper_metric} did not improve for {stopper.patience} evaluations; stopped at "
+            f"epoch {trainer.state.epoch}."
+        )
+    elif stopped == "a NaN loss":
+        say(f"Stopped: the training loss became NaN or infinite at iteration {nan_guard.nan_iteration}.")
     summary = {
         "run_dir": str(run_dir),
         "resumed_from": None if info is None else info.step,
@@ -212,7 +240,8 @@ def train(
         "iterations": trainer.state.iteration,
         "best_accuracy": None if best_info is None else best_info.metrics["val_accuracy"],
         "final_accuracy": accuracies[-1] if accuracies else None,
-        "stopped_early": bool(stopper is not None and stopper.counter >= stopper.patience),
+        "stopped_early": stopped == "early stopping",
+        "stopped": stopped,
         "seconds": round(time.perf_counter() - started, 2),
     }
     if primary:
@@ -229,9 +258,35 @@ def _length(data: Any) -> int | None:
         return None
 
 
+#: Exit status of ``ember train`` stopped by a signal, as a shell reports a command a signal ended: 128 + its number.
+SIGNAL_STATUS = {"SIGINT": 130, "SIGTERM": 143}
+
+_SIGNAL_WORDS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM"}
+
+
+def _why_stopped(trainer: Any, preemption: Preemption, stopper: EarlyStopping | None, nan_guard: Any) -> str | None:
+    """Why the run ended before its last epoch: a signal's name, "early stopping", "a NaN loss", or ``None``."""
+    if preemption.saved is not None:
+        requested = preemption.requested
+        return signal.Signals(requested).name if requested is not None else "a signal on another process"
+    if not trainer.should_terminate:
+        return None
+    if nan_guard.nan_iteration is not None:
+        return "a NaN loss"
+    if stopper is not None and stopper.counter >= stopper.patience:
+        return "early stopping"
+    return "terminate()"
+
+
 def _closing_line(summary: dict[str, Any]) -> str:
     best = summary["best_accuracy"]
     shown = "none yet (no evaluation finished)" if best is None else f"{best:.4f}"
+    stopped = summary.get("stopped")
+    if stopped is not None and stopped.startswith(("SIG", "a signal")):
+        return (
+            f"Stopped at iteration {summary['iterations']} ({_SIGNAL_WORDS.get(stopped, stopped)}), the checkpoint "
+            f"saved; run the same command to resume. Best val accuracy {shown}. Run folder: {summary['run_dir']}"
+        )
     return (
         f"Done: {summary['epochs']} epochs, {summary['iterations']} iterations in {summary['seconds']} s; "
         f"best val accuracy {shown}. Run folder: {summary['run_dir']}"
@@ -243,11 +298,6 @@ def _saved_summary(run_dir: Path) -> dict[str, Any] | None:
         return json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-
-
-def _importable(folder: Path) -> None:
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
 
 
 #: Config fields a relaunch may change: they do not change what the run computes.
@@ -294,9 +344,9 @@ def _differences(old: Any, new: Any, path: str = "") -> list[tuple[str, Any, Any
     return [] if old == new else [(path, old, new)]
 
 
-def _finished(trainer: Any, cfg: Config, stopper: EarlyStopping | None) -> bool:
+def _finished(trainer: Any, cfg: Config) -> bool:
     st = trainer.state
-    if stopper is not None and stopper.counter >= stopper.patience:
+    if trainer.should_terminate:  # loaded from a run a handler ended (early stopping, a NaN): complete
         return True
     if cfg.trainer.max_iters is not None:
         return st.iteration >= cfg.trainer.max_iters

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ember._extras import require
 from ember.data._position import Mapped
 from ember.errors import RecordError
 
@@ -80,7 +81,7 @@ class GrainPipeline:
         worker_count: int = 0,
         shard: tuple[int, int] | str = "auto",
     ) -> None:
-        import grain  # the `grain` extra
+        grain = require("grain", feature="GrainPipeline", package="grain", extra="grain")
 
         if not (callable(getattr(source, "__len__", None)) and callable(getattr(source, "__getitem__", None))):
             raise TypeError(f"`source` must support len() and [index] (random access), got {type(source).__name__}.")

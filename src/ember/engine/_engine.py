@@ -109,13 +109,19 @@ class Engine(EventHandlers, RunSetup):
 
     # -- control ---------------------------------------------------------------------------------
 
-    def terminate(self, skip_completed: bool = False) -> None:
+    def terminate(self, skip_completed: bool = False, *, final: bool = True) -> None:
         """Stop the run once the current event's handlers have run; TERMINATE then COMPLETED fire.
 
-        A later [`run`][ember.engine.Engine.run] continues from the next iteration, so no batch is skipped or repeated.
+        A later [`run`][ember.engine.Engine.run] in this process continues from the next iteration, so no batch is
+        skipped or repeated (Ignite's rule). A relaunch does not: the decision (early stopping, a time limit, NaN)
+        is saved in [`state_dict`][ember.engine.Engine.state_dict] as ``"terminated": True``, and a run loaded from it
+        is complete: ``run()`` warns and does nothing, and ``should_terminate`` is ``True`` until you set it to
+        ``False`` to train on.
 
         Args:
             skip_completed: do not fire COMPLETED after TERMINATE.
+            final: ``False`` stops the run without ending it for a relaunch: the saved state says nothing, and a run
+                loaded from it trains on (what [`Preemption`][ember.handlers.Preemption] does on SIGTERM).
 
         Examples:
             >>> from ember import Engine, Events
@@ -128,6 +134,7 @@ class Engine(EventHandlers, RunSetup):
         """
         self.logger.info("Terminate signaled. Engine will stop after current iteration is finished.")
         self.should_terminate = "skip_completed" if skip_completed else True
+        self._stop_final = bool(final)
 
     def terminate_epoch(self, skip_epoch_completed: bool = False) -> None:
         """End the current epoch once the current event's handlers have run; the next epoch follows.

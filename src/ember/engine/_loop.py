@@ -64,6 +64,7 @@ class RunLoop:
         self._epoch_owed = False  # mark_epoch_incomplete() was called in the last EPOCH_COMPLETED
         self._running = False
         self._loaded = False  # the position came from load_state_dict, and no run has started since
+        self._stop_final = True  # the terminate() in effect ends the run for a relaunch too (False: Preemption's)
 
     def _reset_filters(self) -> None:
         for d in self._dispatch.values():
@@ -85,7 +86,12 @@ class RunLoop:
     @should_terminate.setter
     def should_terminate(self, value: bool | str) -> None:
         self._terminate = value
+        self._stop_final = True
         self._update_signal()
+
+    def _ended_by_decision(self) -> bool:
+        """The run was stopped by a final ``terminate()``: a run loaded from its state is complete."""
+        return bool(self._terminate) and self._stop_final
 
     @property
     def should_terminate_single_epoch(self) -> bool | str:
@@ -105,7 +111,7 @@ class RunLoop:
         self._signal = bool(self._terminate or self._terminate_epoch or self._interrupt or self._pause)
 
     def _clear_signals(self) -> None:
-        self._terminate = False
+        self._terminate, self._stop_final = False, True
         self._terminate_epoch = self._skip_epoch_completed = False
         self._interrupt = self._pause = self._signal = False
 
@@ -266,7 +272,8 @@ class RunLoop:
                 if pos == length:
                     return True
                 if st.max_iters is not None and st.iteration >= st.max_iters:
-                    self.should_terminate = True
+                    self.should_terminate = True  # Ignite's way to end at max_iters (TERMINATE fires)
+                    self._stop_final = False  # the limit ended it, not a decision: state_dict() says nothing
                     raise _Terminate
         except _TerminateEpoch:
             skip = self._skip_epoch_completed

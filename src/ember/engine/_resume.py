@@ -178,6 +178,8 @@ class ResumableLoop(RunLoop):
             {'epoch_length': 3, 'iteration': 6, 'max_epochs': 2}
         """
         out = engine_state_dict(self.state, self._state_dict_user_keys, self._iter, self._data_state)
+        if self._ended_by_decision():
+            out["terminated"] = True  # a relaunch that loads this has nothing left to run
         if self._epoch_completion_pending() or self._epoch_owed:
             out["epoch_completed"] = False  # resumed, the run fires this epoch's EPOCH_COMPLETED first
         attached = self._states.state_dict()
@@ -236,6 +238,8 @@ class ResumableLoop(RunLoop):
         self._released = False
         self._states.load_state_dict(state_dict.get("attached", {}))
         self._loaded, self._epoch_owed = True, False
+        self._terminate, self._stop_final = state_dict.get("terminated") is True, True  # should_terminate says so
+        self._update_signal()
         st = self.state
         length = st.epoch_length
         full, pos = divmod(st.iteration, length) if length else (0, 0)

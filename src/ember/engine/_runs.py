@@ -7,7 +7,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from ember.engine._resume import ResumableLoop
-from ember.engine._validate import already_complete, check_mode, check_run_args, data_length, restart_hint, same_data
+from ember.engine._validate import (
+    already_complete,
+    check_mode,
+    check_run_args,
+    data_length,
+    ended_by_terminate,
+    restart_hint,
+    same_data,
+)
 
 
 class RunSetup(ResumableLoop):
@@ -55,6 +63,9 @@ class RunSetup(ResumableLoop):
         check_mode(st, max_epochs, max_iters)
         if st.max_epochs is not None or st.max_iters is not None:  # a run exists: apply what the caller changes
             self._update_limits(max_epochs, max_iters, epoch_length)
+        if self._loaded and self._terminate:  # loaded from a run a handler ended (early stopping, a time limit)
+            warnings.warn(ended_by_terminate(st), UserWarning, stacklevel=3)
+            return False
         if st.max_epochs is None and st.max_iters is None:
             self._start_new_run(data, max_epochs, max_iters, epoch_length)
         elif self._gen is None and self._is_done():

@@ -74,6 +74,14 @@ def already_complete(st: State) -> str:
     )
 
 
+def ended_by_terminate(st: State) -> str:
+    return (
+        f"The run loaded by load_state_dict() was ended by terminate() at epoch {st.epoch}, iteration "
+        f"{st.iteration} (a handler's decision: early stopping, a time limit, a NaN); run() does nothing. To train "
+        f"on from there, set engine.should_terminate = False first; to start over, {restart_hint(st)}."
+    )
+
+
 def same_data(a: object, b: object) -> bool:
     """Whether ``run(a)`` passes the data the run already has (the same object, or an equal one)."""
     if a is b:

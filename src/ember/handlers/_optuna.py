@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ember._extras import missing
 from ember.engine import Engine, Events, RemovableEventHandle
 
 
@@ -12,7 +13,7 @@ class OptunaPruning:
 
     Attached to an evaluator's COMPLETED, it reports ``evaluator.state.metrics[metric]`` to ``trial`` at the
     trainer's epoch; when the study's pruner says so it raises ``optuna.TrialPruned``, which ends the run and
-    tells the study the trial was pruned. Needs ``pip install 'ember[optuna]'``.
+    tells the study the trial was pruned. Needs ``pip install -e ".[optuna]"``.
 
     Args:
         trial: the ``optuna.Trial`` the objective function was given.
@@ -41,7 +42,7 @@ class OptunaPruning:
         try:
             import optuna
         except ImportError as e:
-            raise ImportError("OptunaPruning needs optuna: pip install 'ember[optuna]'.") from e
+            raise ImportError(missing("OptunaPruning", "optuna", "optuna")) from e
         if not isinstance(trial, optuna.trial.BaseTrial):
             raise TypeError(f"`trial` must be an optuna Trial, got {type(trial).__name__}.")
         if not isinstance(trainer, Engine):

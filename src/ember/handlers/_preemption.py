@@ -109,7 +109,7 @@ class Preemption:
                 self.saved.path.name,
                 trainer.state.iteration,
             )
-            trainer.terminate()
+            trainer.terminate(final=False)  # a relaunch trains on from the checkpoint just saved
 
     def _evaluator_boundary(self, evaluator: Engine) -> None:
         if self._due(evaluator) and any_process(self.requested is not None):  # all evaluators stop at one batch

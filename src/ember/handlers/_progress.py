@@ -7,6 +7,7 @@ from typing import Any, ClassVar, TextIO
 
 import numpy as np
 
+from ember._extras import missing
 from ember.engine import Engine, Events
 from ember.handlers._values import check_names, check_transform, pick
 from ember.writers import is_primary_process
@@ -19,7 +20,7 @@ def _postfix(values: dict[str, Any]) -> dict[str, str]:
 class ProgressBar:
     """An iteration bar per epoch (and optionally an epoch bar), with the loss and metrics in the postfix.
 
-    Needs tqdm: ``pip install 'ember[progress]'``. The bar moves every ``refresh_every`` iterations. Its postfix
+    Needs tqdm: ``pip install -e ".[progress]"``. The bar moves every ``refresh_every`` iterations. Its postfix
     shows values fetched at the previous refresh: at each refresh the current values start copying to the host and
     the ones started last time are displayed, so the bar never waits for the device. At EPOCH_COMPLETED the epoch's
     metrics (already host numbers) are shown. Totals come from ``epoch_length``; data of unknown length gets a bar
@@ -67,7 +68,7 @@ class ProgressBar:
         try:
             import tqdm  # noqa: F401  # pyright: ignore[reportUnusedImport]
         except ImportError as e:  # pragma: no cover - tqdm comes with the progress extra
-            raise ImportError("ProgressBar needs tqdm: pip install 'ember[progress]'.") from e
+            raise ImportError(missing("ProgressBar", "tqdm", "progress")) from e
         if not (epoch_bar or iteration_bar):
             raise ValueError("ProgressBar(epoch_bar=False, iteration_bar=False) draws nothing; keep one of them.")
         self.refresh_every, self.persist, self.epoch_bar = refresh_every, persist, epoch_bar

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ember._extras import missing
 from ember.engine import Events
 from ember.training._extras import find_learning_rate, with_learning_rate
 from ember.training._process import TrainProcess
@@ -40,7 +41,7 @@ class LRFinderResult:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError as e:
-            raise ImportError("LRFinderResult.plot needs matplotlib: pip install 'ember[plots]'.") from e
+            raise ImportError(missing("LRFinderResult.plot", "matplotlib", "plots")) from e
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot(self.lrs, self.losses)
         ax.axvline(self.suggestion, color="tab:red", linestyle="--", label=f"suggestion {self.suggestion:.2e}")

@@ -71,7 +71,7 @@ class TrainingEngine(Engine):
         self._prefetch = prefetch
         self._k = steps_per_call
         self._group_end = True
-        self._pending_terminate: bool | None = None
+        self._pending_terminate: tuple[bool, bool] | None = None  # terminate()'s (skip_completed, final)
         self._can_fuse = not debug and not isinstance(placement, Pmap)  # where updates can be folded into the step
         self._factory: Callable[[Any], Any] | None = None  # builds the train state from a batch (lazy trainers)
         self.pads_batches = False  # evaluators: pad batches that do not split over the devices, and mask them
@@ -228,7 +228,7 @@ class TrainingEngine(Engine):
             raise RuntimeError(_NOT_BUILT)
         self.state.train_state = self.placement.put_state(unflatten_like(self.state.train_state, tree))
 
-    def terminate(self, skip_completed: bool = False) -> None:
+    def terminate(self, skip_completed: bool = False, *, final: bool = True) -> None:
         """As ``Engine.terminate``; with K steps per call, at the end of the current group.
 
         Examples:
@@ -242,13 +242,14 @@ class TrainingEngine(Engine):
             4
         """
         if self._group_end:
-            super().terminate(skip_completed)
+            super().terminate(skip_completed, final=final)
         else:
-            self._pending_terminate = skip_completed
+            self._pending_terminate = (skip_completed, final)
 
     def _terminate_at_group_end(self) -> None:
         if self._pending_terminate is not None and self._group_end:
-            super().terminate(self._pending_terminate)
+            skip_completed, final = self._pending_terminate
+            super().terminate(skip_completed, final=final)
             self._pending_terminate = None
 
 

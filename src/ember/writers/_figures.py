@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ember._extras import missing
+
 
 def confusion_matrix_image(
     matrix: Any, class_names: Sequence[str] | None = None, *, normalize: bool = True, title: str = ""
@@ -15,7 +17,7 @@ def confusion_matrix_image(
 
     Give it ``ConfusionMatrix.compute()`` and pass the result to ``writer.write_image``; TensorBoard shows
     it under Images. With ``normalize`` each row is divided by its total (recall per class on the
-    diagonal); the cells show the numbers. Needs matplotlib (``pip install 'ember[plots]'``); drawing
+    diagonal); the cells show the numbers. Needs matplotlib (``pip install -e ".[plots]"``); drawing
     uses the non-interactive Agg backend, so no display is needed.
 
     Args:
@@ -35,7 +37,7 @@ def confusion_matrix_image(
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise ImportError("confusion_matrix_image needs matplotlib: pip install 'ember[plots]'.") from e
+        raise ImportError(missing("confusion_matrix_image", "matplotlib", "plots")) from e
     m = np.asarray(matrix, np.float64)
     if m.ndim != 2 or m.shape[0] != m.shape[1]:
         raise ValueError(f"`matrix` must be square (classes x classes), got shape {m.shape}.")

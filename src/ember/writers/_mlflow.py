@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ember._extras import missing
 from ember.writers._writer import Writer
 
 
@@ -33,7 +34,7 @@ class MlflowWriter(Writer):
     (``loss_curve/step_00000100.png``); MLflow has no histograms, so those are not logged. ``params`` (a
     mapping, or a dataclass such as ``ember train``'s ``Config``) is logged flat, with dotted names
     (``optimizer.learning_rate``). At [`close`][ember.writers.MlflowWriter.close] the files of ``artifacts``
-    (a run folder) are uploaded and the run is marked finished. Install with ``pip install 'ember[mlflow]'``.
+    (a run folder) are uploaded and the run is marked finished. Install with ``pip install -e ".[mlflow]"``.
 
     Args:
         tracking_uri: the tracking store (``sqlite:///mlflow.db``, a server's URL, a folder); MLflow's default
@@ -67,7 +68,7 @@ class MlflowWriter(Writer):
             from mlflow.entities import Metric, Param
             from mlflow.tracking import MlflowClient
         except ImportError as e:
-            raise ImportError("MlflowWriter needs mlflow: pip install 'ember[mlflow]'.") from e
+            raise ImportError(missing("MlflowWriter", "mlflow", "mlflow")) from e
         if params is not None and dataclasses.is_dataclass(params) and not isinstance(params, type):
             params = dataclasses.asdict(params)
         if params is not None and not isinstance(params, Mapping):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, TextIO
@@ -12,6 +13,7 @@ from ember.writers._files import CsvWriter, JsonlWriter
 from ember.writers._mlflow import MlflowWriter
 from ember.writers._multi import MultiWriter
 from ember.writers._tensorboard import TensorBoardWriter
+from ember.writers._wandb import WandbWriter
 from ember.writers._writer import Writer
 
 
@@ -23,6 +25,7 @@ def create_run_writer(
     jsonl: bool = True,
     csv: bool = False,
     mlflow: bool = False,
+    wandb: bool = False,
     params: Any = None,
     primary_only: bool = True,
 ) -> AsyncWriter:
@@ -36,7 +39,9 @@ def create_run_writer(
         csv: append to ``run_dir/metrics.csv``.
         mlflow: log to an MLflow run too (``MLFLOW_TRACKING_URI``; the experiment is named after ``run_dir``,
             whose files are uploaded at the end).
-        params: hyperparameters for MLflow (a mapping, or ``ember train``'s config).
+        wandb: log to a Weights & Biases run too (offline unless ``WANDB_MODE`` says otherwise; the project is
+            named after ``run_dir``, its files under ``run_dir/wandb``).
+        params: hyperparameters for MLflow and W&B (a mapping, or ``ember train``'s config).
         primary_only: only process 0 writes (and creates files).
 
     Examples:
@@ -62,6 +67,12 @@ def create_run_writer(
         writers.append(JsonlWriter(root / "metrics.jsonl"))
     if csv:
         writers.append(CsvWriter(root / "metrics.csv"))
+    if wandb:
+        config: Any = params
+        if dataclasses.is_dataclass(params) and not isinstance(params, type):
+            config = dataclasses.asdict(params)
+        mode = os.environ.get("WANDB_MODE", "offline")
+        writers.append(WandbWriter(root.resolve().name, mode=mode, dir=root, config=config))
     if mlflow:  # last: it uploads the run folder when it closes, after the others have flushed their files
         writers.append(MlflowWriter(experiment=root.resolve().name, params=params, artifacts=root))
     writer.writer = MultiWriter(writers)

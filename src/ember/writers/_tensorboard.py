@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ember._extras import missing
 from ember.writers._histogram import Histogram, histogram
 from ember.writers._writer import Writer
 
@@ -111,11 +112,11 @@ class TensorBoardWriter(Writer):
         self._write(step, Summary(value=[Summary.Value(tag=name, histo=proto)]))
 
     def write_image(self, step: int, name: str, image: Any) -> None:
-        """An ``(H, W, C)`` image (needs Pillow: ``pip install 'ember[plots]'``)."""
+        """An ``(H, W, C)`` image (needs Pillow: ``pip install -e ".[plots]"``)."""
         try:
             import PIL  # noqa: F401  # pyright: ignore[reportUnusedImport]  # tensorboardX encodes images with it
         except ImportError as e:
-            raise ImportError("Writing images to TensorBoard needs Pillow: pip install 'ember[plots]'.") from e
+            raise ImportError(missing("Writing images to TensorBoard", "Pillow", "plots")) from e
         from tensorboardX.summary import image as image_summary
 
         self._write(step, image_summary(name, np.asarray(image), dataformats="HWC"))

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ember._extras import missing
 from ember.writers._histogram import Histogram, histogram
 from ember.writers._writer import Writer
 
@@ -20,7 +21,7 @@ class WandbWriter(Writer):
     at the same step (training loss and validation metrics at iteration 100) merge into one row, which W&B commits when
     a later step arrives or at [`close`][ember.writers.WandbWriter.close]. W&B drops values for a step below the last
     one committed (with a warning of its own), so give every writer the trainer's iteration as its step. Install with
-    ``pip install 'ember[wandb]'``.
+    ``pip install -e ".[wandb]"`` in a clone of ember.
 
     Args:
         project: the W&B project.
@@ -51,7 +52,7 @@ class WandbWriter(Writer):
         try:
             import wandb
         except ImportError as e:
-            raise ImportError("WandbWriter needs wandb: pip install 'ember[wandb]'.") from e
+            raise ImportError(missing("WandbWriter", "wandb", "wandb")) from e
         if mode not in ("offline", "online", "disabled"):
             raise ValueError(f'`mode` must be "offline", "online" or "disabled", got {mode!r}.')
         self._wandb = wandb
