@@ -8,7 +8,11 @@ below (which import neither ember nor anything the other side does not). ember's
 side calls ``model.init``, ``optax.adamw(...).init`` and a ``jax.jit`` step with the state donated.
 JAX's persistent compilation cache is off in both, so each compiles from scratch. Processes alternate.
 
-Run: ``python benchmarks/first_step.py [--repeats N]``; results in ``docs/benchmarks.md``.
+With ``--cli``, the ``ember`` command's answers that need no training, each against ``python -c pass`` (the
+interpreter's own start) in the same loop: ``ember --version``, a config typo, and the relaunch of a finished run
+(``python -X importtime`` shows what each imports; none imports JAX).
+
+Run: ``python benchmarks/first_step.py [--repeats N] [--cli]``; results in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -93,11 +97,41 @@ def launch(side: str) -> float:
     return float(out.stdout.split()[-1]) - start
 
 
+def cli_answers(repeats: int) -> None:
+    """Seconds for the ``ember`` command's quick answers, against a bare interpreter's start, alternating."""
+    import tempfile
+
+    run = os.path.join(tempfile.mkdtemp(), "run")
+    quick = ["trainer.max_epochs=1", "handlers.progress=false", "handlers.writers=[jsonl]"]
+    subprocess.run([sys.executable, "-m", "ember.cli", "train", "--output", run, *quick], check=True, timeout=300)
+    commands = {
+        "python -c pass": ["-c", "pass"],
+        "ember --version": ["-m", "ember.cli", "--version"],
+        "a config typo": ["-m", "ember.cli", "train", "trainer.max_epoch=3"],
+        "a finished run": ["-m", "ember.cli", "train", "--output", run, *quick],
+    }
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for r in range(repeats):
+        for name in list(commands) if r % 2 == 0 else list(reversed(commands)):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, *commands[name]], capture_output=True, check=False, timeout=300)
+            times[name].append(time.perf_counter() - start)
+    bare = statistics.median(times["python -c pass"])
+    print(f"{repeats} repeats, seconds from launch to exit")
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(f"{name:16s} median {median:.2f} s (min {min(values):.2f}, max {max(values):.2f}), {median / bare:.1f}x")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--cli", action="store_true", help="the ember command's answers without training")
     parser.add_argument("--side", choices=["ember", "hand"], help=argparse.SUPPRESS)  # a child process
     args = parser.parse_args(argv)
+    if args.cli:
+        cli_answers(args.repeats)
+        return
     if args.side is not None:
         ember_side() if args.side == "ember" else hand_side()
         print(time.time())

@@ -174,6 +174,16 @@ def test_first_step_benchmark_times_a_fresh_process_of_each_side():
     assert re.search(r"^ember +median [\d.]+ s .* [+-][\d.]+% over the hand loop$", out, re.M), out
 
 
+def test_first_step_benchmark_times_the_commands_quick_answers():
+    """--cli, one repeat: the bare interpreter and the three answers that import no JAX, each with its ratio."""
+    out = run_benchmark("first_step.py", "--cli", "--repeats", "1", timeout=300)
+    names = [
+        m.group(1).strip()
+        for m in re.finditer(r"^(.+?) +median [\d.]+ s \(min [\d.]+, max [\d.]+\), [\d.]+x$", out, re.M)
+    ]
+    assert names == ["python -c pass", "ember --version", "a config typo", "a finished run"], out
+
+
 def test_orbax_checks_benchmark_runs_and_reports_both_rows():
     """A small tree: the save and the restore rows, each with both sides and the ratio; no timing asserted."""
     out = run_benchmark("orbax_checks.py", "--mb", "8", "--repeats", "2", timeout=300)

@@ -4,6 +4,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from ember import __version__
 from ember.cli import ConfigError, load_config, main, train
+from tests.subprocesses import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,12 +45,36 @@ def test_the_default_run_reaches_97_percent(default_run, capsys):
     assert {"train/loss", "train/lr", "val/accuracy", "val/loss"} <= {k for r in rows for k in r}
 
 
-def test_running_the_same_command_again_resumes_and_finds_nothing_left(default_run, capsys):
+def test_running_the_same_command_again_finds_nothing_left_without_importing_jax(default_run):
+    """A relaunch of a finished run is answered from its files: two lines, status 0, and no JAX, Flax or optax."""
+    code = (
+        "import sys; from ember.cli import main; status = main(['train', '--output', sys.argv[1]]); "
+        "print(status, sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'flax', 'optax', 'orbax'}))"
+    )
+    done = run_python(["-c", code, str(default_run)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"{default_run}: this run is already complete; nothing to do."
+    assert re.fullmatch(
+        rf"Done: \d+ epochs, \d+ iterations in [\d.]+ s; best val accuracy 0\.\d{{4}}\. Run folder: {default_run}",
+        lines[1],
+    )
+    assert lines[2:] == ["0 []"]
+
+
+def test_a_finished_run_whose_last_checkpoint_is_gone_is_not_taken_for_finished(tmp_path, capsys):
+    """The files must agree: a summary without its last checkpoint sends the relaunch through training again."""
+    args = ["train", "--output", str(tmp_path), "trainer.max_epochs=1", "handlers.progress=false"]
+    assert main([*args, "handlers.writers=[jsonl]"]) == 0
+    latest = tmp_path / "checkpoints" / "latest"
+    assert sorted(p.name for p in latest.iterdir()) == ["step_00000022"]
+    shutil.rmtree(latest / "step_00000022")
     capsys.readouterr()
-    assert main(["train", "--output", str(default_run)]) == 0
+    assert main([*args, "handlers.writers=[jsonl]"]) == 0
     out = capsys.readouterr().out
-    assert "Resuming" in out
-    assert f"{default_run}: this run is already complete; nothing to do." in out
+    assert "already complete" not in out
+    assert re.search(r"^epoch   1  iteration    22  val accuracy 0\.\d{4}", out, re.M), out
+    assert sorted(p.name for p in latest.iterdir()) == ["step_00000022"]
 
 
 def test_a_changed_config_is_refused_and_a_finished_run_keeps_its_record(tmp_path, capsys):
@@ -82,7 +108,10 @@ def test_inspect_and_plot(default_run, capsys):
     out = capsys.readouterr().out
     assert re.search(r"^checkpoint step_\d{8}-val_accuracy=0\.9\d{3}$", out, flags=re.M)
     assert re.search(r"^    trainer/params\.Dense_1\.kernel +float32\[64, 10\]$", out, flags=re.M)
-    assert "early_stopping: {'counter': " in out
+    assert re.search(r"^    early_stopping\.counter +\d+$", out, flags=re.M), out  # state dicts as numbers
+    assert re.search(r"^    trainer\.attached\.metric:loss\.state +\(\d+\.\d+, \d+\)$", out, flags=re.M), out
+    assert re.search(r"^    trainer\.data\.position +\d+$", out, flags=re.M), out
+    assert "{'dtype'" not in out
     assert main(["plot", str(default_run)]) == 0
     png = default_run / "curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -227,6 +256,11 @@ def test_the_main_job_runs_unchanged_on_any_number_of_devices(tmp_path, devices,
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["iterations"], summary["best_accuracy"] > 0.5) == (22, True)
+    plural = "s" if devices > 1 else ""
+    assert re.fullmatch(  # what it runs on, first
+        rf"Training on cpu: {devices} device{plural}, placement \w+( \(auto\))?, precision float32\.",
+        result.stdout.splitlines()[0],
+    ), result.stdout
     if placement in ("fsdp", "sharded"):  # the layout, once, before the first epoch's line
         lines = result.stdout.splitlines()
         head = lines.index(next(line for line in lines if line.startswith("array ")))
@@ -303,9 +337,12 @@ def test_lr_find_runs_the_range_test_on_a_config_and_plots_it(tmp_path, capsys):
     png = tmp_path / "lr.png"
     args = ["lr-find", "model.name=mlp", "--start", "1e-4", "--end", "1", "--num-iter", "20", "--output", str(png)]
     assert main(args) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
+    line, curve, rerun = capsys.readouterr().out.strip().splitlines()[-3:]
     assert re.fullmatch(r"suggested learning rate: [\d.e-]+ \(\d+ steps tried\)", line), line
-    assert 1e-4 <= float(line.split()[3]) <= 1.0
+    suggested = line.split()[3]
+    assert 1e-4 <= float(suggested) <= 1.0
+    assert curve == f"the curve: {png}"
+    assert rerun == f"to train with it: ember train model.name=mlp optimizer.learning_rate={suggested}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -330,3 +367,54 @@ def test_the_command_line_takes_overrides_anywhere_and_names_its_mistakes(tmp_pa
     with pytest.raises(SystemExit):
         main(["train", "--outptu", str(run)])
     assert "unrecognized arguments: --outptu" in capsys.readouterr().err
+
+
+def test_plot_draws_a_resumed_runs_overlap_once_with_the_resumed_values():
+    """Steps logged by a stopped run and again by its resumed run: one point each, the resumed run's."""
+    from ember.cli._plot import curves
+
+    stopped = [{"step": s, "train/loss": 1.0 / s} for s in (10, 20, 30)]
+    resumed = [{"step": s, "train/loss": 2.0 / s} for s in (30, 40)] + [{"step": 40, "val/accuracy": 0.5}]
+    lines = [json.dumps(row) for row in stopped + resumed]
+    assert curves(lines) == {
+        "train/loss": [(10, 0.1), (20, 0.05), (30, 2.0 / 30), (40, 0.05)],
+        "val/accuracy": [(40, 0.5)],
+    }
+
+
+def test_an_error_deep_in_the_model_is_one_line_naming_the_data_and_debug_shows_the_traceback(tmp_path, capsys):
+    """2-D data into the built-in CNN: what the model takes and what the data is; --debug raises it whole."""
+    np.save(tmp_path / "x.npy", np.zeros((100, 2), np.float32))
+    np.save(tmp_path / "y.npy", np.zeros(100, np.int32))
+    args = ["train", "data.name=npy", f"data.path={tmp_path}", f"--output={tmp_path / 'run'}"]
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        "ember: error: model 'cnn' cannot take the data's inputs: one batch of x is float32[1, 2] (ValueError: "
+        "operands could not be broadcast together with shapes (0,) (2,)). The built-in cnn takes images, (batch, "
+        "height, width, channels), such as the digits' (batch, 8, 8, 1); model.name=mlp takes inputs of any shape. "
+        "Run with --debug for the traceback.\n"
+    )
+    with pytest.raises(ConfigError, match=r"^model 'cnn' cannot take the data's inputs") as info:
+        main([*args, "--debug"])
+    assert isinstance(info.value.__cause__, ValueError)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_relaunch_may_change_the_placement_and_says_it_restored_onto_a_new_layout(tmp_path, capsys):
+    """Stopped after epoch 1 of 2 (its last checkpoint removed), relaunched data_parallel: it resumes, says so."""
+    config = {
+        "trainer": {"max_epochs": 2, "placement": "single"},
+        "handlers": {"progress": False, "writers": ["jsonl"]},
+        "output": str(tmp_path),
+    }
+    assert train(config)["iterations"] == 44
+    shutil.rmtree(tmp_path / "checkpoints" / "latest" / "step_00000044")  # as if stopped after the first epoch
+    (tmp_path / "summary.json").unlink()
+    capsys.readouterr()
+    summary = train({**config, "trainer": {"max_epochs": 2, "placement": "data_parallel"}})
+    out = capsys.readouterr().out
+    assert f"Resuming {tmp_path} from step_00000022 (iteration 22).\n" in out
+    assert "Restored onto a new layout (trainer.placement: 'single' -> 'data_parallel').\n" in out
+    assert (summary["resumed_from"], summary["iterations"]) == (22, 44)
+    with pytest.raises(ConfigError, match=r"optimizer\.learning_rate: 0\.003 -> 0\.01\)"):  # the math: refused
+        train({**config, "optimizer": {"learning_rate": 0.01}})

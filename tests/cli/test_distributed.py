@@ -74,6 +74,8 @@ def test_two_processes_train_the_default_config_as_one_process_on_two_devices(tm
     assert [line[4:] for line in lines if line.startswith("[0] epoch ")] == epoch_lines(reference.stdout)
     assert len(epoch_lines(reference.stdout)) == 2
     assert [line for line in lines if line.startswith("[1] epoch ")] == []  # process 1 prints no epoch line
+    said = [line for line in lines if "Training on" in line]
+    assert said == ["[0] Training on cpu: 2 devices in 2 processes, placement DataParallel (auto), precision float32."]
     assert any(line.startswith("[0] Done: 2 epochs, 44 iterations") for line in lines)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["best_accuracy"] == json.loads((one / "summary.json").read_text())["best_accuracy"]

@@ -96,8 +96,40 @@ def _report(info: CheckpointInfo) -> str:
     states = manifest.get("metadata", {}).get("state_dicts", {})
     if states:
         lines.append("  state dicts")
-        lines += [f"    {name}: {state}" for name, state in states.items()]
+        rows = list(_flat_values(states))
+        width = max(len(key) for key, _ in rows)
+        lines += [f"    {key.ljust(width)}  {value}" for key, value in rows]
     return "\n".join(lines)
+
+
+def _flat_values(state: Any, prefix: str = "") -> Any:
+    """``(dotted.key, text)`` for every value of nested state dicts, arrays and numbers written as numbers."""
+    if isinstance(state, dict) and not _is_array(state) and set(state) != {"tuple"} and state:
+        for key, value in state.items():
+            yield from _flat_values(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, _shown(state)
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, dict) and {"dtype", "shape", "data"} <= set(value)
+
+
+def _shown(value: Any) -> str:
+    """A saved value as a reader wants it: ``2.10272`` for a 0-d array, ``(2.1, 1)`` for a tuple of them."""
+    if _is_array(value):
+        data = value["data"]
+        if not value["shape"] and isinstance(data, list) and len(data) == 1:
+            return _shown(data[0])
+        shape = ", ".join(str(n) for n in value["shape"])
+        return f"{value['dtype']}[{shape}]" + (f" {[_shown(v) for v in data]}" if len(data) <= 8 else "")
+    if isinstance(value, dict) and set(value) == {"tuple"}:
+        return "(" + ", ".join(_shown(v) for v in value["tuple"]) + ")"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_shown(v) for v in value) + "]"
+    return str(value)
 
 
 def _prod(shape: list[int]) -> int:

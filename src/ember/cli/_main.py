@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -37,8 +38,6 @@ def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any
         ...     start_distributed(env)
         {'coordinator_address': 'node0:1234', 'num_processes': 2, 'process_id': 1}
     """
-    import os
-
     import jax
 
     env = os.environ if environ is None else environ
@@ -80,7 +79,6 @@ def end_together(status: int = 0) -> None:
         >>> from ember.cli._main import end_together
         >>> end_together()  # one process: returns at once
     """
-    import os
     import time
 
     import jax
@@ -112,7 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ember", description="An event-driven training engine for JAX.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
-    p_train = sub.add_parser("train", help="train from a YAML config (none: the embedded digits run)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (as EMBER_DEBUG=1 does), not one line"
+    )
+    p_train = sub.add_parser("train", parents=[common], help="train from a YAML config (none: the embedded digits run)")
     p_train.add_argument(
         "config",
         nargs="*",
@@ -126,7 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="start jax.distributed first: from EMBER_COORDINATOR, EMBER_NUM_PROCESSES and EMBER_PROCESS_ID "
         "when set, else JAX's own detection (Slurm, Open MPI, TPU)",
     )
-    p_lr = sub.add_parser("lr-find", help="the learning-rate range test on a config's model, optimizer and data")
+    p_lr = sub.add_parser(
+        "lr-find", parents=[common], help="the learning-rate range test on a config's model, optimizer and data"
+    )
     p_lr.add_argument("config", nargs="*", metavar="[CONFIG] [KEY=VALUE ...]", help="as for ember train")
     p_lr.add_argument("--start", type=float, default=1e-7, help="the first learning rate (default 1e-7)")
     p_lr.add_argument("--end", type=float, default=10.0, help="the last learning rate (default 10)")
@@ -139,11 +143,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_launch.add_argument("-n", "--nproc", type=int, required=True, help="how many processes")
     p_launch.add_argument("--port", type=int, help="the coordinator's port on localhost (default: a free one)")
     p_launch.add_argument("program", nargs=argparse.REMAINDER, metavar="[--] COMMAND ...")
-    p_resume = sub.add_parser("resume", help="continue the run in RUN_DIR with the config saved there")
+    p_resume = sub.add_parser(
+        "resume", parents=[common], help="continue the run in RUN_DIR with the config saved there"
+    )
     p_resume.add_argument("run_dir")
-    p_inspect = sub.add_parser("inspect", help="print what a checkpoint holds")
+    p_inspect = sub.add_parser("inspect", parents=[common], help="print what a checkpoint holds")
     p_inspect.add_argument("checkpoint", help="a checkpoint folder, or a folder of checkpoints (its latest)")
-    p_plot = sub.add_parser("plot", help="draw a run's curves into a PNG")
+    p_plot = sub.add_parser("plot", parents=[common], help="draw a run's curves into a PNG")
     p_plot.add_argument("run_dir")
     p_plot.add_argument("--output", help="the PNG (default RUN_DIR/curves.png)")
     args, extra = parser.parse_known_args(argv)
@@ -156,13 +162,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         if args.command == "train":
-            from ember.cli._train import train
-
             config = _config_from(args.config, "train")
-            if args.distributed:
-                start_distributed()
             if args.output:
                 config.output = args.output
+            if not args.distributed and _answered_without_training(config):
+                return 0
+            from ember.cli._train import train  # JAX from here on
+
+            if args.distributed:
+                start_distributed()
             status = _status(train(config))
             if args.distributed:
                 end_together(status)
@@ -178,17 +186,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 output=args.output,
             )
             print(f"suggested learning rate: {result.suggestion:.3g} ({len(result.lrs)} steps tried)")
+            if args.output:
+                print(f"the curve: {args.output}")
+            rerun = " ".join(["ember train", *args.config, f"optimizer.learning_rate={result.suggestion:.3g}"])
+            print(f"to train with it: {rerun}")
         elif args.command == "launch":
             from ember.cli._launch import launch
 
             program = args.program[1:] if args.program[:1] == ["--"] else args.program
             return launch(args.nproc, program, port=args.port)
         elif args.command == "resume":
-            from ember.cli._train import train
-
             saved = Path(args.run_dir) / "config.yaml"
             if not saved.exists():
                 raise FileNotFoundError(f"{args.run_dir} has no config.yaml; is it a run folder of ember train?")
+            if _answered_without_training(_config_from([str(saved)], "resume")):
+                return 0
+            from ember.cli._train import train  # JAX from here on
+
             return _status(train(saved))
         elif args.command == "inspect":
             from ember.cli._inspect import describe_checkpoint
@@ -202,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 2
     except (ConfigError, FileNotFoundError, ValueError, ImportError) as e:
+        if getattr(args, "debug", False) or os.environ.get("EMBER_DEBUG", "") not in ("", "0"):
+            raise  # the whole traceback, for a bug report
         print(f"ember: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before training started (or after): during it, the run saves and stops
@@ -210,9 +226,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _answered_without_training(config: Any) -> bool:
+    """Say so and return ``True`` when ``config``'s run folder holds that run finished; JAX is not imported for it."""
+    from ember.cli._run_record import closing_line, finished_run
+
+    summary = finished_run(Path(config.output), config)
+    if summary is None:
+        return False
+    print(f"{config.output}: this run is already complete; nothing to do.")
+    print(closing_line(summary))
+    return True
+
+
 def _status(summary: dict[str, Any]) -> int:
     """The exit status of a run: 0, or 128 + the signal's number when a signal stopped it (it can be resumed)."""
-    from ember.cli._train import SIGNAL_STATUS
+    from ember.cli._run_record import SIGNAL_STATUS
 
     return SIGNAL_STATUS.get(summary.get("stopped") or "", 0)
 

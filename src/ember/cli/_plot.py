@@ -34,14 +34,7 @@ def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | N
     log = Path(run_dir) / "metrics.jsonl"
     if not log.exists():
         raise FileNotFoundError(f"No metrics.jsonl in {run_dir}; was it written by ember train?")
-    series: dict[str, list[tuple[int, float]]] = {}
-    for line in log.read_text().splitlines():
-        row = json.loads(line)
-        if "step" not in row:
-            continue
-        for name, value in row.items():
-            if name not in ("step", "time") and isinstance(value, int | float):
-                series.setdefault(name, []).append((int(row["step"]), float(value)))
+    series = curves(log.read_text().splitlines())
     if not series:
         raise ValueError(f"{log} holds no scalars to plot.")
     groups = panels(series)
@@ -50,7 +43,7 @@ def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | N
     for i, (group, names) in enumerate(groups.items(), 1):
         ax = fig.add_subplot(1, len(groups), i)
         for name in names:
-            steps, values = zip(*sorted(series[name]), strict=True)
+            steps, values = zip(*series[name], strict=True)
             ax.plot(steps, values, label=name, marker="o" if len(steps) < 30 else None)
         ax.set_xlabel("step")
         ax.set_title(group)
@@ -59,6 +52,29 @@ def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | N
     path = Path(output) if output is not None else Path(run_dir) / "curves.png"
     canvas.print_png(str(path))
     return path
+
+
+def curves(lines: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
+    """Each scalar's ``(step, value)`` points from ``metrics.jsonl`` lines, by step; the last one of a step wins.
+
+    A run stopped and resumed logs the steps after its checkpoint twice (the stopped run's, then the resumed run's):
+    the resumed run's values are the ones its state went on from, so they replace the others.
+
+    Examples:
+        >>> from ember.cli._plot import curves
+        >>> lines = ['{"step": 1, "loss": 0.9}', '{"step": 2, "loss": 0.7}', '{"step": 2, "loss": 0.6}']
+        >>> curves(lines)
+        {'loss': [(1, 0.9), (2, 0.6)]}
+    """
+    points: dict[str, dict[int, float]] = {}
+    for line in lines:
+        row = json.loads(line)
+        if "step" not in row:
+            continue
+        for name, value in row.items():
+            if name not in ("step", "time") and isinstance(value, int | float):
+                points.setdefault(name, {})[int(row["step"])] = float(value)
+    return {name: sorted(values.items()) for name, values in points.items()}
 
 
 def panels(names: Iterable[str]) -> dict[str, list[str]]:

@@ -225,6 +225,48 @@ def build_data(config: DataConfig) -> tuple[Any, Any, Any]:
     return train, val, np.asarray(next(iter(train))["x"])[:1]
 
 
+def model_output(model: nn.Module, sample: Any, model_name: str) -> Any:
+    """The shape of the model's output for ``sample`` (traced, nothing computed), or a `ConfigError` saying why not.
+
+    A model that cannot take the data's inputs fails deep inside Flax or JAX (``operands could not be broadcast
+    together with shapes (0,) (2,)`` for 2-D data into the built-in CNN); this names the model, the data's shape
+    and, for the built-ins, what they take.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ember.cli import DigitsCNN
+        >>> from ember.cli._registry import model_output
+        >>> model_output(DigitsCNN(), np.zeros((1, 8, 8, 1), np.float32), "cnn").shape
+        (1, 10)
+        >>> model_output(DigitsCNN(), np.zeros((1, 2), np.float32), "cnn")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ember.errors.ConfigError: model 'cnn' cannot take the data's inputs: one batch of x is float32[1, 2] ...
+    """
+    import jax
+
+    x = np.asarray(sample)
+    try:
+        return jax.eval_shape(
+            lambda v: model.init_with_output(jax.random.key(0), v)[0], jax.ShapeDtypeStruct(x.shape, x.dtype)
+        )
+    except Exception as e:
+        shape = ", ".join(str(n) for n in x.shape)
+        takes = {
+            "cnn": " The built-in cnn takes images, (batch, height, width, channels), such as the digits' "
+            "(batch, 8, 8, 1); model.name=mlp takes inputs of any shape.",
+        }.get(model_name, "")
+        raise ConfigError(
+            f"model {model_name!r} cannot take the data's inputs: one batch of x is {x.dtype}[{shape}] "
+            f"({type(e).__name__}: {_first_line(e)}).{takes} Run with --debug for the "
+            "traceback."
+        ) from e
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def check_labels(config: DataConfig, train: Any, model: nn.Module, sample: Any, model_name: str) -> None:
     """Refuse labels the model cannot output: each must be a class index below the model's output size.
 
@@ -240,8 +282,6 @@ def check_labels(config: DataConfig, train: Any, model: nn.Module, sample: Any, 
         Traceback (most recent call last):
         ember.errors.ConfigError: data: the labels go up to 9 (in the digits), but the model 'mlp' outputs 5 ...
     """
-    import jax
-
     if config.name == "digits":
         labels, where = np.asarray(train.arrays["y"]), "in the digits"
     elif config.name == "npy":
@@ -251,11 +291,7 @@ def check_labels(config: DataConfig, train: Any, model: nn.Module, sample: Any, 
     if not np.issubdtype(labels.dtype, np.integer) or labels.size == 0:
         return
     low, high = int(labels.min()), int(labels.max())
-    out = jax.eval_shape(
-        lambda x: model.init_with_output(jax.random.key(0), x)[0],
-        jax.ShapeDtypeStruct(np.shape(sample), np.asarray(sample).dtype),
-    )
-    classes = int(out.shape[-1])
+    classes = int(model_output(model, sample, model_name).shape[-1])
     if low < 0:
         raise ConfigError(f"data: the labels must be class indices from 0, got {low} ({where}).")
     if high >= classes:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
+import io
 import json
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import jax
 import optax
@@ -24,6 +24,7 @@ from ember.cli._registry import (
     build_schedule,
     check_labels,
 )
+from ember.cli._run_record import check_same_run, closing_line, saved_summary
 from ember.handlers import (
     Checkpoint,
     EarlyStopping,
@@ -123,11 +124,17 @@ def train(
     primary = jax.process_index() == 0  # in a run of several processes, process 0 prints and writes the files
 
     def say(text: str) -> None:
-        if primary:
+        if not primary:
+            return
+        if cfg.handlers.progress:  # a line above the bars, never glued onto one
+            from tqdm import tqdm
+
+            tqdm.write(text, file=out)
+        else:
             print(text, file=out)
 
     run_dir = Path(cfg.output)
-    check_same_run(run_dir, cfg)
+    new_layout = check_same_run(run_dir, cfg)
     started = time.perf_counter()
 
     data, val, sample = build_data(cfg.data)
@@ -143,6 +150,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)  # the run can be built: its folder and config are written now
     if primary:
         (run_dir / "config.yaml").write_text(dump_config(cfg))
+    say(_runs_on(trainer, cfg))
     if isinstance(trainer.placement, Sharded):
         say(f"{trainer.placement.summary()}\n{trainer.placement.layout(trainer.state.train_state)}")
     evaluator = create_evaluator(trainer, _predict, placement=trainer.placement)
@@ -150,17 +158,19 @@ def train(
     Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
     RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "loss")
 
-    writer = _writers(cfg, run_dir, out)
+    writer = _writers(cfg, run_dir, cast(TextIO, _AboveBars(out)) if cfg.handlers.progress else out)
     h = cfg.handlers
     ScalarLogger(writer, tag="train", metric_names=["loss"]).attach(
         trainer, Events.ITERATION_COMPLETED(every=h.log_every)
     )
     LRMonitor(writer, schedule=schedule, tag="train/lr").attach(trainer, Events.ITERATION_COMPLETED(every=h.log_every))
+    if h.progress:  # before Evaluate: each epoch's bar is finished and cleared before the epoch's line is printed
+        ProgressBar(refresh_every=10, persist=True, stream=progress_stream, desc="Epoch").attach(
+            trainer, metric_names=["loss"]
+        )
     Evaluate(evaluator, val, writer=writer, tag="val").attach(
         trainer, Events.EPOCH_COMPLETED(every=cfg.trainer.eval_every)
     )
-    if h.progress:
-        ProgressBar(refresh_every=10, stream=progress_stream, desc="Epoch").attach(trainer, metric_names=["loss"])
     to_save: dict[str, Any] = {"trainer": trainer}  # its state dict holds the data's position
     stopper = None
     stopper_metric = None
@@ -199,23 +209,26 @@ def train(
 
     accuracies: list[float] = []
     evaluator.add_event_handler(Events.COMPLETED, lambda e: accuracies.append(float(e.state.metrics["accuracy"])))
-    evaluator.add_event_handler(
-        Events.COMPLETED,
-        lambda e: say(
-            f"epoch {trainer.state.epoch:3d}  iteration {trainer.state.iteration:5d}  "
-            f"val accuracy {e.state.metrics['accuracy']:.4f}  val loss {e.state.metrics['loss']:.4f}"
-        ),
-    )
+    if "console" not in h.writers:  # the console writer prints the evaluation's numbers itself
+        evaluator.add_event_handler(
+            Events.COMPLETED,
+            lambda e: say(
+                f"epoch {trainer.state.epoch:3d}  iteration {trainer.state.iteration:5d}  "
+                f"val accuracy {e.state.metrics['accuracy']:.4f}  val loss {e.state.metrics['loss']:.4f}"
+            ),
+        )
 
     info = latest.resume()
     if info is not None:
         say(f"Resuming {run_dir} from {info.path.name} (iteration {info.step}).")
+        if new_layout:
+            say(f"Restored onto a new layout ({'; '.join(new_layout)}).")
     if info is not None and _finished(trainer, cfg):
         say(f"{run_dir}: this run is already complete; nothing to do.")
         writer.close()
-        previous = _saved_summary(run_dir)
+        previous = saved_summary(run_dir)
         if previous is not None:  # the record of the run stays as the run left it
-            say(_closing_line(previous))
+            say(closing_line(previous))
             return previous
     elif cfg.trainer.max_iters is not None:
         trainer.run(data, max_iters=cfg.trainer.max_iters, epoch_length=cfg.data.epoch_length)
@@ -246,7 +259,7 @@ def train(
     }
     if primary:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    say(_closing_line(summary))
+    say(closing_line(summary))
     jax.block_until_ready(trainer.state.train_state)
     return summary
 
@@ -258,10 +271,35 @@ def _length(data: Any) -> int | None:
         return None
 
 
-#: Exit status of ``ember train`` stopped by a signal, as a shell reports a command a signal ended: 128 + its number.
-SIGNAL_STATUS = {"SIGINT": 130, "SIGTERM": 143}
+class _AboveBars(io.TextIOBase):
+    """A stream whose lines go through ``tqdm.write``: printed above the progress bars, never glued onto one."""
 
-_SIGNAL_WORDS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM"}
+    def __init__(self, out: TextIO) -> None:
+        self.out, self._line = out, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        from tqdm import tqdm
+
+        self._line += text
+        *lines, self._line = self._line.split("\n")
+        for line in lines:
+            tqdm.write(line, file=self.out)
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def _runs_on(trainer: Any, cfg: Config) -> str:
+    """One line: the backend, the devices (and processes), the placement and the precision the run trains with."""
+    devices, processes = jax.device_count(), jax.process_count()
+    where = f"{devices} device{'s' if devices != 1 else ''}" + (f" in {processes} processes" if processes > 1 else "")
+    placement = type(trainer.placement).__name__
+    chosen = f"{placement} (auto)" if cfg.trainer.placement == "auto" else placement
+    return f"Training on {jax.default_backend()}: {where}, placement {chosen}, precision float32."
 
 
 def _why_stopped(trainer: Any, preemption: Preemption, stopper: EarlyStopping | None, nan_guard: Any) -> str | None:
@@ -276,72 +314,6 @@ def _why_stopped(trainer: Any, preemption: Preemption, stopper: EarlyStopping | 
     if stopper is not None and stopper.counter >= stopper.patience:
         return "early stopping"
     return "terminate()"
-
-
-def _closing_line(summary: dict[str, Any]) -> str:
-    best = summary["best_accuracy"]
-    shown = "none yet (no evaluation finished)" if best is None else f"{best:.4f}"
-    stopped = summary.get("stopped")
-    if stopped is not None and stopped.startswith(("SIG", "a signal")):
-        return (
-            f"Stopped at iteration {summary['iterations']} ({_SIGNAL_WORDS.get(stopped, stopped)}), the checkpoint "
-            f"saved; run the same command to resume. Best val accuracy {shown}. Run folder: {summary['run_dir']}"
-        )
-    return (
-        f"Done: {summary['epochs']} epochs, {summary['iterations']} iterations in {summary['seconds']} s; "
-        f"best val accuracy {shown}. Run folder: {summary['run_dir']}"
-    )
-
-
-def _saved_summary(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-#: Config fields a relaunch may change: they do not change what the run computes.
-_COSMETIC = frozenset({"handlers.progress"})
-
-
-def check_same_run(run_dir: Path, config: Config) -> None:
-    """Refuse to continue a run in ``run_dir`` with a config that differs from the one it was started with.
-
-    A run that has written a checkpoint is continued only with its own config (but for the progress bar):
-    another learning rate, schedule length, model or data order would make one record of two runs. The
-    error lists every difference.
-
-    Examples:
-        >>> import tempfile
-        >>> from pathlib import Path
-        >>> from ember.cli import load_config
-        >>> from ember.cli._train import check_same_run
-        >>> check_same_run(Path(tempfile.mkdtemp()), load_config())  # a new folder: nothing to compare
-    """
-    saved_file = run_dir / "config.yaml"
-    latest = run_dir / "checkpoints" / "latest"
-    started = latest.is_dir() and any((c / "manifest.json").exists() for c in latest.iterdir())
-    if not started or not saved_file.exists():
-        return
-    saved = dataclasses.asdict(load_config(saved_file))
-    differences = [
-        f"{path}: {old!r} -> {new!r}"
-        for path, old, new in _differences(saved, dataclasses.asdict(config))
-        if path not in _COSMETIC
-    ]
-    if differences:
-        raise ConfigError(
-            f"{run_dir} holds a run started with another config ({'; '.join(differences)}). Continuing it with "
-            "these changes would make one run of two configs. Train into a new folder (set output:), or "
-            f"delete {run_dir} to start over."
-        )
-
-
-def _differences(old: Any, new: Any, path: str = "") -> list[tuple[str, Any, Any]]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        keys = list(old) + [k for k in new if k not in old]
-        return [d for k in keys for d in _differences(old.get(k), new.get(k), f"{path}.{k}" if path else k)]
-    return [] if old == new else [(path, old, new)]
 
 
 def _finished(trainer: Any, cfg: Config) -> bool:

@@ -1,0 +1,120 @@
+"""What a run folder of `ember train` records (its config, its summary), read without importing JAX."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from ember.cli._config import Config, ConfigError, load_config
+
+#: Config fields a relaunch may change: they do not change what the run computes.
+COSMETIC = frozenset({"handlers.progress"})
+
+#: Where the run's arrays live, which a relaunch may change too: the checkpoint restores onto the new layout.
+LAYOUT = frozenset({"trainer.placement", "trainer.mesh", "trainer.rules"})
+
+#: What ``summary["stopped"]`` holds for a run a signal stopped (it can be resumed), and its exit status: 128 + the
+#: signal's number, as a shell reports a command a signal ended.
+SIGNAL_STATUS = {"SIGINT": 130, "SIGTERM": 143}
+
+_SIGNAL_WORDS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM"}
+
+
+def check_same_run(run_dir: Path, config: Config) -> list[str]:
+    """Refuse to continue a run in ``run_dir`` with a config that differs from the one it was started with.
+
+    A run that has written a checkpoint is continued only with its own config, but for the progress bar and the
+    layout (placement, mesh, rules: the checkpoint restores onto any): another learning rate, schedule length,
+    model or data order would make one record of two runs. The error lists every difference. Returns the layout's
+    changes (``"trainer.placement: 'single' -> 'fsdp'"``), for the run to say so.
+
+    Examples:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from ember.cli import load_config
+        >>> from ember.cli._run_record import check_same_run
+        >>> check_same_run(Path(tempfile.mkdtemp()), load_config())  # a new folder: nothing to compare
+        []
+    """
+    saved_file = run_dir / "config.yaml"
+    latest = run_dir / "checkpoints" / "latest"
+    started = latest.is_dir() and any((c / "manifest.json").exists() for c in latest.iterdir())
+    if not started or not saved_file.exists():
+        return []
+    saved = dataclasses.asdict(load_config(saved_file))
+    changes = [
+        (path, f"{path}: {old!r} -> {new!r}")
+        for path, old, new in _differences(saved, dataclasses.asdict(config))
+        if path not in COSMETIC
+    ]
+    differences = [text for path, text in changes if path not in LAYOUT]
+    if differences:
+        raise ConfigError(
+            f"{run_dir} holds a run started with another config ({'; '.join(differences)}). Continuing it with "
+            "these changes would make one run of two configs. Train into a new folder (set output:), or "
+            f"delete {run_dir} to start over."
+        )
+    return [text for path, text in changes if path in LAYOUT]
+
+
+def _differences(old: Any, new: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = list(old) + [k for k in new if k not in old]
+        return [d for k in keys for d in _differences(old.get(k), new.get(k), f"{path}.{k}" if path else k)]
+    return [] if old == new else [(path, old, new)]
+
+
+def saved_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The ``summary.json`` of a run folder, or ``None``."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def finished_run(run_dir: Path, config: Config) -> dict[str, Any] | None:
+    """The summary of the run in ``run_dir`` if it is finished with ``config``, read from its files alone; else None.
+
+    Finished: its summary says it ran to its end (or a handler ended it), not that a signal stopped it, and its
+    latest checkpoint is the summary's last iteration. ``ember train`` answers a relaunch of such a run without
+    importing JAX.
+
+    Examples:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from ember.cli import load_config
+        >>> from ember.cli._run_record import finished_run
+        >>> print(finished_run(Path(tempfile.mkdtemp()), load_config()))
+        None
+    """
+    summary = saved_summary(run_dir)
+    if summary is None or summary.get("stopped") in SIGNAL_STATUS or "iterations" not in summary:
+        return None
+    check_same_run(run_dir, config)
+    last = run_dir / "checkpoints" / "latest" / f"step_{summary['iterations']:08d}" / "manifest.json"
+    return summary if last.exists() else None
+
+
+def closing_line(summary: dict[str, Any]) -> str:
+    """The line ``ember train`` ends with: what ran, the best accuracy and the folder, or how to resume.
+
+    Examples:
+        >>> from ember.cli._run_record import closing_line
+        >>> closing_line({"epochs": 2, "iterations": 44, "seconds": 3.1, "best_accuracy": 0.9, "run_dir": "r"})
+        'Done: 2 epochs, 44 iterations in 3.1 s; best val accuracy 0.9000. Run folder: r'
+    """
+    best = summary["best_accuracy"]
+    shown = "none yet (no evaluation finished)" if best is None else f"{best:.4f}"
+    stopped = summary.get("stopped")
+    if stopped is not None and stopped.startswith(("SIG", "a signal")):
+        return (
+            f"Stopped at iteration {summary['iterations']} ({_SIGNAL_WORDS.get(stopped, stopped)}), the checkpoint "
+            f"saved; run the same command to resume. Best val accuracy {shown}. Run folder: {summary['run_dir']}"
+        )
+    return (
+        f"Done: {summary['epochs']} epochs, {summary['iterations']} iterations in {summary['seconds']} s; "
+        f"best val accuracy {shown}. Run folder: {summary['run_dir']}"
+    )

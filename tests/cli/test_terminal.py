@@ -1,0 +1,77 @@
+"""``ember train`` in a real terminal (a pseudo-terminal): one clean bar per epoch, every line on its own."""
+
+import fcntl
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+from tests.subprocesses import ROOT
+
+BAR = re.compile(r"Epoch \[(\d)/2\]: +(\d+)%\|[^|]*\| (\d+)/22")
+
+
+def in_a_terminal(args, timeout=240.0):
+    """Run ``python -m ember.cli *args`` with a 100-column pseudo-terminal as its stdout and stderr; all it drew."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ember.cli", *args], cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave
+    )
+    os.close(slave)
+    drawn, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the terminal: all is read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        proc.kill() if proc.poll() is None else None
+        proc.wait(timeout=30)
+        os.close(master)
+    return proc.returncode, drawn.decode()
+
+
+def test_each_epoch_ends_with_its_bar_full_and_its_line_below_it(tmp_path):
+    """The bar reaches 22/22 and stays; the epoch's line starts a line of its own (it was glued onto a bar at 45%)."""
+    status, drawn = in_a_terminal(["train", "--output", str(tmp_path / "run"), "trainer.max_epochs=2"])
+    assert status == 0, drawn[-3000:]
+    lines = drawn.split("\r\n")  # the terminal's line ends; "\r" alone redraws a bar in place
+    epoch_lines = [i for i, line in enumerate(lines) if re.fullmatch(r"epoch +\d+ +iteration +\d+ +val .*", line)]
+    assert len(epoch_lines) == 2, drawn
+    for epoch, i in enumerate(epoch_lines, 1):
+        frames = [m.groups() for m in BAR.finditer(lines[i - 1])]  # the bar's frames, drawn in place
+        assert frames, drawn
+        assert frames[-1] == (str(epoch), "100", "22")  # the bar's last frame: full
+    assert lines[0].startswith("Training on cpu: ")
+    assert lines[-2].startswith("Done: 2 epochs, 44 iterations")
+
+
+def test_the_console_writer_prints_above_the_bars_and_no_epoch_line_twice(tmp_path):
+    """handlers.writers=[console]: its lines stand on their own lines; the epoch line is not printed beside them."""
+    status, drawn = in_a_terminal(
+        ["train", "--output", str(tmp_path / "run"), "trainer.max_epochs=2", "handlers.writers=[console]"]
+    )
+    assert status == 0, drawn[-3000:]
+    lines = drawn.split("\r\n")
+    val = [line for line in lines if "val/accuracy" in line]
+    assert [re.sub(r"\d\.\d{4}", "x", line) for line in val] == [  # whole lines: nothing drawn before them
+        "step 22 | val/accuracy x | val/loss x",
+        "step 44 | x s/step | val/accuracy x | val/loss x",
+    ], drawn
+    assert not any(re.match(r"epoch +\d+ +iteration", line.rsplit("\r", 1)[-1]) for line in lines), drawn
