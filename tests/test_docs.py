@@ -118,6 +118,21 @@ def test_the_custom_early_stopping_on_the_handlers_page_works():
     assert stop.state_dict() == {"best": 0.8, "bad": 3}
 
 
+def test_every_stock_handler_on_the_handlers_page_attaches_and_runs(tmp_path, monkeypatch, capsys):
+    """The page's block builds each handler of its table on one trainer; the run prints what its comment says."""
+    page = (DOCS / "concepts" / "handlers.md").read_text()
+    first_cells = [line.split("|")[1] for line in page.splitlines() if line.startswith("| `")]
+    listed = {name for cell in first_cells for name in re.findall(r"`([A-Za-z]+)`", cell)}
+    assert len(listed) == 14, listed
+    code = page.split("<!-- run: stock-handlers -->\n```python\n", 1)[1].split("```", 1)[0]
+    assert {name for name in listed if f"{name}(" not in code} == set()  # every handler of the table is built
+    monkeypatch.chdir(tmp_path)
+    exec(code, {})
+    printed = capsys.readouterr().out.splitlines()[-1]
+    claimed = next(line.split("# ", 1)[1] for line in code.splitlines() if line.startswith("print("))
+    assert printed == claimed
+
+
 def test_the_save_handler_on_the_checkpoints_page_runs_and_prints_what_it_says(capsys):
     """The bucket saver in docs/concepts/checkpoints.md: Ignite's names, n_saved, and a restore from the dict."""
     page = (DOCS / "concepts" / "checkpoints.md").read_text()

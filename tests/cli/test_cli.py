@@ -418,3 +418,30 @@ def test_a_relaunch_may_change_the_placement_and_says_it_restored_onto_a_new_lay
     assert (summary["resumed_from"], summary["iterations"]) == (22, 44)
     with pytest.raises(ConfigError, match=r"optimizer\.learning_rate: 0\.003 -> 0\.01\)"):  # the math: refused
         train({**config, "optimizer": {"learning_rate": 0.01}})
+
+
+def test_a_resumed_run_drops_the_logs_of_steps_past_its_checkpoint(tmp_path, capsys):
+    """Stopped past its checkpoint (step 22 of 44): the relaunch logs steps 23-44 again, and each is logged once."""
+    from tests.writers.tb_reader import read_events
+
+    config = {
+        "trainer": {"max_epochs": 2},
+        "handlers": {"progress": False, "writers": ["jsonl", "csv", "tensorboard"], "log_every": 10},
+        "output": str(tmp_path),
+    }
+    assert train(config)["iterations"] == 44
+    shutil.rmtree(tmp_path / "checkpoints" / "latest" / "step_00000044")  # the run died after logging them
+    (tmp_path / "summary.json").unlink()
+    assert train(config)["resumed_from"] == 22
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = sorted((name, row["step"]) for row in rows for name in row if name not in ("step", "time"))
+    assert logged == sorted(
+        [("train/loss", s) for s in (10, 20, 30, 40)]
+        + [("train/lr", s) for s in (10, 20, 30, 40)]
+        + [(f"val/{m}", s) for m in ("accuracy", "loss") for s in (22, 44)]
+    )
+    csv_rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert csv_rows[0] == "step,name,value"
+    assert len(csv_rows) - 1 == len(logged)
+    starts = [e.step for e in read_events(tmp_path / "tb") if e.HasField("session_log")]
+    assert starts == [23]  # TensorBoard's purge mark: steps from 23 in the earlier file are dropped

@@ -230,10 +230,13 @@ def train(
         if previous is not None:  # the record of the run stays as the run left it
             say(closing_line(previous))
             return previous
-    elif cfg.trainer.max_iters is not None:
-        trainer.run(data, max_iters=cfg.trainer.max_iters, epoch_length=cfg.data.epoch_length)
     else:
-        trainer.run(data, max_epochs=cfg.trainer.max_epochs, epoch_length=cfg.data.epoch_length)
+        if info is not None:  # the logs of steps past the checkpoint are dropped: the resumed run logs them again
+            writer.resume_at(info.step)
+        if cfg.trainer.max_iters is not None:
+            trainer.run(data, max_iters=cfg.trainer.max_iters, epoch_length=cfg.data.epoch_length)
+        else:
+            trainer.run(data, max_epochs=cfg.trainer.max_epochs, epoch_length=cfg.data.epoch_length)
     writer.close()
     if jax.process_count() > 1:  # process 0 has written every checkpoint: all read the same best
         multihost_utils.sync_global_devices("ember train: checkpoints written")

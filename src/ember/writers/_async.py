@@ -183,6 +183,10 @@ class AsyncWriter(Writer):
         """Queue hyperparameters."""
         self._put(self.writer.write_hparams, dict(hparams), dict(metrics or {}))
 
+    def resume_at(self, step: int) -> None:
+        """Queue the writers' ``resume_at(step)``, before anything the resumed run logs."""
+        self._put(self.writer.resume_at, step)
+
     def flush(self) -> None:
         """Wait until everything queued is written and flushed; raise the thread's error if any."""
         if self._thread is not None and not self._closed:

@@ -24,6 +24,24 @@ class _FileWriter(Writer):
             self._file = self.path.open("a", encoding="utf-8", newline="")
         return self._file
 
+    def _keep(self, line: str, step: int) -> bool:
+        raise NotImplementedError
+
+    def resume_at(self, step: int) -> None:
+        """Rewrite the file without the records of steps after ``step`` (in place: an appending handle goes on)."""
+        if not self.path.exists():
+            return
+        self.flush()
+        with self.path.open("r+", encoding="utf-8", newline="") as f:
+            lines = f.read().splitlines(keepends=True)
+            kept = [line for i, line in enumerate(lines) if (i == 0 and self._header) or self._keep(line, step)]
+            if len(kept) < len(lines):
+                f.seek(0)
+                f.write("".join(kept))
+                f.truncate()
+
+    _header = False
+
     def flush(self) -> None:
         """Flush the file to the operating system."""
         if self._file is not None:
@@ -57,6 +75,13 @@ class JsonlWriter(_FileWriter):
     def _line(self, record: Mapping[str, Any]) -> None:
         self._open().write(json.dumps(record) + "\n")
 
+    def _keep(self, line: str, step: int) -> bool:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return True  # not ours to judge: kept as it is
+        return not (isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step)
+
     def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
         """Append ``{"step", "time", **values}``."""
         self._line({"step": step, "time": time.time(), **{k: float(v) for k, v in values.items()}})
@@ -87,6 +112,12 @@ class CsvWriter(_FileWriter):
         3,loss,0.5
         3,lr,0.1
     """
+
+    _header = True
+
+    def _keep(self, line: str, step: int) -> bool:
+        first = line.split(",", 1)[0]
+        return not (first.isdigit() and int(first) > step)
 
     def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
         """Append one row per value."""

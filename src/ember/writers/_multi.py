@@ -55,6 +55,11 @@ class MultiWriter(Writer):
         for w in self.writers:
             w.write_hparams(hparams, metrics)
 
+    def resume_at(self, step: int) -> None:
+        """Every writer drops what it logged after ``step``."""
+        for w in self.writers:
+            w.resume_at(step)
+
     def flush(self) -> None:
         """Flush every writer."""
         for w in self.writers:

@@ -79,13 +79,25 @@ class TensorBoardWriter(Writer):
     def _write(self, step: int, summary: Any) -> None:
         from tensorboardX.proto.event_pb2 import Event  # pyright: ignore[reportAttributeAccessIssue]  # generated
 
+        self._event(Event(summary=summary, step=int(step), wall_time=time.time()))
+
+    def _event(self, event: Any) -> None:
         if self._events is None:
             EventsWriter = events_writer_class()  # a class
             suffix = f".{os.getpid()}.{next(_opened):06d}"  # padded: files sort in the order they were opened
             self._events = EventsWriter(os.path.join(self.logdir, "events"), suffix)
-        self._events.write_event(Event(summary=summary, step=int(step), wall_time=time.time()))
+        self._events.write_event(event)
         if time.monotonic() - self._flushed > self.flush_secs:
             self.flush()
+
+    def resume_at(self, step: int) -> None:
+        """Write TensorBoard's purge mark, a ``SessionLog.START`` at ``step + 1``: it drops the steps logged past it.
+
+        tensorboardX's ``SummaryWriter(purge_step=...)`` writes the same event when it opens.
+        """
+        from tensorboardX.proto.event_pb2 import Event, SessionLog  # pyright: ignore[reportAttributeAccessIssue]
+
+        self._event(Event(step=int(step) + 1, wall_time=time.time(), session_log=SessionLog(status=SessionLog.START)))
 
     def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
         """One scalar summary per value, tagged with its name."""

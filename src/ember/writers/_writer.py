@@ -45,6 +45,23 @@ class Writer:
     def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
         """Record the run's hyperparameters (and final metrics); ignored unless overridden."""
 
+    def resume_at(self, step: int) -> None:
+        """A resumed run goes on from ``step``: drop what was logged after it; ignored unless overridden.
+
+        A run stopped past its last checkpoint logged steps the resumed run logs again. The file writers rewrite their
+        file without them; TensorBoard's writer writes the mark that makes TensorBoard drop them.
+
+        Examples:
+            >>> import json, tempfile, pathlib
+            >>> from ember.writers import JsonlWriter
+            >>> path = pathlib.Path(tempfile.mkdtemp()) / "metrics.jsonl"
+            >>> w = JsonlWriter(path)
+            >>> for step in (10, 20, 30): w.write_scalars(step, {"loss": 1 / step})
+            >>> w.resume_at(20); w.write_scalars(30, {"loss": 0.5}); w.close()
+            >>> [(r["step"], r["loss"]) for r in map(json.loads, path.read_text().splitlines())]
+            [(10, 0.1), (20, 0.05), (30, 0.5)]
+        """
+
     def flush(self) -> None:
         """Push buffered records to their destination."""
 
