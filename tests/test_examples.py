@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +8,7 @@ import pytest
 EXAMPLES = {p.name: p for p in sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))}
 # Scripts whose output a test of its own checks below; each script runs once in the suite.
 CHECKED = {
+    "engine_basics.py",
     "quickstart.py",
     "custom_early_stopping.py",
     "custom_events.py",
@@ -36,9 +38,20 @@ def test_example_runs(name):
     _output(name)
 
 
-def test_quickstart_prints_its_progress():
-    """The quickstart logs every 16 iterations, converges, and shows the state dict to checkpoint."""
-    out = _output("quickstart.py")
+def test_the_quickstart_is_the_quickstart_pages_program_and_prints_an_epoch_line_each_epoch():
+    """examples/quickstart.py is the page's code block, to the character; it prints the page's five lines' shape."""
+    script = EXAMPLES["quickstart.py"].read_text()
+    page = (EXAMPLES["quickstart.py"].parents[1] / "docs" / "quickstart.md").read_text()
+    block = page.split("```python\n", 1)[1].split("```", 1)[0]
+    assert script.split('"""\n\n', 1)[1] == block
+    lines = _output("quickstart.py").splitlines()
+    assert [line.split("  ")[0] for line in lines] == [f"epoch {i}" for i in range(1, 6)]
+    assert all(re.fullmatch(r"epoch \d  loss \d\.\d{3}  val accuracy 0\.\d{3}", line) for line in lines), lines
+
+
+def test_engine_basics_prints_its_progress():
+    """The engine alone logs every 16 iterations, converges, and shows the state dict to checkpoint."""
+    out = _output("engine_basics.py")
     assert out.splitlines()[:3] == [
         "epoch  1  iteration   16  loss 0.018932",
         "epoch  2  iteration   32  loss 0.000145",
