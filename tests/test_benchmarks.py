@@ -181,7 +181,7 @@ def test_first_step_benchmark_times_the_commands_quick_answers():
         m.group(1).strip()
         for m in re.finditer(r"^(.+?) +median [\d.]+ s \(min [\d.]+, max [\d.]+\), [\d.]+x$", out, re.M)
     ]
-    assert names == ["python -c pass", "ember --version", "a config typo", "a finished run"], out
+    assert names == ["python -c pass", "ember --version", "a config typo", "a finished run", "the digits run"], out
 
 
 def test_orbax_checks_benchmark_runs_and_reports_both_rows():

@@ -252,3 +252,13 @@ def test_the_figures_are_what_docs_figures_py_draws_now():
     assert sorted(drawings) == sorted(p.name for p in (DOCS / "figures").glob("*.svg"))
     for name, draw in drawings.items():
         assert (DOCS / "figures" / name).read_text() == draw(), f"run python docs/figures.py to redraw {name}"
+
+
+def test_the_digits_runs_time_is_the_benchmarks_figure_wherever_a_page_quotes_it():
+    """One number per fact: the CLI page's "about N seconds" is the benchmarks page's measured median, rounded."""
+    bench = (DOCS / "benchmarks.md").read_text()
+    measured = float(re.search(r"^\| the digits run \(`ember train`\) \| ([\d.]+) \|", bench, re.M).group(1))
+    quoted = re.findall(
+        r"validation accuracy in about (\d+) seconds from launch to exit", (DOCS / "cli.md").read_text()
+    )
+    assert quoted == [str(round(measured))]
