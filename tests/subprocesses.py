@@ -17,16 +17,17 @@ def run_python(
     env: Mapping[str, str] | None = None,
     prefix: Sequence[str] = (),
     timeout: float = 300,
+    cwd: str | os.PathLike[str] = ROOT,
 ) -> subprocess.CompletedProcess[str]:
     """``python *args`` (after the command ``prefix``, if any) with the repository importable; its output captured.
 
-    ``env`` adds to the current environment. The run is bounded by ``timeout`` seconds; its exit status is the
-    caller's to check (``assert done.returncode == 0, done.stderr``).
+    ``env`` adds to the current environment; ``cwd`` is the repository's root unless given. The run is bounded by
+    ``timeout`` seconds; its exit status is the caller's to check (``assert done.returncode == 0, done.stderr``).
     """
     environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
         [*prefix, sys.executable, *args],
-        cwd=ROOT,
+        cwd=cwd,
         env=environment,
         capture_output=True,
         text=True,

@@ -7,13 +7,12 @@ why in a ``<!-- not run: ... -->`` comment right above it, and `NOT_RUN` lists e
 dropped silently. The README's, the home page's and the quickstart's blocks run in tests/test_docs.py.
 """
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.subprocesses import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -124,16 +123,8 @@ def test_the_blocks_not_run_are_the_ones_listed():
 @pytest.mark.parametrize("page", PAGES)
 def test_every_python_block_of_the_page_runs_in_order(page, tmp_path):
     code = "\n".join(block for block, reason in blocks(DOCS / page) if reason is None)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = {"JAX_PLATFORMS": "cpu"}
     if page in DEVICES:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES[page]}"
-    done = subprocess.run(
-        [sys.executable, "-W", "error", "-c", PRELUDE + PAGE_SETUP.get(page, "") + "\n" + code],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_python(["-W", "error", "-c", PRELUDE + PAGE_SETUP.get(page, "") + "\n" + code], env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
