@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.checkpoint._atomic import replace_file
-from ember.checkpoint._folder import CheckpointInfo
+from ember.checkpoint._info import CheckpointInfo
 from ember.checkpoint._manifest import MANIFEST, amended, manifest_text, new_manifest, read_manifest
 
 

@@ -60,8 +60,8 @@ def _running(pid: int) -> bool:
     return True
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename or a new entry in ``path`` durable."""
+def fsync_path(path: Path) -> None:
+    """Make a file's bytes, or a folder's entries (a rename, a new entry), durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -93,22 +93,22 @@ def commit(tmp: Path, final: Path, *, replaces: Path | None = None) -> None:
     ``.replacing``, a valid checkpoint of its own): a crash at any point leaves the old checkpoint, the new one, or
     both, and never neither.
     """
-    fsync_dir(tmp)
+    fsync_path(tmp)
     same = replaces is not None and replaces.absolute() == final.absolute()
     beside = final.with_name(final.name + REPLACING_SUFFIX)
     if same:
         remove(beside)  # left by a replacement that a crash interrupted; the checkpoint it replaced is `final`
     if same and final.exists():
         os.replace(tmp, beside)
-        fsync_dir(final.parent)
+        fsync_path(final.parent)
         remove(final)
         os.replace(beside, final)
-        fsync_dir(final.parent)
+        fsync_path(final.parent)
         return
     if final.exists():
         raise FileExistsError(f"A checkpoint named {final.name!r} already exists in {final.parent}.")
     os.replace(tmp, final)
-    fsync_dir(final.parent)
+    fsync_path(final.parent)
     if replaces is not None and not same:
         remove(replaces)
 
@@ -119,7 +119,7 @@ def remove(folder: Path) -> None:
         return
     doomed = folder.with_name(temporary_name(f"deleting-{folder.name}"))
     os.replace(folder, doomed)
-    fsync_dir(folder.parent)
+    fsync_path(folder.parent)
     shutil.rmtree(doomed)
 
 
@@ -135,4 +135,4 @@ def replace_file(folder: Path, name: str, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(folder)
+    fsync_path(folder)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ember.checkpoint._atomic import fsync_dir
+from ember.checkpoint._atomic import fsync_path
 from ember.checkpoint._format import Checksum
 
 #: Bytes read and checksummed at a time: large enough that a piece costs nothing to hand over, small enough that the
@@ -68,17 +68,8 @@ def record(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
         size, crc = crc32_of(folder / name, durable=True)
         out[name] = {"bytes": size, "crc32": crc}
     for parent in sorted({(folder / name).parent for name in out}):
-        fsync_dir(parent)
+        fsync_path(parent)
     return out
-
-
-def fsync_path(path: Path) -> None:
-    """Make one file's bytes durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def size_problem(folder: Path, records: Mapping[str, Mapping[str, Any]]) -> tuple[str, str] | None:

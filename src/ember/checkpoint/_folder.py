@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +14,7 @@ from flax import serialization, traverse_util
 from ember.checkpoint._atomic import remove
 from ember.checkpoint._files import checksum_problem, size_problem, wrong_size
 from ember.checkpoint._format import parse_leaves, read_file
+from ember.checkpoint._info import CheckpointInfo, file_records
 from ember.checkpoint._manifest import (
     MANIFEST,
     CorruptCheckpointError,
@@ -28,38 +28,6 @@ from ember.checkpoint._snapshot import flat_leaves
 
 DATA = "state.msgpack"
 CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, moved aside (never deleted)
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """One verified checkpoint on disk: its folder, step, metrics and manifest.
-
-    Examples:
-        >>> import tempfile, numpy as np
-        >>> from ember.checkpoint import CheckpointStore
-        >>> store = CheckpointStore(tempfile.mkdtemp())
-        >>> info = store.save({"w": np.ones(2)}, step=7, metrics={"loss": 0.5})
-        >>> info.step, info.metrics, info.path.name
-        (7, {'loss': 0.5}, 'step_00000007')
-    """
-
-    path: Path
-    step: int
-    metrics: dict[str, float]
-    manifest: dict[str, Any]
-
-    @property
-    def files(self) -> dict[str, dict[str, Any]]:
-        """The files the manifest records with their size and CRC-32: ``{relative path: {"bytes", "crc32"}}``.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> info = CheckpointStore(tempfile.mkdtemp()).save({"w": np.ones(2)}, step=1)
-            >>> list(info.files), info.files["state.msgpack"]["bytes"] > 16
-            (['state.msgpack'], True)
-        """
-        return file_records(self.manifest)
 
 
 class CheckpointFolder:
@@ -370,12 +338,6 @@ class CheckpointFolder:
             ) from e
         nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
         return nested if target is None else serialization.from_state_dict(target, nested)
-
-
-def file_records(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The manifest's records of the files it lists with a size (and CRC-32): ``{relative path: record}``."""
-    files = manifest["files"]
-    return {name: f for name, f in files.items() if isinstance(f, dict) and isinstance(f.get("bytes"), int)}
 
 
 def _written(path: Path) -> tuple[Any, ...]:

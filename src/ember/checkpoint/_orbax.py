@@ -17,9 +17,9 @@ from flax import serialization
 
 from ember._extras import missing
 from ember._multiprocess import exchange
-from ember.checkpoint._atomic import TMP_PREFIX, fsync_dir, owner, temporary_name
+from ember.checkpoint._atomic import TMP_PREFIX, fsync_path, owner, temporary_name
 from ember.checkpoint._files import checksum_problem, list_files, record, size_problem
-from ember.checkpoint._folder import file_records
+from ember.checkpoint._info import file_records
 from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, new_manifest, write_manifest, wrong_store
 from ember.checkpoint._notice import committed, describe, rebuilt
 from ember.checkpoint._snapshot import flat_leaves
@@ -156,7 +156,7 @@ class OrbaxStore(CheckpointStore):
                     for _, part in everyone:
                         manifest["files"].update({f"{ITEM}/{k}": v for k, v in part.items()})
                     write_manifest(tmp, manifest)
-                    fsync_dir(tmp)
+                    fsync_path(tmp)
                     self._commit(tmp, prepared)
             except BaseException as e:
                 problem = e

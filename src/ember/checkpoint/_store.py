@@ -17,8 +17,9 @@ import numpy as np
 from ember.checkpoint._amend import Amending
 from ember.checkpoint._amend import then_after as _then
 from ember.checkpoint._atomic import abandoned, commit, temporary_dir
-from ember.checkpoint._folder import DATA, CheckpointFolder, CheckpointInfo
+from ember.checkpoint._folder import DATA, CheckpointFolder
 from ember.checkpoint._format import lower_thread_priority, write_leaves
+from ember.checkpoint._info import CheckpointInfo
 from ember.checkpoint._manifest import (
     CorruptCheckpointError,
     describe_tree,

@@ -123,15 +123,11 @@ def train(
     out = stream or sys.stdout
     primary = jax.process_index() == 0  # in a run of several processes, process 0 prints and writes the files
 
-    def say(text: str) -> None:
-        if not primary:
-            return
-        if cfg.handlers.progress:  # a line above the bars, never glued onto one
-            from tqdm import tqdm
+    console = cast(TextIO, _AboveBars(out)) if cfg.handlers.progress else out  # lines above the bars, never on one
 
-            tqdm.write(text, file=out)
-        else:
-            print(text, file=out)
+    def say(text: str) -> None:
+        if primary:
+            print(text, file=console)
 
     run_dir = Path(cfg.output)
     new_layout = check_same_run(run_dir, cfg)
@@ -158,7 +154,7 @@ def train(
     Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
     RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "loss")
 
-    writer = _writers(cfg, run_dir, cast(TextIO, _AboveBars(out)) if cfg.handlers.progress else out)
+    writer = _writers(cfg, run_dir, console)
     h = cfg.handlers
     ScalarLogger(writer, tag="train", metric_names=["loss"]).attach(
         trainer, Events.ITERATION_COMPLETED(every=h.log_every)

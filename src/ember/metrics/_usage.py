@@ -71,7 +71,17 @@ class MetricUsage:
         return _batch_filtered(update)
 
 
-class EpochWise(MetricUsage):
+class _IgniteUsage(MetricUsage):
+    """An Ignite usage class: its ``usage_name`` and its ``(reset, update, compute)`` events, as class attributes."""
+
+    usage_name: ClassVar[str]
+    events: ClassVar[tuple[Event, Event, Event]]
+
+    def __init__(self) -> None:
+        MetricUsage.__init__(self, self.usage_name, *self.events)
+
+
+class EpochWise(_IgniteUsage):
     """Ignite's default usage: reset at EPOCH_STARTED, update every iteration, compute at EPOCH_COMPLETED.
 
     Examples:
@@ -81,12 +91,10 @@ class EpochWise(MetricUsage):
     """
 
     usage_name: ClassVar[str] = "epoch_wise"
-
-    def __init__(self) -> None:
-        super().__init__(self.usage_name, Events.EPOCH_STARTED, Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED)
+    events = (Events.EPOCH_STARTED, Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED)
 
 
-class BatchWise(MetricUsage):
+class BatchWise(_IgniteUsage):
     """Each batch's value: reset at ITERATION_STARTED, update and compute at ITERATION_COMPLETED.
 
     Examples:
@@ -96,11 +104,7 @@ class BatchWise(MetricUsage):
     """
 
     usage_name: ClassVar[str] = "batch_wise"
-
-    def __init__(self) -> None:
-        super().__init__(
-            self.usage_name, Events.ITERATION_STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED
-        )
+    events = (Events.ITERATION_STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED)
 
 
 class RunningEpochWise(EpochWise):
@@ -116,9 +120,7 @@ class RunningEpochWise(EpochWise):
     """
 
     usage_name: ClassVar[str] = "running_epoch_wise"
-
-    def __init__(self) -> None:
-        MetricUsage.__init__(self, self.usage_name, Events.STARTED, Events.EPOCH_COMPLETED, Events.EPOCH_COMPLETED)
+    events = (Events.STARTED, Events.EPOCH_COMPLETED, Events.EPOCH_COMPLETED)
 
 
 class RunningBatchWise(BatchWise):
@@ -131,11 +133,7 @@ class RunningBatchWise(BatchWise):
     """
 
     usage_name: ClassVar[str] = "running_batch_wise"
-
-    def __init__(self) -> None:
-        MetricUsage.__init__(
-            self, self.usage_name, Events.STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED
-        )
+    events = (Events.STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED)
 
 
 class SingleEpochRunningBatchWise(BatchWise):
@@ -148,11 +146,7 @@ class SingleEpochRunningBatchWise(BatchWise):
     """
 
     usage_name: ClassVar[str] = "single_epoch_running_batch_wise"
-
-    def __init__(self) -> None:
-        MetricUsage.__init__(
-            self, self.usage_name, Events.EPOCH_STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED
-        )
+    events = (Events.EPOCH_STARTED, Events.ITERATION_COMPLETED, Events.ITERATION_COMPLETED)
 
 
 class BatchFiltered(MetricUsage):

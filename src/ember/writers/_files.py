@@ -14,6 +14,8 @@ from ember.writers._writer import Writer
 
 
 class _FileWriter(Writer):
+    _header = False  # the file's first line is a header, kept by resume_at
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -39,8 +41,6 @@ class _FileWriter(Writer):
                 f.seek(0)
                 f.write("".join(kept))
                 f.truncate()
-
-    _header = False
 
     def flush(self) -> None:
         """Flush the file to the operating system."""
