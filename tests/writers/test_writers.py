@@ -238,3 +238,37 @@ def test_event_files_of_one_process_sort_in_the_order_they_were_opened(tmp_path)
         writer.write_scalars(step, {"x": float(step)})
         writer.close()
     assert [step for step, _ in read_scalars(tmp_path)["x"]] == list(range(12))
+
+
+def test_resume_at_rewrites_a_log_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A crash before the rename (here: os.replace failing) leaves the old file as it was; then the new one whole."""
+    import json
+    import os
+
+    from ember.writers import CsvWriter, JsonlWriter
+
+    jsonl, csv_path = JsonlWriter(tmp_path / "m.jsonl"), CsvWriter(tmp_path / "m.csv")
+    for step in (10, 20, 30):
+        jsonl.write_scalars(step, {"loss": step / 100})
+        csv_path.write_scalars(step, {"loss": step / 100})
+    jsonl.flush()
+    before = (tmp_path / "m.jsonl").read_text()
+    assert before.count("\n") == 3
+
+    def crash(*_):
+        raise OSError("killed before the rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="killed before the rename"):
+        jsonl.resume_at(20)
+    assert (tmp_path / "m.jsonl").read_text() == before
+    monkeypatch.undo()
+    jsonl.resume_at(20)
+    csv_path.resume_at(20)
+    jsonl.write_scalars(30, {"loss": 0.5})
+    csv_path.write_scalars(30, {"loss": 0.5})
+    jsonl.close()
+    csv_path.close()
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in rows] == [(10, 0.1), (20, 0.2), (30, 0.5)]
+    assert (tmp_path / "m.csv").read_text() == "step,name,value\n10,loss,0.1\n20,loss,0.2\n30,loss,0.5\n"

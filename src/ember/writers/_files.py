@@ -30,17 +30,23 @@ class _FileWriter(Writer):
         raise NotImplementedError
 
     def resume_at(self, step: int) -> None:
-        """Rewrite the file without the records of steps after ``step`` (in place: an appending handle goes on)."""
+        """Rewrite the file without the records of steps after ``step``; the next record reopens it for appending.
+
+        A new file is written beside it and renamed over it, so a crash leaves the old file or the new one, whole.
+        """
         if not self.path.exists():
             return
-        self.flush()
-        with self.path.open("r+", encoding="utf-8", newline="") as f:
-            lines = f.read().splitlines(keepends=True)
-            kept = [line for i, line in enumerate(lines) if (i == 0 and self._header) or self._keep(line, step)]
-            if len(kept) < len(lines):
-                f.seek(0)
-                f.write("".join(kept))
-                f.truncate()
+        self.close()
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for i, line in enumerate(lines) if (i == 0 and self._header) or self._keep(line, step)]
+        if len(kept) == len(lines):
+            return
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with tmp.open("w", encoding="utf-8", newline="") as f:
+            f.write("".join(kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def flush(self) -> None:
         """Flush the file to the operating system."""
