@@ -38,7 +38,8 @@ evaluator = create_supervised_evaluator(trainer, metrics={"accuracy": Accuracy()
 @trainer.on(Events.EPOCH_COMPLETED)
 def validate(engine):
     accuracy = evaluator.run(val).metrics["accuracy"]
-    print(f"epoch {engine.state.epoch}  loss {float(engine.state.output['loss']):.3f}  val accuracy {accuracy:.3f}")
+    loss = float(engine.state.output["loss"])
+    print(f"epoch {engine.state.epoch}  loss {loss:.3f}  val accuracy {accuracy:.3f}")
 
 
 trainer.run(train, max_epochs=5)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 import ember
 import ember.checkpoint
@@ -118,6 +119,16 @@ def test_the_custom_early_stopping_on_the_handlers_page_works():
     assert stop.state_dict() == {"best": 0.8, "bad": 3}
 
 
+def _claimed(code):
+    """What a block says each top-level print prints: its trailing comment, or a "# prints X" line above it."""
+    lines = code.splitlines()
+    return [
+        line.split("  # ", 1)[1] if "  # " in line else lines[i - 1].removeprefix("# prints ")
+        for i, line in enumerate(lines)
+        if line.startswith("print(")
+    ]
+
+
 def test_every_stock_handler_on_the_handlers_page_attaches_and_runs(tmp_path, monkeypatch, capsys):
     """The page's block builds each handler of its table on one trainer; the run prints what its comment says."""
     page = (DOCS / "concepts" / "handlers.md").read_text()
@@ -129,8 +140,7 @@ def test_every_stock_handler_on_the_handlers_page_attaches_and_runs(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     exec(code, {})
     printed = capsys.readouterr().out.splitlines()[-1]
-    claimed = next(line.split("# ", 1)[1] for line in code.splitlines() if line.startswith("print("))
-    assert printed == claimed
+    assert [printed] == _claimed(code)
 
 
 def test_the_save_handler_on_the_checkpoints_page_runs_and_prints_what_it_says(capsys):
@@ -139,8 +149,7 @@ def test_the_save_handler_on_the_checkpoints_page_runs_and_prints_what_it_says(c
     code = page.split("<!-- run: save-handler -->\n```python\n", 1)[1].split("```", 1)[0]
     exec(code, {})
     printed = capsys.readouterr().out.splitlines()
-    claimed = [line.split("# ", 1)[1] for line in code.splitlines() if line.startswith("print(")]
-    assert printed == claimed == ["['trainer_12.ckpt', 'trainer_9.ckpt']", "12"]
+    assert printed == _claimed(code) == ["['trainer_12.ckpt', 'trainer_9.ckpt']", "12"]
 
 
 SPHINX_ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc|obj):(?:`|<code>)")
@@ -173,6 +182,12 @@ def test_the_docs_site_builds_in_strict_mode(tmp_path):
     for member in ("on", "add_event_handler", "run", "state_dict"):  # inherited from private bases, rendered
         assert f'id="ember.engine.Engine.{member}"' in engine_page
     assert 'href="#ember.engine.Engine.add_event_handler"' in engine_page  # a converted role is a link
+    training_page = (tmp_path / "site" / "api" / "training" / "index.html").read_text()
+    entry = training_page.split('id="ember.training.create_trainer"', 1)[1]
+    signature = entry.split('class="doc-signature', 1)[1].split("</code>", 1)[0]
+    # ruff (a dev dependency) formats signatures: one parameter per line, as in the source
+    assert '<span class="p">(</span>\n    <span class="n">state</span>' in signature
+    assert '\n    <span class="n">loss_fn</span>' in signature
     index = json.loads((tmp_path / "site" / "search" / "search_index.json").read_text())["docs"]
     titles = {entry["location"]: entry["title"] for entry in index}
     assert (titles["install/"], titles["quickstart/"]) == ("Install", "Quickstart")  # search finds them by name
@@ -186,6 +201,72 @@ def test_docstrings_cross_reference_in_markdown_not_sphinx_roles():
         for role in SPHINX_ROLE.findall(path.read_text())
     ]
     assert found == []
+
+
+def test_users_find_reliability_and_benchmarks_before_the_concepts():
+    """The navigation: the first steps, then what ember survives and how fast it is, then the concepts."""
+    nav = yaml.safe_load((DOCS.parent / "mkdocs.yml").read_text())["nav"]
+    titles = [next(iter(entry)) for entry in nav]
+    assert titles[:7] == [
+        "Home",
+        "Install",
+        "Quickstart",
+        "The ember command",
+        "Reliability",
+        "Benchmarks",
+        "Beside the alternatives",
+    ]
+    assert titles[7:] == ["Concepts", "Migrating", "API"]
+
+
+def _fenced_blocks(text):
+    """(language, first line number, lines) of each fenced block of a Markdown page."""
+    blocks, language, start, lines = [], None, 0, []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            if language is None:
+                language, start, lines = line.strip()[3:] or "plain", number + 1, []
+            else:
+                blocks.append((language, start, lines))
+                language = None
+        elif language is not None:
+            lines.append(line)
+    return blocks
+
+
+def test_every_example_fits_the_code_area():
+    """Code, shell and config blocks keep to 88 columns (the code area at 1,400 px, and a phone's scroll).
+
+    Blocks of program output (```` ```text ````) show what ember prints, character for character, and are left
+    as printed.
+    """
+    too_wide = [
+        f"{page.relative_to(DOCS)}:{start + i}: {len(line)} columns"
+        for page in sorted(DOCS.rglob("*.md"))
+        for language, start, lines in _fenced_blocks(page.read_text())
+        if language != "text"
+        for i, line in enumerate(lines)
+        if len(line) > 88
+    ]
+    assert too_wide == []
+
+
+def test_the_comparison_answers_each_question_for_the_same_tools_in_narrow_tables():
+    """One two-column table per question (it fits a phone), each naming the same six tools in the same order."""
+    page = (DOCS / "comparison.md").read_text()
+    tables = re.findall(r"^## (.+)\n\n(?:(?:[^|\n].*\n)+\n)?((?:\|.*\n)+)", page, flags=re.MULTILINE)
+    questions = {title: [row.split("|")[1].strip() for row in rows.splitlines()[2:]] for title, rows in tables}
+    assert all(rows.splitlines()[0].count("|") == 3 for _, rows in tables)  # two columns
+    tools = ["ember", "PyTorch Ignite", "Keras 3 `fit` (JAX backend)", "CLU + Orbax", "MaxText", "Levanter"]
+    short = ["ember", "Ignite", "Keras", "CLU", "MaxText", "Levanter"]
+    assert questions.pop("What it is") == tools
+    speed = questions.pop("Speed")
+    assert len(speed) == 2
+    assert len(questions) == 11
+    assert {title: rows for title, rows in questions.items() if rows != short} == {}
+    for dormant in ("flax-extra", "jax_trainer"):  # named once, as dormant, outside the tables
+        assert all(dormant not in rows for _, rows in tables)
+        assert f"{dormant} (last commit" in page
 
 
 def test_every_docs_page_is_in_the_site_navigation():
@@ -254,11 +335,112 @@ def test_the_figures_are_what_docs_figures_py_draws_now():
         assert (DOCS / "figures" / name).read_text() == draw(), f"run python docs/figures.py to redraw {name}"
 
 
-def test_the_digits_runs_time_is_the_benchmarks_figure_wherever_a_page_quotes_it():
-    """One number per fact: the CLI page's "about N seconds" is the benchmarks page's measured median, rounded."""
-    bench = (DOCS / "benchmarks.md").read_text()
-    measured = float(re.search(r"^\| the digits run \(`ember train`\) \| ([\d.]+) \|", bench, re.M).group(1))
-    quoted = re.findall(
-        r"validation accuracy in about (\d+) seconds from launch to exit", (DOCS / "cli.md").read_text()
-    )
-    assert quoted == [str(round(measured))]
+def _measured(pattern):
+    """The numbers a regular expression finds in the benchmarks page's results (one match, every group)."""
+    found = re.findall(pattern, (DOCS / "benchmarks.md").read_text(), flags=re.MULTILINE)
+    assert len(found) == 1, f"the benchmarks page should hold one result for {pattern!r}, found {found}"
+    return found[0] if isinstance(found[0], tuple) else (found[0],)
+
+
+def _rounded(value, digits):
+    return f"{float(value):.{digits}f}" if digits else str(round(float(value)))
+
+
+# One number per fact: each figure a page quotes is the benchmarks page's result, as that page rounds it.
+# (the fact, the benchmarks page's result, the digits each quote keeps, and the quotes: page -> pattern)
+_DIGITS = r"^\| digits \| ember \| ([\d.]+) \([^|]*\| ([\d.]+) \([^|]*\|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) \("
+_CHARS = r"^\| chars \| ember \| ([\d.]+) \([^|]*\| ([\d.]+) \([^|]*\|[^|]*\|[^|]*\|[^|]*\| ([\d.]+) \("
+_KERAS = r"ember against Keras `fit` on `digits`: ([\d.]+) \([^)]*\) for whole runs, ([\d.]+) "
+_ENGINE = r"^\| engine overhead per iteration, no handlers \| ([\d.]+) \|[^|]*\| ([\d.]+) \|"
+_CLI_RUN = r"^\| the digits run \(`ember train`\) \| ([\d.]+) \|"
+_ORBAX = (
+    r"^\| save \(to on disk, committed\) \| [^|]* \| [^|]*\(\+([\d.]+) s\)[^\n]*\n"
+    r"\| restore [^|]* \| [^|]* \| [^|]*\(\+([\d.]+) s\)"
+)
+_H100_SAVES = (
+    r"^\| training, a background save every 200 of 700 steps, host copy \| ([\d.]+) x[^\n]*\n"
+    r"\| the same with `device_snapshot=True` \| ([\d.]+) x"
+)
+FIGURES = [
+    (
+        "the digits run in a warm process, s",
+        _DIGITS,
+        0,
+        1,
+        {"comparison.md": r"15 epochs, ([\d.]+) s in a warm process"},
+    ),
+    (
+        "the digits run against the hand loop",
+        _DIGITS,
+        slice(1, 3),
+        3,
+        {
+            "comparison.md": r"every handler attached \([^)]*\) \| ([\d.]+) / ([\d.]+) \|",
+            "index.md": r"takes ([\d.]+) times the hand loop's speed for a whole run, ([\d.]+) for each",
+        },
+    ),
+    ("the chars run, s", _CHARS, 0, 1, {"comparison.md": r"5 epochs, ([\d.]+) s\)"}),
+    (
+        "the chars run against the hand loop",
+        _CHARS,
+        slice(1, 3),
+        3,
+        {"comparison.md": r"checkpoints \([^)]*\) \| ([\d.]+) / ([\d.]+) \|"},
+    ),
+    (
+        "ember against Keras fit",
+        _KERAS,
+        slice(0, 2),
+        2,
+        {
+            "comparison.md": r"([\d.]+) times as fast as Keras 3 `fit` doing the same work \(([\d.]+) times",
+            "index.md": r"([\d.]+) times as fast on the same digits run \(([\d.]+) times",
+        },
+    ),
+    (
+        "the engine against Ignite's, µs per iteration",
+        _ENGINE,
+        slice(0, 2),
+        2,
+        {
+            "comparison.md": r"costs ([\d.]+) µs per iteration with no handlers, against ([\d.]+) µs for Ignite",
+            "index.md": r"costing\s+([\d.]+) µs per iteration against Ignite's ([\d.]+) µs",
+        },
+    ),
+    (
+        "the digits run from launch to exit, s",
+        _CLI_RUN,
+        0,
+        0,
+        {
+            "cli.md": r"validation accuracy in about (\d+) seconds from launch to exit",
+            "index.md": r"98% validation accuracy in about (\d+) seconds",
+            "../README.md": r"98% validation accuracy in about (\d+) seconds",
+        },
+    ),
+    (
+        "the orbax file checks, s per 512 MB",
+        _ORBAX,
+        slice(0, 2),
+        2,
+        {"concepts/checkpoints.md": r"([\d.]+) s more per 512 MB save[^)]*\) and ([\d.]+) s more"},
+    ),
+    (
+        "background saves on the H100",
+        _H100_SAVES,
+        slice(0, 2),
+        3,
+        {"concepts/checkpoints.md": r"took ([\d.]+) x the time without saves with the host copy and ([\d.]+) x"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("fact", "source", "which", "digits", "quotes"), FIGURES, ids=[f[0] for f in FIGURES])
+def test_every_page_quotes_a_measured_figure_as_the_benchmarks_page_has_it(fact, source, which, digits, quotes):
+    """A figure quoted on several pages comes from one result: each quote is that result, rounded as quoted."""
+    measured = _measured(source)
+    expected = [_rounded(v, digits) for v in (measured[which] if isinstance(which, slice) else (measured[which],))]
+    for page, pattern in quotes.items():
+        quoted = re.findall(pattern, re.sub(r"\s+", " ", (DOCS / page).read_text()))
+        quoted = [list(q) if isinstance(q, tuple) else [q] for q in quoted]
+        assert quoted == [expected], f"{page} quotes {fact} as {quoted}; the benchmarks page measured {expected}"

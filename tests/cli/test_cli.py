@@ -170,6 +170,16 @@ def test_a_model_module_beside_the_config_is_importable(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert main(["train", str(config)]) == 0  # as a user runs it: the parsed config keeps its folder
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["iterations"] == 22
+    saved = tmp_path / "run" / "config.yaml"
+    assert saved.read_text().splitlines()[0] == f"# ember: model modules are also looked for in {tmp_path}"
+    # killed before its summary was written, resumed from the run folder in a fresh interpreter's state: the
+    # trainer is built again, its module found beside the original config
+    (tmp_path / "run" / "summary.json").unlink()
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "mymodels")
+    assert main(["resume", str(tmp_path / "run")]) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["iterations"] == 22
+    assert saved.read_text().splitlines()[0] == f"# ember: model modules are also looked for in {tmp_path}"
 
 
 def test_a_run_that_cannot_be_built_leaves_no_run_folder(tmp_path, monkeypatch, capsys):

@@ -329,8 +329,12 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any] | None = None, o
     return _build(Config, _apply_overrides(raw, overrides), "")
 
 
-def dump_config(config: Config) -> str:
+def dump_config(config: Config, source: str | os.PathLike[str] | None = None) -> str:
     """``config`` as YAML text that [`load_config`][ember.cli.load_config] reads back to an equal config.
+
+    ``source`` is the folder of the config file the run started from: a comment records it, so that a
+    relaunch from the run folder (``ember resume RUN_DIR``) still finds a model module that sits beside
+    the original config ([`importable`][ember.cli._config.importable] reads it back).
 
     Examples:
         >>> from ember.cli import Config, dump_config, load_config
@@ -342,8 +346,30 @@ def dump_config(config: Config) -> str:
     """
     import yaml
 
-    text: str = yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
+    header = f"{_SOURCE}{Path(source).resolve()}\n" if source is not None else ""
+    text: str = header + yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
     return text
+
+
+_SOURCE = "# ember: model modules are also looked for in "
+
+
+def config_source(config_file: str | os.PathLike[str]) -> Path:
+    """The folder a run's model module may sit in: the one its config file recorded, or the file's own.
+
+    Examples:
+        >>> import tempfile, pathlib
+        >>> from ember.cli import Config, dump_config
+        >>> from ember.cli._config import config_source
+        >>> run, origin = pathlib.Path(tempfile.mkdtemp()), pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (run / "config.yaml").write_text(dump_config(Config(), source=origin))
+        >>> config_source(run / "config.yaml") == origin.resolve()
+        True
+    """
+    path = Path(config_file).resolve()
+    with open(path, encoding="utf-8") as text:
+        first = text.readline()
+    return Path(first[len(_SOURCE) :].strip()) if first.startswith(_SOURCE) else path.parent
 
 
 def importable(folder: str | os.PathLike[str]) -> None:

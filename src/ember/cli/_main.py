@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             if args.distributed:
                 start_distributed()
-            status = _status(train(config))
+            status = _status(train(config, source=_source_of(args.config)))
             if args.distributed:
                 end_together(status)
             return status
@@ -261,6 +261,15 @@ def _config_from(items: Sequence[str], command: str) -> Any:
             )
     if len(files) > 1:
         raise ValueError(f"ember {command} takes one config file, got {files}; overrides are KEY=VALUE.")
-    if files:  # a model given as "mymodels:Net" may sit beside the config file
-        importable(Path(files[0]).resolve().parent)
+    source = _source_of(files)
+    if source is not None:  # a model given as "mymodels:Net" may sit beside the config file
+        importable(source)
     return load_config(files[0] if files else None, [item for item in items if "=" in item])
+
+
+def _source_of(items: Sequence[str]) -> Path | None:
+    """The folder of the config file on a command line (the one it recorded, for a run folder's config)."""
+    from ember.cli._config import config_source
+
+    files = [item for item in items if "=" not in item and Path(item).is_file()]
+    return config_source(files[0]) if files else None

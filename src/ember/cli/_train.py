@@ -15,7 +15,7 @@ import optax
 from jax.experimental import multihost_utils
 
 from ember import Events
-from ember.cli._config import Config, ConfigError, dump_config, importable, load_config
+from ember.cli._config import Config, ConfigError, config_source, dump_config, importable, load_config
 from ember.cli._registry import (
     build_data,
     build_model,
@@ -88,6 +88,7 @@ def train(
     *,
     stream: TextIO | None = None,
     progress_stream: TextIO | None = None,
+    source: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train as ``config`` says, in ``config.output``; resume there if the run was started before.
 
@@ -96,7 +97,9 @@ def train(
     from the latest checkpoint (a finished run has nothing left to do, says so, and leaves its record as it
     was); a config that differs from the one the run was started with is refused, with the differences
     listed. A model named by an import path (``mymodels:Net``) is looked up in the config file's folder and
-    the working directory too (both are put on ``sys.path``).
+    the working directory too (both are put on ``sys.path``). ``source`` names that folder when ``config`` is
+    already parsed (the command line passes it); the run folder's ``config.yaml`` records it, so that
+    ``ember resume RUN_DIR`` finds the module from any folder.
 
     Ctrl-C (SIGINT) and SIGTERM save a checkpoint at the next iteration and stop; the same command resumes. A
     run ended by early stopping or a NaN loss is complete: the same command finds nothing left to do.
@@ -117,8 +120,10 @@ def train(
         (1, 22)
     """
     cfg = config if isinstance(config, Config) else load_config(config)
-    if isinstance(config, str | Path):  # a model given as "mymodels:Net" may sit beside the config file
-        importable(Path(config).resolve().parent)
+    if source is None and isinstance(config, str | Path):
+        source = config_source(config)
+    if source is not None:  # a model given as "mymodels:Net" may sit beside the (original) config file
+        importable(source)
     importable(Path.cwd())
     out = stream or sys.stdout
     primary = jax.process_index() == 0  # in a run of several processes, process 0 prints and writes the files
@@ -145,7 +150,7 @@ def train(
     trainer = build_trainer(cfg, sample, schedule)
     run_dir.mkdir(parents=True, exist_ok=True)  # the run can be built: its folder and config are written now
     if primary:
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
+        (run_dir / "config.yaml").write_text(dump_config(cfg, source))
     say(_runs_on(trainer, cfg))
     if isinstance(trainer.placement, Sharded):
         say(f"{trainer.placement.summary()}\n{trainer.placement.layout(trainer.state.train_state)}")
