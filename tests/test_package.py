@@ -43,6 +43,7 @@ def test_public_exceptions_live_in_errors_and_subclass_their_builtins():
     """One class per exception, re-exported where it is raised; each is caught as its builtin."""
     import ember.checkpoint
     import ember.cli
+    import ember.data
     import ember.errors
     import ember.handlers
 
@@ -54,7 +55,9 @@ def test_public_exceptions_live_in_errors_and_subclass_their_builtins():
         "ConfigError": (ValueError,),
         "CorruptCheckpointError": (ValueError,),
         "NonFiniteError": (FloatingPointError,),
+        "RecordError": (ValueError,),
     }
+    assert ember.data.RecordError is ember.errors.RecordError
 
 
 # What each layer may import (docs: ../shared/DESIGN.md, "Layers"). ember.errors, ember._version and ember._extras

@@ -49,7 +49,7 @@ class NonFiniteError(FloatingPointError):
     """
 
 
-__all__ = ["ConfigError", "CorruptCheckpointError", "NonFiniteError"]
+__all__ = ["ConfigError", "CorruptCheckpointError", "NonFiniteError", "RecordError"]
 
 
 class RecordError(ValueError):

@@ -64,8 +64,8 @@ def test_ignites_checkpoint_on_an_evaluator_keeps_the_best_named_by_the_trainers
     assert saver.store.best("acc").step == 2
 
 
-def test_a_step_function_of_ignites_shape_gets_the_event_and_old_names_still_work_for_one_release(tmp_path):
-    """global_step_transform(engine, event_name) as Ignite calls it; keep_latest/keep_best/score_fn/step_fn warn."""
+def test_a_step_function_of_ignites_shape_gets_the_event_and_names_before_ignites_are_refused(tmp_path):
+    """global_step_transform(engine, event_name) as Ignite calls it; ember's unreleased names raise TypeError."""
     trainer = Engine(lambda e, b: b)
     seen = []
     saver = Checkpoint(
@@ -78,30 +78,9 @@ def test_a_step_function_of_ignites_shape_gets_the_event_and_old_names_still_wor
     trainer.run([1, 2])
     assert seen == [Events.ITERATION_COMPLETED]
     assert [c.step for c in saver.store.checkpoints()] == [20]
-    evaluator = Engine(lambda e, b: b)
-    scores = iter([0.5, 0.9, 0.7, 0.6])
-    with pytest.warns(DeprecationWarning, match=r"is deprecated") as caught:
-        old = Checkpoint(
-            {"trainer": trainer},
-            store=tmp_path / "old",
-            keep_latest=1,
-            keep_best=1,
-            score_fn=lambda e: next(scores),
-            score_name="acc",
-            step_fn=lambda e: trainer.state.iteration,
-        )
-    assert sorted(str(w.message).split("(")[1].split("=")[0] for w in caught) == [
-        "keep_latest",
-        "score_fn",
-        "step_fn",
-        "store",
-    ]
-    old.attach(evaluator, Events.COMPLETED)  # the old union of newest and best, for this release
-    trainer.state.max_epochs = None
-    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run([0]))
-    trainer.run([1, 2], max_epochs=4)
-    old.store.wait()
-    assert [c.path.name for c in old.store.checkpoints()] == ["step_00000004-acc=0.9000", "step_00000008-acc=0.6000"]
+    for old in ("store", "keep_latest", "keep_best", "score_fn", "step_fn", "prefix"):  # never released: gone
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{old}'"):
+            Checkpoint({"trainer": trainer}, tmp_path / "old", **{old: 1})
 
 
 def test_load_objects_takes_one_checkpoints_folder_as_ignites_resume_from_passes_it(tmp_path):

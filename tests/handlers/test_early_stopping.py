@@ -84,17 +84,16 @@ def test_bad_arguments(kwargs, message):
     assert str(info.value) == message
 
 
-def test_ignites_keywords_and_the_old_names_for_one_release():
-    """Ignite's keywords work as written; score_fn, min_delta, cumulative_delta still work, with a warning."""
+def test_ignites_keywords_and_its_deprecated_ones():
+    """Ignite's keywords work as written; Ignite's deprecated min_delta and cumulative_delta warn as Ignite's do."""
     trainer = Engine(lambda e, b: b)
     stop = EarlyStopping(patience=2, score_function=scored([1.0]), trainer=trainer, threshold=0.1, cumulative=True)
     assert (stop.threshold, stop.cumulative, stop.threshold_mode) == (0.1, True, "abs")
-    with pytest.warns(DeprecationWarning, match=r"EarlyStopping\(score_fn=\.\.\.\) is deprecated: use score_function="):
-        old = EarlyStopping(2, score_fn=scored([1.0]), trainer=trainer)
-    assert callable(old.score_function)
-    with pytest.warns(DeprecationWarning, match=r"use threshold=, Ignite's name; min_delta goes in the next release"):
+    with pytest.raises(TypeError, match="score_fn"):  # ember's own earlier name, never released
+        EarlyStopping(2, score_fn=scored([1.0]), trainer=trainer)  # type: ignore[call-arg]
+    with pytest.warns(DeprecationWarning, match=r"^'min_delta' is deprecated .* Please use 'threshold' instead\.$"):
         assert EarlyStopping(2, scored([1.0]), trainer, min_delta=0.2).threshold == 0.2
-    with pytest.warns(DeprecationWarning, match=r"use cumulative="):
+    with pytest.warns(DeprecationWarning, match=r"^'cumulative_delta' is deprecated .* Please use 'cumulative'"):
         assert EarlyStopping(2, scored([1.0]), trainer, cumulative_delta=True).cumulative is True
 
 

@@ -85,9 +85,7 @@ def test_common_training_handlers_stop_on_nan_and_check_arguments():
     assert engine.run([1.0, float("nan"), 1.0, 1.0, 1.0]).iteration == 3
     with pytest.raises(ValueError, match=re.escape("`log_every_iters` must be a positive int, got 0.")):
         setup_common_training_handlers(engine, log_every_iters=0)
-    with pytest.warns(
-        DeprecationWarning, match=re.escape("setup_common_training_handlers(progress=...) is deprecated")
-    ):
+    with pytest.raises(TypeError, match=re.escape("got ['progress'], which only apply to the checkpoint")):
         setup_common_training_handlers(Engine(lambda e, b: b), progress=False, running_average=None, stop_on_nan=False)
     with pytest.raises(TypeError, match=re.escape("`trainer` must be an ember Engine, got int.")):
         setup_common_training_handlers(3)  # type: ignore[arg-type]

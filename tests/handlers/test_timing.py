@@ -102,8 +102,8 @@ def test_time_limit_as_ignite_adds_it_counts_from_its_making():
     engine = Engine(lambda e, b: b)
     engine.add_event_handler(Events.ITERATION_COMPLETED, TimeLimit(limit_sec=3, clock=clock))
     assert engine.run(range(100)).iteration == 3
-    with pytest.warns(DeprecationWarning, match=re.escape("TimeLimit(seconds=...) is deprecated: use limit_sec=")):
-        assert TimeLimit(seconds=5).limit_sec == 5.0
+    with pytest.raises(TypeError, match="unexpected keyword argument 'seconds'"):  # ember's name, never released
+        TimeLimit(seconds=5)  # type: ignore[call-arg]
 
 
 def test_time_limit_with_the_real_clock():

@@ -16,7 +16,9 @@ from ember.metrics import (
     SINGLE_EPOCH_RUNNING_BATCH_WISE,
     Accuracy,
     Average,
+    Collect,
     MetricUsage,
+    RocAuc,
     RunningAverage,
 )
 from ember.training import TrainState, create_trainer
@@ -70,17 +72,12 @@ def test_single_epoch_running_batch_wise_gives_the_epoch_so_far_every_iteration(
     assert seen == [1.5, 2.5, 5.5, 6.5]
 
 
-def test_the_old_usage_names_warn_and_keep_their_meaning():
-    """Ember's names before Ignite's work for one release, with a warning naming Ignite's."""
-    with pytest.warns(DeprecationWarning, match=r"usage='running' is deprecated .* use MetricUsage\('running', "):
-        engine, seen = engine_recording(Average(), "running", Events.EPOCH_COMPLETED)
-    engine.run(DATA, max_epochs=2)
-    assert seen == [2.5, 4.5]
-    with pytest.warns(
-        DeprecationWarning, match=r"SINGLE_EPOCH_RUNNING is deprecated .* 'single_epoch_running_batch_wise'"
-    ):
-        from ember.metrics import SINGLE_EPOCH_RUNNING  # type: ignore[attr-defined]
-    assert SINGLE_EPOCH_RUNNING is SINGLE_EPOCH_RUNNING_BATCH_WISE
+def test_usage_names_before_ignites_are_gone():
+    """Usage names of ember before Ignite's were never released: Ignite's are accepted, the error lists them."""
+    with pytest.raises(ValueError, match=re.escape("`usage` must be one of ['batch_wise', 'epoch_wise', 'running_")):
+        engine_recording(Average(), "running", Events.EPOCH_COMPLETED)
+    with pytest.raises(ImportError, match="SINGLE_EPOCH_RUNNING"):
+        from ember.metrics import SINGLE_EPOCH_RUNNING  # type: ignore[attr-defined]  # noqa: F401
 
 
 def test_filtered_usage_updates_only_where_the_filter_fires():
@@ -246,6 +243,48 @@ def test_metrics_resume_exactly_from_an_engine_state_dict(stop_at):
         "running": straight.state.metrics["running"],
         "epoch_loss": straight.state.metrics["epoch_loss"],
     }
+
+
+def _collecting_engine():
+    engine = Engine(lambda e, batch: batch)
+    RocAuc().attach(engine, "auc")
+    Collect(output_transform=lambda out: (out[0],)).attach(engine, "scores")
+    return engine
+
+
+SCORED = [
+    (jnp.array([0.1, 0.9, 0.4]), jnp.array([0, 1, 1])),
+    (jnp.array([0.8, 0.3, 0.35]), jnp.array([1, 0, 0])),
+    (jnp.array([0.2, 0.7, 0.6]), jnp.array([0, 1, 0])),
+    (jnp.array([0.5, 0.05, 0.95]), jnp.array([1, 0, 1])),
+]
+
+
+def test_collected_batches_survive_a_mid_epoch_resume():
+    """Collect and RocAuc keep the batches seen before a checkpoint: the resumed epoch computes the whole epoch.
+
+    They saved only an update count before (the inherited state_dict), so a resumed epoch computed from its last
+    batches alone.
+    """
+    straight = _collecting_engine()
+    straight.run(SCORED, max_epochs=1)
+    first = _collecting_engine()
+    saved = []
+    first.add_event_handler(
+        Events.ITERATION_COMPLETED(once=2), lambda e: (saved.append(json.dumps(e.state_dict())), e.terminate())
+    )
+    first.run(SCORED, max_epochs=1)
+    resumed = _collecting_engine()
+    resumed.load_state_dict(json.loads(saved[0]))
+    resumed.run(SCORED, max_epochs=1)
+    assert resumed.state.iteration == 4
+    assert (
+        resumed.state.metrics["auc"] == straight.state.metrics["auc"] == pytest.approx(34 / 36)
+    )  # scikit-learn: 0.9444
+    assert [a.tolist() for a in resumed.state.metrics["scores"]] == [
+        a.tolist() for a in straight.state.metrics["scores"]
+    ]
+    assert len(resumed.state.metrics["scores"][0]) == 12
 
 
 def test_a_metric_state_round_trips_exactly():

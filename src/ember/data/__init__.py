@@ -6,5 +6,6 @@ from ember.data._masked import Masked
 from ember.data._npy import NpySource
 from ember.data._position import Mapped
 from ember.data._prefetch import DevicePrefetch
+from ember.errors import RecordError
 
-__all__ = ["ArrayDataset", "DevicePrefetch", "GrainPipeline", "Mapped", "Masked", "NpySource"]
+__all__ = ["ArrayDataset", "DevicePrefetch", "GrainPipeline", "Mapped", "Masked", "NpySource", "RecordError"]

@@ -38,7 +38,7 @@ class GrainPipeline:
     Its iterators follow the resumable-iterator protocol, so engines save its position in their checkpoints, resume it
     exactly, and close its worker processes when a run stops. A position saved from another pipeline (another source
     length, batch size, seed, shuffling, shard or worker count) is refused with an error naming what differs; a record
-    that fails to be read or transformed fails the run with [`RecordError`][ember.errors.RecordError], naming it.
+    that fails to be read or transformed fails the run with [`RecordError`][ember.data.RecordError], naming it.
 
     Any Grain ``DataLoader``, ``MapDataset`` or ``IterDataset`` also runs in an engine as it is; this class
     adds what Grain leaves to the training loop: per-process parts of a global batch, the epoch length,

@@ -21,7 +21,7 @@ class NpySource:
     live in the operating system's cache, not in the process). It is Grain's random-access source protocol (``len`` and
     ``__getitem__``): pass it to [`GrainPipeline`][ember.data.GrainPipeline], or to ``grain.MapDataset.source`` and
     ``grain.DataLoader`` yourself. It pickles as its paths, so worker processes open the files themselves. A record that
-    cannot be read raises [`RecordError`][ember.errors.RecordError], naming its index.
+    cannot be read raises [`RecordError`][ember.data.RecordError], naming its index.
 
     Args:
         paths: ``{name: path}`` of ``.npy`` files with the same length on axis 0, or a folder: every

@@ -15,7 +15,6 @@ from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEve
 from ember.handlers._checkpoint_files import CheckpointFiles
 from ember.handlers._checkpoint_record import CheckpointRecord
 from ember.handlers._loading import kind_of, load_objects
-from ember.handlers._renamed import renamed
 from ember.handlers._retention import Item, Ledger
 from ember.handlers._same_arrays import Saved, score_of
 from ember.handlers._save_handlers import (
@@ -23,13 +22,6 @@ from ember.handlers._save_handlers import (
     takes_metadata,
 )
 from ember.handlers._savers import DiskSaver
-
-
-class _Unset:
-    """The default of a deprecated argument whose ``None`` means something."""
-
-
-_UNSET = _Unset()
 
 
 class Checkpoint(CheckpointRecord, CheckpointFiles):
@@ -81,13 +73,6 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
             (default) fails the run with it; ``"warn"`` issues a ``RuntimeWarning`` naming the error and
             training goes on. Either way the failed checkpoint leaves nothing behind and earlier ones
             stay intact.
-        store: deprecated name of ``save_handler``.
-        keep_latest: deprecated: the newest kept (with ``keep_best``, beside the best); use ``n_saved``,
-            and a second handler for the newest beside the best.
-        keep_best: deprecated: the best kept; use ``n_saved`` with ``score_function``.
-        score_fn: deprecated name of ``score_function``.
-        step_fn: deprecated ``step_fn(engine)``; use ``global_step_transform(engine, event_name)``.
-        prefix: deprecated name of ``filename_prefix``.
 
     Attributes:
         save_handler: where checkpoints go: the `DiskSaver`, store or handler given (a folder becomes a `DiskSaver`).
@@ -133,19 +118,7 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
         keep_every: int | None = None,
         background: bool = True,
         on_error: Literal["raise", "warn"] = "raise",
-        store: CheckpointStore | str | os.PathLike[str] | None = None,
-        keep_latest: int | _Unset | None = _UNSET,
-        keep_best: int | None = None,
-        score_fn: Callable[[Engine], float] | None = None,
-        step_fn: Callable[[Engine], int] | None = None,
-        prefix: str | None = None,
     ) -> None:
-        save_handler = renamed("Checkpoint", "store", store, "save_handler", save_handler)
-        score_function = renamed("Checkpoint", "score_fn", score_fn, "score_function", score_function)
-        filename_prefix = renamed("Checkpoint", "prefix", prefix, "filename_prefix", filename_prefix)
-        if step_fn is not None:
-            old = renamed("Checkpoint", "step_fn", step_fn, "global_step_transform", global_step_transform)
-            global_step_transform = lambda engine, _event: old(engine)  # noqa: E731
         if not isinstance(to_save, Mapping) or not to_save:
             raise TypeError(f"`to_save` must be a non-empty mapping of names to objects, got {to_save!r}.")
         if include_self and not isinstance(to_save, MutableMapping):
@@ -167,20 +140,7 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
             )
         if filename_pattern is not None and not isinstance(filename_pattern, str):
             raise TypeError(f"`filename_pattern` must be a str or None, got {type(filename_pattern).__name__}.")
-        latest_and_best: tuple[int | None, int | None] | None = None
-        if not isinstance(keep_latest, _Unset) or keep_best is not None:
-            warnings.warn(
-                "Checkpoint(keep_latest=..., keep_best=...) is deprecated: use n_saved= (the best by "
-                "score_function, else the newest), Ignite's name, and a second Checkpoint for the newest beside "
-                "the best; keep_latest and keep_best go in the next release.",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            latest_and_best = (1 if isinstance(keep_latest, _Unset) else keep_latest, keep_best)
-            check_retention(latest_and_best[0], keep_best, keep_every, mode)
-            if keep_best is not None and score_function is None:
-                raise ValueError("`keep_best` needs `score_function`, the score to rank checkpoints by.")
-        elif n_saved is not None and (not isinstance(n_saved, int) or isinstance(n_saved, bool) or n_saved < 1):
+        if n_saved is not None and (not isinstance(n_saved, int) or isinstance(n_saved, bool) or n_saved < 1):
             raise ValueError(f"`n_saved` must be a positive int or None (keep every checkpoint), got {n_saved!r}.")
         check_retention(None, None, keep_every, mode)
         if on_error not in ("raise", "warn"):
@@ -204,7 +164,6 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
             mode=mode,
             keep_every=keep_every,
             greater_or_equal=greater_or_equal,
-            latest_and_best=latest_and_best,
         )
         self._seeded = self.store is None  # a store's earlier checkpoints join the ledger at the first save
         self._before: Any = None  # the ledger before the save in flight, put back if that save fails

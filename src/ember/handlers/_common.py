@@ -14,7 +14,6 @@ from ember.handlers._checkpoint import Checkpoint
 from ember.handlers._logging import ScalarLogger
 from ember.handlers._lr_monitor import LRMonitor
 from ember.handlers._progress import ProgressBar
-from ember.handlers._renamed import renamed
 from ember.handlers._savers import DiskSaver
 from ember.handlers._terminate_on_nan import TerminateOnNan
 from ember.writers import Writer
@@ -39,11 +38,6 @@ def setup_common_training_handlers(
     running_average: float | None = 0.98,
     lr_schedule: Callable[[Any], Any] | None = None,
     log_lr: bool = False,
-    checkpoint_dir: str | os.PathLike[str] | CheckpointStore | None = None,
-    checkpoint_every: int | None = None,
-    keep_latest: int | None = None,
-    log_every: int | None = None,
-    progress: bool | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Attach NaN stop, a running-average loss, progress bars, checkpoints and logging in one call.
@@ -57,7 +51,8 @@ def setup_common_training_handlers(
       over each epoch's iterations, refreshed every ``log_every_iters`` iterations, showing those averages;
     - ``train_sampler``: its ``set_epoch(epoch - 1)`` at each EPOCH_STARTED (Ignite's, for a torch
       ``DistributedSampler``; ember's own data takes its epoch from the engine already);
-    - ``writer``: a [`ScalarLogger`][ember.handlers.ScalarLogger] writing it every ``log_every`` iterations, and with
+    - ``writer``: a [`ScalarLogger`][ember.handlers.ScalarLogger] writing it every ``log_every_iters`` iterations, and
+      with
       ``log_lr`` an [`LRMonitor`][ember.handlers.LRMonitor] (``lr_schedule``, else the step's ``"lr"`` extra);
     - ``output_path`` (or ``save_handler``, a store or your own save handler): a
       [`Checkpoint`][ember.handlers.Checkpoint] of ``to_save`` (default: the trainer) every ``save_every_iters``
@@ -65,9 +60,7 @@ def setup_common_training_handlers(
 
     The arguments are Ignite's (``train_sampler``, ``to_save``, ``save_every_iters``, ``output_path``,
     ``save_handler``, ``n_saved``, ``output_names``, ``with_pbars``, ``with_pbar_on_iters``, ``log_every_iters``,
-    ``stop_on_nan``); ember's earlier names
-    (``checkpoint_dir``, ``checkpoint_every``, ``keep_latest``, ``log_every``, ``progress``) work in this
-    release with a ``DeprecationWarning``.
+    ``stop_on_nan``).
 
     Other keyword arguments go to the [`Checkpoint`][ember.handlers.Checkpoint] (Ignite's ``**kwargs``:
     ``filename_prefix``, ``score_function``, ...).
@@ -89,12 +82,6 @@ def setup_common_training_handlers(
     """
     from ember.metrics import RunningAverage  # the metrics layer pulls in jax; imported when used
 
-    owner = "setup_common_training_handlers"
-    output_path = renamed(owner, "checkpoint_dir", checkpoint_dir, "output_path", output_path)
-    save_every_iters = renamed(owner, "checkpoint_every", checkpoint_every, "save_every_iters", save_every_iters)
-    n_saved = renamed(owner, "keep_latest", keep_latest, "n_saved", n_saved)
-    log_every_iters = renamed(owner, "log_every", log_every, "log_every_iters", log_every_iters)
-    with_pbars = renamed(owner, "progress", progress, "with_pbars", with_pbars)
     if not isinstance(trainer, Engine):
         raise TypeError(f"`trainer` must be an ember Engine, got {type(trainer).__name__}.")
     for name, value in (("log_every_iters", log_every_iters), ("save_every_iters", save_every_iters)):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
-from ember.handlers._renamed import renamed
 
 log = logging.getLogger("ember")
 
@@ -31,9 +31,8 @@ class EarlyStopping:
         cumulative: compare with the last improving score instead of the latest best.
         threshold_mode: ``"abs"`` or ``"rel"``: ``threshold`` as an amount, or as a fraction of the best.
         mode: ``"max"`` or ``"min"``.
-        score_fn: deprecated name of ``score_function`` (this release warns; the next removes it).
-        min_delta: deprecated name of ``threshold`` (Ignite before 0.5.5).
-        cumulative_delta: deprecated name of ``cumulative`` (Ignite before 0.5.5).
+        min_delta: Ignite's deprecated name of ``threshold`` (it warns, as Ignite does).
+        cumulative_delta: Ignite's deprecated name of ``cumulative`` (it warns, as Ignite does).
 
     Examples:
         >>> from ember import Engine, Events
@@ -49,20 +48,31 @@ class EarlyStopping:
     def __init__(
         self,
         patience: int,
-        score_function: Callable[[Engine], float] | None = None,
-        trainer: Engine | None = None,
+        score_function: Callable[[Engine], float],
+        trainer: Engine,
         threshold: float = 0.0,
         cumulative: bool = False,
         threshold_mode: Literal["abs", "rel"] = "abs",
         mode: Literal["min", "max"] = "max",
         *,
-        score_fn: Callable[[Engine], float] | None = None,
         min_delta: float | None = None,
         cumulative_delta: bool | None = None,
     ) -> None:
-        score_function = renamed("EarlyStopping", "score_fn", score_fn, "score_function", score_function)
-        threshold = renamed("EarlyStopping", "min_delta", min_delta, "threshold", threshold)
-        cumulative = renamed("EarlyStopping", "cumulative_delta", cumulative_delta, "cumulative", cumulative)
+        if min_delta is not None:  # Ignite's deprecated names, kept as Ignite keeps them (with its warning)
+            warnings.warn(
+                "'min_delta' is deprecated and will be removed in a future version. Please use 'threshold' instead.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            threshold = min_delta
+        if cumulative_delta is not None:
+            warnings.warn(
+                "'cumulative_delta' is deprecated and will be removed in a future version. "
+                "Please use 'cumulative' instead.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cumulative = cumulative_delta
         if not callable(score_function):
             raise TypeError(f"`score_function` must be callable as score_function(engine), got {score_function!r}.")
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:

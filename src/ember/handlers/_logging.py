@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
-from ember.handlers._renamed import renamed
 from ember.handlers._values import check_names, check_transform, pick
 from ember.writers import AsyncWriter, Writer
 
@@ -88,7 +87,6 @@ class ScalarLogger:
         output_transform: Ignite's: ``output_transform(output)`` returns values to log by name (a mapping,
             e.g. ``lambda out: {"batchloss": out["loss"]}``), or one value, logged as ``output``.
         global_step_transform: ``global_step_transform(engine, event_name) -> int``.
-        step_fn: deprecated ``step_fn(engine)``; use ``global_step_transform``.
 
     Examples:
         >>> import io
@@ -113,11 +111,7 @@ class ScalarLogger:
         output_keys: str | Sequence[str] | None = None,
         output_transform: Callable[[Any], Any] | None = None,
         global_step_transform: Callable[[Engine, Any], int] | None = None,
-        step_fn: Callable[[Engine], int] | None = None,
     ) -> None:
-        if step_fn is not None:
-            old = renamed("ScalarLogger", "step_fn", step_fn, "global_step_transform", global_step_transform)
-            global_step_transform = lambda engine, _event: old(engine)  # noqa: E731
         if not isinstance(writer, Writer):
             raise TypeError(f"`writer` must be an ember.writers.Writer, got {type(writer).__name__}.")
         if global_step_transform is not None and not callable(global_step_transform):

@@ -5,8 +5,7 @@ ties in the order they were saved). A new checkpoint is saved only while fewer t
 or when its priority beats the lowest (``>`` it, or ``>=`` with ``greater_or_equal``); the lowest then
 goes. The ledger keeps that list for ember's stores and for users' save handlers alike, and adds ember's
 policies on top: ``keep_every`` pins checkpoints whose step is a multiple (never removed, still counted
-among the kept), and the deprecated ``keep_latest``/``keep_best`` pair keeps the union of the newest and
-the best.
+among the kept).
 """
 
 from __future__ import annotations
@@ -85,22 +84,14 @@ class Ledger:
         mode: Literal["min", "max"],
         keep_every: int | None = None,
         greater_or_equal: bool = False,
-        latest_and_best: tuple[int | None, int | None] | None = None,
     ) -> Ledger:
-        """The ledger of a ``Checkpoint``: ``n_saved`` by priority, or the deprecated (latest, best) pair."""
+        """The ledger of a ``Checkpoint``: the ``n_saved`` highest priorities (``None``: all)."""
         sign = 1.0 if mode == "max" else -1.0
 
         def by_priority(e: Entry) -> float:
             return sign * e.priority
 
-        def by_step(e: Entry) -> float:
-            return e.step
-
-        if latest_and_best is not None:
-            latest, best = latest_and_best
-            rankings = [Ranking(n, key) for n, key in ((latest, by_step), (best, by_priority)) if n is not None]
-        else:
-            rankings = [Ranking(n_saved, by_priority)]
+        rankings = [Ranking(n_saved, by_priority)]
 
         def pinned(step: int) -> bool:
             return keep_every is not None and step % keep_every == 0

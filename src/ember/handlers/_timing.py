@@ -11,7 +11,6 @@ import jax
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
 from ember.handlers._agreement import any_process, check_interval, positive_or_none
-from ember.handlers._renamed import renamed
 
 log = logging.getLogger("ember")
 Event = Events | FilteredEvent | EventsList
@@ -122,7 +121,6 @@ class TimeLimit:
         check_every: check at the iterations that are multiples of it; ``None``: 1, or 10 with several
             processes.
         clock: seconds since some origin; injectable for tests.
-        seconds: deprecated name of ``limit_sec``.
 
     Examples:
         >>> from ember import Engine
@@ -141,9 +139,7 @@ class TimeLimit:
         *,
         check_every: int | None = None,
         clock: Callable[[], float] = time.monotonic,
-        seconds: float | None = None,
     ) -> None:
-        limit_sec = renamed("TimeLimit", "seconds", seconds, "limit_sec", limit_sec)
         if isinstance(limit_sec, bool) or not isinstance(limit_sec, int | float):
             raise TypeError(
                 f"`limit_sec` must be a positive number of seconds, got {type(limit_sec).__name__} {limit_sec!r}."

@@ -1,7 +1,5 @@
 """Metrics whose accumulators live on device: Ignite's attach API over mergeable accumulators."""
 
-import warnings
-
 from ember.metrics._classification import Accuracy, Fbeta, Precision, Recall, TopKAccuracy
 from ember.metrics._collect import Collect, Last, RocAuc
 from ember.metrics._composite import AttachedMetric, MetricsLambda
@@ -14,7 +12,6 @@ from ember.metrics._running_average import RunningAverage
 from ember.metrics._usage import (
     BATCH_WISE,
     EPOCH_WISE,
-    RENAMED,
     RUNNING_BATCH_WISE,
     RUNNING_EPOCH_WISE,
     SINGLE_EPOCH_RUNNING_BATCH_WISE,
@@ -68,14 +65,3 @@ __all__ = [
     "mIoU",
 ]
 
-
-def __getattr__(name: str) -> MetricUsage:
-    """``RUNNING`` and ``SINGLE_EPOCH_RUNNING``, ember's names before Ignite's, for one release with a warning."""
-    old = {"RUNNING": "running", "SINGLE_EPOCH_RUNNING": "single_epoch_running"}.get(name)
-    if old is None:
-        raise AttributeError(f"module 'ember.metrics' has no attribute {name!r}")
-    usage, now = RENAMED[old]
-    warnings.warn(
-        f"ember.metrics.{name} is deprecated and goes in the next release: use {now}.", DeprecationWarning, stacklevel=2
-    )
-    return usage

@@ -73,6 +73,16 @@ class Collect(Metric):
         self._batches.append(self.arguments(output))
         self._updates += 1
 
+    def _saved_state(self) -> Any:
+        return [[list(args), mask] for args, mask in self._batches]  # a checkpoint carries every kept batch
+
+    def _restore_state(self, state: Any) -> None:
+        self._batches = [(tuple(args), mask) for args, mask in state or ()]  # None: another process's empty part
+
+    def merge_processes(self, parts: list[Any]) -> Any:
+        """Every process's batches, in process order."""
+        return [batch for part in parts for batch in part]
+
     def compute(self) -> Any:
         """Read the collected arrays back once, concatenate them, and finalise."""
         if not self._updates:

@@ -144,7 +144,7 @@ class Metric(EngineAttachment, MetricArithmetic):
             >>> saved["updates"], saved["state"]["tuple"][0]
             (1, {'dtype': 'float32', 'shape': [], 'data': [3.0]})
         """
-        mine = {"state": encode_tree(self._state), "updates": self._updates}
+        mine = {"state": encode_tree(self._saved_state()), "updates": self._updates}
         if jax.process_count() == 1 or _is_global(self._state):
             return mine
         return {"processes": [json.loads(text) for text in gather_text(json.dumps(mine))]}
@@ -180,10 +180,18 @@ class Metric(EngineAttachment, MetricArithmetic):
                 state = self.merge_processes([s for s, _ in checked]) if jax.process_index() == 0 else self._empty()
         else:
             state, updates = self._checked(state_dict)
-        self._state = _distinct_buffers(state)
+        self._restore_state(state)
         self._updates = updates
         self._published = None
         self._restored = True
+
+    def _saved_state(self) -> Any:
+        """What [`state_dict`][ember.metrics.Metric.state_dict] saves: the accumulators (a subclass may keep more)."""
+        return self._state
+
+    def _restore_state(self, state: Any) -> None:
+        """Take back what `_saved_state` gave, decoded from a checkpoint."""
+        self._state = _distinct_buffers(state)
 
     def _checked(self, state_dict: Any) -> tuple[Any, int]:
         """``(accumulators, updates)`` from one saved part, checked against this metric's kind."""

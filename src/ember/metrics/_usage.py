@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -183,27 +182,12 @@ SINGLE_EPOCH_RUNNING_BATCH_WISE = SingleEpochRunningBatchWise()
 USAGES = {
     u.name: u for u in (EPOCH_WISE, BATCH_WISE, RUNNING_EPOCH_WISE, RUNNING_BATCH_WISE, SINGLE_EPOCH_RUNNING_BATCH_WISE)
 }
-#: ember's names before Ignite's (one release of warnings, then gone): old name -> (its usage, what to write now).
-RENAMED: dict[str, tuple[MetricUsage, str]] = {
-    "running": (
-        MetricUsage("running", Events.STARTED, Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED),
-        "MetricUsage('running', Events.STARTED, Events.ITERATION_COMPLETED, Events.EPOCH_COMPLETED) (Ignite's "
-        "'running_epoch_wise' updates at EPOCH_COMPLETED only)",
-    ),
-    "single_epoch_running": (SINGLE_EPOCH_RUNNING_BATCH_WISE, "'single_epoch_running_batch_wise' (Ignite's name)"),
-}
 
 
 def resolve_usage(usage: str | MetricUsage) -> MetricUsage:
     """A usage from its name or itself; raise naming the choices."""
     if isinstance(usage, MetricUsage):
         return usage
-    if isinstance(usage, str) and usage in RENAMED:
-        old, now = RENAMED[usage]
-        warnings.warn(
-            f"usage={usage!r} is deprecated and goes in the next release: use {now}.", DeprecationWarning, stacklevel=3
-        )
-        return old
     if isinstance(usage, str) and usage in USAGES:
         return USAGES[usage]
     raise ValueError(
