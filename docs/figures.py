@@ -37,7 +37,9 @@ def recorded(prepare: Callable[[Engine], None], **run: object) -> list[str]:
 
 
 def _terminate_at_3(engine: Engine) -> None:
-    engine.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate())
+    engine.add_event_handler(
+        Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate()
+    )
 
 
 def _resume_at_1(engine: Engine) -> None:
@@ -53,7 +55,9 @@ def lanes() -> list[tuple[str, list[str]]]:
     ]
 
 
-def _box(x: float, y: float, w: float, h: float, fill: str, text: str, size: int = 11) -> str:
+def _box(
+    x: float, y: float, w: float, h: float, fill: str, text: str, size: int = 11
+) -> str:
     return (
         f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="4" fill="{fill}" stroke="#555" stroke-width="0.6"/>'
         f'<text x="{x + w / 2}" y="{y + h / 2 + size / 3}" font-size="{size}" text-anchor="middle">'
@@ -65,7 +69,9 @@ def _svg(width: float, height: float, body: list[str]) -> str:
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif">\n'
-        f'<rect width="{width}" height="{height}" fill="white"/>\n' + "\n".join(body) + "\n</svg>\n"
+        f'<rect width="{width}" height="{height}" fill="white"/>\n'
+        + "\n".join(body)
+        + "\n</svg>\n"
     )
 
 
@@ -76,12 +82,18 @@ def event_order() -> str:
     body = []
     for i, (title, events) in enumerate(runs):
         x = 15 + i * col
-        body.append(f'<text x="{x + box_w / 2}" y="24" font-size="13" font-weight="bold" text-anchor="middle">')
+        body.append(
+            f'<text x="{x + box_w / 2}" y="24" font-size="13" font-weight="bold" text-anchor="middle">'
+        )
         body[-1] += f"{escape(title)}</text>"
         for j, name in enumerate(events):
             indent = 0 if name in KIND else 14
-            fill = KIND.get(name, ITERATION if name.startswith("ITERATION") else "#e8e8e8")
-            body.append(_box(x + indent, top + j * row, box_w - indent, box_h, fill, name, 10))
+            fill = KIND.get(
+                name, ITERATION if name.startswith("ITERATION") else "#e8e8e8"
+            )
+            body.append(
+                _box(x + indent, top + j * row, box_w - indent, box_h, fill, name, 10)
+            )
     height = top + max(len(events) for _, events in runs) * row + 10
     return _svg(15 + len(runs) * col, height, body)
 
@@ -89,7 +101,11 @@ def event_order() -> str:
 def _arrow(x1: float, y1: float, x2: float, y2: float, label: str = "") -> str:
     line = f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#333" stroke-width="1.4" marker-end="url(#head)"/>'
     if label:  # beside a vertical arrow, above a horizontal one
-        x, y, anchor = (x1 + 6, (y1 + y2) / 2 + 4, "start") if x1 == x2 else ((x1 + x2) / 2, y1 - 6, "middle")
+        x, y, anchor = (
+            (x1 + 6, (y1 + y2) / 2 + 4, "start")
+            if x1 == x2
+            else ((x1 + x2) / 2, y1 - 6, "middle")
+        )
         line += f'<text x="{x}" y="{y}" font-size="10" text-anchor="{anchor}">{escape(label)}</text>'
 
     return line

@@ -334,7 +334,7 @@ def dump_config(config: Config, source: str | os.PathLike[str] | None = None) ->
 
     ``source`` is the folder of the config file the run started from: a comment records it, so that a
     relaunch from the run folder (``ember resume RUN_DIR``) still finds a model module that sits beside
-    the original config ([`importable`][ember.cli._config.importable] reads it back).
+    the original config (`ember resume` reads it back).
 
     Examples:
         >>> from ember.cli import Config, dump_config, load_config
