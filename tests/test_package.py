@@ -34,7 +34,9 @@ def test_top_level_reexports_the_engine():
         "RemovableEventHandle",
         "State",
         "__version__",
+        "collect_handles",
     ]
+    assert sorted(ember.engine.__all__) == sorted(name for name in ember.__all__ if name != "__version__")
     assert ember.Engine is ember.engine.Engine
     assert ember.__version__ == "0.1.0.dev0"
 

@@ -1,7 +1,16 @@
 """ember: an event-driven training engine for JAX, in the style of PyTorch Ignite."""
 
 from ember._version import __version__
-from ember.engine import Engine, EventEnum, Events, EventsList, FilteredEvent, RemovableEventHandle, State
+from ember.engine import (
+    Engine,
+    EventEnum,
+    Events,
+    EventsList,
+    FilteredEvent,
+    RemovableEventHandle,
+    State,
+    collect_handles,
+)
 
 __all__ = [
     "Engine",
@@ -12,4 +21,5 @@ __all__ = [
     "RemovableEventHandle",
     "State",
     "__version__",
+    "collect_handles",
 ]

@@ -1,8 +1,17 @@
 """The event engine: `Engine`, `Events`, filters and handles. Pure Python; it does not import JAX."""
 
-from ember.engine._dispatch import RemovableEventHandle
 from ember.engine._engine import Engine
 from ember.engine._events import EventEnum, Events, EventsList, FilteredEvent
+from ember.engine._handles import RemovableEventHandle, collect_handles
 from ember.engine._state import State
 
-__all__ = ["Engine", "EventEnum", "Events", "EventsList", "FilteredEvent", "RemovableEventHandle", "State"]
+__all__ = [
+    "Engine",
+    "EventEnum",
+    "Events",
+    "EventsList",
+    "FilteredEvent",
+    "RemovableEventHandle",
+    "State",
+    "collect_handles",
+]

@@ -1,4 +1,4 @@
-"""Handler registrations, the per-event dispatch table, and the removable handle.
+"""Handler registrations and the per-event dispatch table.
 
 Each event owns one `Dispatch`: its registrations in order, plus a skip window ``(last, due)``. When
 the counter value lies strictly inside the window no filter can fire, so firing costs one
@@ -9,15 +9,13 @@ the registrations change.
 from __future__ import annotations
 
 import inspect
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ember.engine._filters import NEVER, EventFilter
 
 if TYPE_CHECKING:
-    from ember.engine._events import EventEnum, EventsList, FilteredEvent
-    from ember.engine._handlers import EventHandlers
+    from ember.engine._events import EventEnum
 
 HandlerCall = Callable[..., Any]
 
@@ -25,7 +23,7 @@ HandlerCall = Callable[..., Any]
 class Registration:
     """One handler registered on one event, with its own copy of the filter."""
 
-    __slots__ = ("__weakref__", "args", "call", "event", "filter", "handler", "kwargs", "priority")
+    __slots__ = ("__weakref__", "args", "call", "event", "filter", "handler", "kwargs", "priority", "users")
 
     def __init__(
         self,
@@ -43,6 +41,7 @@ class Registration:
         self.kwargs = kwargs
         self.call = _make_call(handler, args, kwargs, takes_engine)
         self.priority = False
+        self.users = 1  # the handles that own it (RemovableEventHandle.share adds one)
 
 
 def _make_call(
@@ -154,77 +153,3 @@ def check_handler(
             f"(engine{', ' + given if given else ''}) or ({given}). "
             "Change its parameters or the arguments passed to add_event_handler."
         ) from None
-
-
-class RemovableEventHandle:
-    """What registering a handler returns: ``remove()`` takes exactly that registration away.
-
-    It holds weak references only, so it keeps neither the engine nor the handler alive. ``remove()``
-    is idempotent, and the handle is a context manager that removes the handler on exit.
-
-    Attributes:
-        event: the event as registered (Ignite's ``event_name`` is the same).
-        handler: a weak reference to the handler: ``handle.handler()`` is the handler, or ``None`` once collected.
-        engine: a weak reference to the engine, as Ignite's: ``handle.engine()``.
-
-    Examples:
-        >>> from ember import Engine, Events
-        >>> engine = Engine(lambda engine, batch: None)
-        >>> seen = []
-        >>> def log_epoch(engine):
-        ...     seen.append(engine.state.epoch)
-        >>> with engine.add_event_handler(Events.EPOCH_COMPLETED, log_epoch):
-        ...     _ = engine.run([0], max_epochs=2)
-        >>> seen
-        [1, 2]
-        >>> engine.has_event_handler(log_epoch)
-        False
-        >>> handle = engine.add_event_handler(Events.STARTED, print)
-        >>> handle.engine() is engine, handle.event_name
-        (True, Events.STARTED)
-    """
-
-    __slots__ = ("_regs", "engine", "event", "handler")
-
-    def __init__(
-        self,
-        event: EventEnum | FilteredEvent | EventsList | str,
-        handler: Callable[..., Any],
-        engine: EventHandlers,
-        regs: list[Registration],
-    ) -> None:
-        self.event = event
-        self.handler = weakref.WeakMethod(handler) if inspect.ismethod(handler) else _weak(handler)
-        self.engine = weakref.ref(engine)
-        self._regs = [weakref.ref(r) for r in regs]
-
-    def remove(self) -> None:
-        """Remove the registration; nothing happens if it is already gone."""
-        engine = self.engine()
-        if engine is None:
-            return
-        for ref in self._regs:
-            reg = ref()
-            if reg is not None:
-                engine._dispatch_of(reg.event).remove(reg)
-
-    @property
-    def event_name(self) -> EventEnum | FilteredEvent | EventsList | str:
-        """The event as registered, by Ignite's name."""
-        return self.event
-
-    def __enter__(self) -> RemovableEventHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-    def __repr__(self) -> str:
-        return f"RemovableEventHandle(event={self.event!r}, handler={self.handler()!r})"
-
-
-def _weak(obj: Any) -> Callable[[], Any]:
-    try:
-        return weakref.ref(obj)
-    except TypeError:  # objects that cannot be weakly referenced (functools.partial of a builtin, ...)
-        return lambda: obj

@@ -7,9 +7,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ember.engine._dispatch import RemovableEventHandle
 from ember.engine._events import EventEnum, FilteredEvent
 from ember.engine._handlers import EventHandlers
+from ember.engine._handles import RemovableEventHandle
 from ember.engine._loop import INTERRUPT, PAUSE
 from ember.engine._runs import RunSetup
 from ember.engine._state import State

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ember.engine._dispatch import Dispatch, Registration, RemovableEventHandle, check_handler
+from ember.engine._dispatch import Dispatch, Registration, check_handler
 from ember.engine._events import EventEnum, Events, EventsList, FilteredEvent, base_event
+from ember.engine._handles import RemovableEventHandle, collected
 
 # The counter each built-in event's filters see.
 _EVENT_TO_ATTR: dict[EventEnum | str, str] = {
@@ -218,7 +219,7 @@ class EventHandlers:
             reg.priority = priority
             self._dispatch[base].add(reg)
             regs.append(reg)
-        return RemovableEventHandle(event, handler, self, regs)
+        return collected(RemovableEventHandle(event, handler, self, regs))
 
     def _check_registration(
         self, event: object, handler: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]

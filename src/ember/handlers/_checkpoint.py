@@ -11,7 +11,7 @@ from typing import Any, Literal
 import jax
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore, check_retention
-from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
 from ember.handlers._checkpoint_files import CheckpointFiles
 from ember.handlers._checkpoint_record import CheckpointRecord
 from ember.handlers._loading import kind_of, load_objects
@@ -327,10 +327,11 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
             >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
             >>> _ = saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
         """
-        handle = engine.add_event_handler(event, self)
-        if self.store is not None:
-            self._watch(engine)
-        return handle
+        with collect_handles() as made:
+            engine.add_event_handler(event, self)
+            if self.store is not None:
+                self._watch(engine)
+        return made.handle
 
 
 def _where(save_handler: Any) -> tuple[Any, CheckpointStore | None]:

@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
 
 log = logging.getLogger("ember")
 
@@ -163,9 +163,10 @@ class EarlyStopping:
             >>> trainer.run([0], max_epochs=10).epoch, stop.counter
             (3, 2)
         """
-        handle = engine.add_event_handler(event, self)
-        (reset_engine or self.trainer).add_event_handler(reset_event, self._reset_on_start)
-        return handle
+        with collect_handles() as made:
+            engine.add_event_handler(event, self)
+            (reset_engine or self.trainer).add_event_handler(reset_event, self._reset_on_start)
+        return made.handle
 
     def _reset_on_start(self, engine: Engine) -> None:
         if engine.last_event_name is Events.STARTED and engine.state.iteration > 0:

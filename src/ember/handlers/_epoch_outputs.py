@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ember.engine import Engine, Events, RemovableEventHandle
+from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 
 
 class EpochOutputStore:
@@ -89,11 +89,12 @@ class EpochOutputStore:
             >>> _ = engine.run([1, 2, 3]); store.data
             [10, 20, 30]
         """
-        if name is not None and (not isinstance(name, str) or not name.isidentifier()):
-            raise ValueError(f"`name` must be an attribute name for engine.state, got {name!r}.")
-        engine.add_event_handler(Events.EPOCH_STARTED, self.reset)
-        handle = engine.add_event_handler(Events.ITERATION_COMPLETED, self.update)
-        if name:
-            self.name = name
-            engine.add_event_handler(Events.EPOCH_COMPLETED, self.store)
-        return handle
+        with collect_handles() as made:
+            if name is not None and (not isinstance(name, str) or not name.isidentifier()):
+                raise ValueError(f"`name` must be an attribute name for engine.state, got {name!r}.")
+            engine.add_event_handler(Events.EPOCH_STARTED, self.reset)
+            engine.add_event_handler(Events.ITERATION_COMPLETED, self.update)
+            if name:
+                self.name = name
+                engine.add_event_handler(Events.EPOCH_COMPLETED, self.store)
+        return made.handle

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
 from ember.handlers._logging import ScalarLogger, as_async
 from ember.writers import Writer
 
@@ -62,7 +62,8 @@ class Evaluate:
             >>> trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
             >>> handle = Evaluate(evaluator, [1, 2]).attach(trainer, Events.EPOCH_COMPLETED(every=2))
         """
-        handle = trainer.add_event_handler(event, self)
-        if self.writer is not None:
-            self.writer = as_async(self.writer, trainer)
-        return handle
+        with collect_handles() as made:
+            trainer.add_event_handler(event, self)
+            if self.writer is not None:
+                self.writer = as_async(self.writer, trainer)
+        return made.handle

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from ember.engine import Engine, Events, RemovableEventHandle
+from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 
 
 def _name(handler: Callable[..., Any]) -> str:
@@ -138,10 +138,11 @@ class HandlersTimeProfiler:
             >>> from ember.handlers import HandlersTimeProfiler
             >>> handle = HandlersTimeProfiler(stream=None).attach(Engine(lambda e, b: b))
         """
-        handle = engine.add_priority_handler(Events.STARTED, self._started)
-        engine.add_event_handler(Events.GET_BATCH_STARTED, self._mark_now)
-        engine.add_priority_handler(Events.GET_BATCH_COMPLETED, self._data_done)
-        engine.add_event_handler(Events.ITERATION_STARTED, self._mark_now)
-        engine.add_priority_handler(Events.ITERATION_COMPLETED, self._step_done)
-        engine.add_event_handler(Events.COMPLETED, self._finished)
-        return handle
+        with collect_handles() as made:
+            engine.add_priority_handler(Events.STARTED, self._started)
+            engine.add_event_handler(Events.GET_BATCH_STARTED, self._mark_now)
+            engine.add_priority_handler(Events.GET_BATCH_COMPLETED, self._data_done)
+            engine.add_event_handler(Events.ITERATION_STARTED, self._mark_now)
+            engine.add_priority_handler(Events.ITERATION_COMPLETED, self._step_done)
+            engine.add_event_handler(Events.COMPLETED, self._finished)
+        return made.handle

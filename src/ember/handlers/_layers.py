@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
 from ember.handlers._logging import as_async
 from ember.writers import Writer
 
@@ -61,9 +61,10 @@ class _LayerHandler:
             >>> from ember.writers import ConsoleWriter
             >>> handle = GradsScalarHandler(ConsoleWriter()).attach(Engine(lambda e, b: b), Events.EPOCH_COMPLETED)
         """
-        handle = engine.add_event_handler(event if event is not None else Events.ITERATION_COMPLETED(every=100), self)
-        self.writer = as_async(self.writer, engine)
-        return handle
+        with collect_handles() as made:
+            engine.add_event_handler(event if event is not None else Events.ITERATION_COMPLETED(every=100), self)
+            self.writer = as_async(self.writer, engine)
+        return made.handle
 
     def __call__(self, engine: Engine) -> None:
         """Hand this step's values to the writer (device arrays: its thread reads them)."""

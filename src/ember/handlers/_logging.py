@@ -7,12 +7,15 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
 from ember.handlers._values import check_names, check_transform, pick
 from ember.writers import AsyncWriter, Writer
 
 _async_for: weakref.WeakKeyDictionary[Writer, AsyncWriter] = weakref.WeakKeyDictionary()
-_attached: weakref.WeakKeyDictionary[AsyncWriter, weakref.WeakSet[Engine]] = weakref.WeakKeyDictionary()
+# each async writer's registration on each engine; the loggers that share it each hold a share of its handle
+_attached: weakref.WeakKeyDictionary[AsyncWriter, weakref.WeakKeyDictionary[Engine, RemovableEventHandle]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def attach_writer(writer: AsyncWriter, engine: Engine) -> RemovableEventHandle:
@@ -47,8 +50,9 @@ def attach_writer(writer: AsyncWriter, engine: Engine) -> RemovableEventHandle:
         else:
             writer.raise_if_failed()
 
-    _attached.setdefault(writer, weakref.WeakSet()).add(engine)
-    return engine.add_event_handler(Events.ITERATION_COMPLETED | Events.COMPLETED | Events.EXCEPTION_RAISED, on_event)
+    handle = engine.add_event_handler(Events.ITERATION_COMPLETED | Events.COMPLETED | Events.EXCEPTION_RAISED, on_event)
+    _attached.setdefault(writer, weakref.WeakKeyDictionary())[engine] = handle
+    return handle
 
 
 def as_async(writer: Writer, engine: Engine) -> AsyncWriter:
@@ -65,7 +69,10 @@ def as_async(writer: Writer, engine: Engine) -> AsyncWriter:
         if shared is None or shared.closed:
             shared = _async_for[writer] = AsyncWriter(writer)
         writer = shared
-    if engine not in _attached.get(writer, ()):  # once per engine, however many loggers share the writer
+    registered = _attached.get(writer, {}).get(engine)
+    if registered is not None and registered.active:  # once per engine, however many loggers share the writer
+        registered.share()  # this logger's share: removing the logger leaves the writer to the others
+    else:
         attach_writer(writer, engine)
     return writer
 
@@ -145,6 +152,7 @@ class ScalarLogger:
             >>> from ember.writers import ConsoleWriter
             >>> handle = ScalarLogger(ConsoleWriter()).attach(Engine(lambda e, b: b), Events.EPOCH_COMPLETED)
         """
-        handle = engine.add_event_handler(event, self)
-        self.writer = as_async(self.writer, engine)  # after: its flush at COMPLETED follows this handler's write
-        return handle
+        with collect_handles() as made:
+            engine.add_event_handler(event, self)
+            self.writer = as_async(self.writer, engine)  # after: its flush at COMPLETED follows this handler's write
+        return made.handle

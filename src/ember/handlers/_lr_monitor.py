@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
 from ember.handlers._logging import as_async
 from ember.writers import Writer
 
@@ -85,6 +85,7 @@ class LRMonitor:
             >>> from ember.writers import ConsoleWriter
             >>> handle = LRMonitor(ConsoleWriter(), schedule=lambda step: 0.1).attach(Engine(lambda e, b: b))
         """
-        handle = engine.add_event_handler(event or Events.ITERATION_COMPLETED(every=100), self)
-        self.writer = as_async(self.writer, engine)
-        return handle
+        with collect_handles() as made:
+            engine.add_event_handler(event or Events.ITERATION_COMPLETED(every=100), self)
+            self.writer = as_async(self.writer, engine)
+        return made.handle

@@ -10,7 +10,7 @@ from types import FrameType
 from typing import Any
 
 from ember.checkpoint import CheckpointInfo
-from ember.engine import Engine, Events, RemovableEventHandle
+from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._agreement import any_process, check_interval, positive_or_none
 from ember.handlers._checkpoint import Checkpoint
 
@@ -131,9 +131,10 @@ class Preemption:
             >>> handle.remove(); trainer.run([1]).iteration
             1
         """
-        handle = trainer.add_event_handler(Events.STARTED, self._install)
-        trainer.add_event_handler(Events.ITERATION_COMPLETED | Events.EPOCH_COMPLETED, self._trainer_boundary)
-        trainer.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED, self._restore)
-        for evaluator in evaluators:
-            evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._evaluator_boundary)
-        return handle
+        with collect_handles() as made:
+            trainer.add_event_handler(Events.STARTED, self._install)
+            trainer.add_event_handler(Events.ITERATION_COMPLETED | Events.EPOCH_COMPLETED, self._trainer_boundary)
+            trainer.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED, self._restore)
+            for evaluator in evaluators:
+                evaluator.add_event_handler(Events.ITERATION_COMPLETED, self._evaluator_boundary)
+        return made.handle

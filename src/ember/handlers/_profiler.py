@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from ember.engine import Engine, Events, RemovableEventHandle
+from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 
 
 class Profiler:
@@ -78,7 +78,8 @@ class Profiler:
             >>> from ember.handlers import Profiler
             >>> Profiler(tempfile.mkdtemp()).attach(Engine(lambda e, b: b)).remove()
         """
-        handle = engine.add_event_handler(Events.ITERATION_STARTED(once=self.start_step), self._start)
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self._step)
-        engine.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED, self._stop)
-        return handle
+        with collect_handles() as made:
+            engine.add_event_handler(Events.ITERATION_STARTED(once=self.start_step), self._start)
+            engine.add_event_handler(Events.ITERATION_COMPLETED, self._step)
+            engine.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED, self._stop)
+        return made.handle

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, TextIO
 import numpy as np
 
 from ember._extras import missing
-from ember.engine import Engine, Events
+from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._values import check_names, check_transform, pick
 from ember.writers import is_primary_process
 
@@ -44,7 +44,7 @@ class ProgressBar:
         >>> out = io.StringIO()
         >>> engine = Engine(lambda e, b: {"loss": b})
         >>> bar = ProgressBar(2, stream=out, persist=True, mininterval=0, bar_format="{desc} {n}/{total}{postfix}")
-        >>> bar.attach(engine, output_keys=["loss"])
+        >>> _ = bar.attach(engine, output_keys=["loss"])
         >>> _ = engine.run([0.5, 0.25, 0.125, 0.0625])
         >>> [frame.strip() for frame in out.getvalue().split(chr(13)) if frame][-3:]  # the postfix lags one refresh
         ['Epoch [1/1] 2/4', 'Epoch [1/1] 4/4, loss=0.25', 'Epoch [1/1] 4/4, loss=0.0625']
@@ -162,25 +162,29 @@ class ProgressBar:
         metric_names: str | Sequence[str] | None = None,
         output_keys: str | Sequence[str] | None = None,
         output_transform: Callable[[Any], Any] | None = None,
-    ) -> None:
+    ) -> RemovableEventHandle:
         """Draw bars for ``engine``, showing ``metric_names`` (or ``"all"``) and scalar ``output_keys``.
 
         ``output_transform`` (Ignite's) names values of its own from the output: a mapping such as
-        ``lambda out: {"batchloss": out["loss"]}``, or one value, shown as ``output``.
+        ``lambda out: {"batchloss": out["loss"]}``, or one value, shown as ``output``. Returns one handle whose
+        ``remove()`` takes the bars away (Ignite's ``attach`` returns ``None``; code written for it is unaffected).
+        Only process 0 of a multi-process run draws; elsewhere the handle removes nothing.
 
         Examples:
             >>> from ember import Engine
             >>> from ember.handlers import ProgressBar
-            >>> ProgressBar().attach(Engine(lambda e, b: b), metric_names="all")
+            >>> handle = ProgressBar().attach(Engine(lambda e, b: b), metric_names="all")
+            >>> handle.remove()
         """
         self._names = check_names("metric_names", metric_names)
         self._keys = check_names("output_keys", output_keys)
         self._transform = check_transform(output_transform)
-        if not is_primary_process():
-            return
-        engine.add_event_handler(Events.STARTED, self._started)
-        if self.iteration_bar:
-            engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
-            engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.refresh_every), self._refresh)
-        engine.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
-        engine.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED | Events.TERMINATE, self._completed)
+        with collect_handles() as made:
+            if is_primary_process():
+                engine.add_event_handler(Events.STARTED, self._started)
+                if self.iteration_bar:
+                    engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
+                    engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.refresh_every), self._refresh)
+                engine.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
+                engine.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED | Events.TERMINATE, self._completed)
+        return made.handle

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ember.engine import Engine, Events, RemovableEventHandle
+from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._late import OneStepLate
 from ember.handlers._logging import as_async
 from ember.writers import Writer
@@ -76,11 +76,12 @@ class ParamStats:
             >>> from ember.handlers import ParamStats
             >>> handle = ParamStats().attach(Engine(lambda e, b: b))
         """
-        engine.add_event_handler(Events.ITERATION_COMPLETED(once=1), self._late_state)
-        handle = engine.add_event_handler(Events.STARTED, self)
-        if self.writer is not None:
-            self.writer = as_async(self.writer, engine)
-        return handle
+        with collect_handles() as made:
+            engine.add_event_handler(Events.ITERATION_COMPLETED(once=1), self._late_state)
+            engine.add_event_handler(Events.STARTED, self)
+            if self.writer is not None:
+                self.writer = as_async(self.writer, engine)
+        return made.handle
 
     def _late_state(self, engine: Engine) -> None:
         if self.count is None:
@@ -183,8 +184,10 @@ class GradientSpikeMonitor:
             >>> from ember.handlers import GradientSpikeMonitor
             >>> handle = GradientSpikeMonitor().attach(Engine(lambda e, b: b))
         """
-        engine.add_event_handler(Events.EPOCH_COMPLETED | Events.COMPLETED, self._drain)
-        return engine.add_event_handler(Events.ITERATION_COMPLETED, self)
+        with collect_handles() as made:
+            engine.add_event_handler(Events.EPOCH_COMPLETED | Events.COMPLETED, self._drain)
+            engine.add_event_handler(Events.ITERATION_COMPLETED, self)
+        return made.handle
 
     def state_dict(self) -> dict[str, Any]:
         """The moving average, the steps seen and the spikes so far (reads two device scalars).

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ember.engine import Engine, Events, RemovableEventHandle
+from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.errors import NonFiniteError
 from ember.handlers._late import OneStepLate
 
@@ -103,6 +103,8 @@ class TerminateOnNan:
             >>> from ember.handlers import TerminateOnNan
             >>> handle = TerminateOnNan(lambda out: out["loss"]).attach(Engine(lambda e, b: b))
         """
-        engine.add_event_handler(Events.STARTED, self._started)
-        engine.add_event_handler(Events.EPOCH_COMPLETED | Events.COMPLETED, self._drain)
-        return engine.add_event_handler(Events.ITERATION_COMPLETED, self)
+        with collect_handles() as made:
+            engine.add_event_handler(Events.STARTED, self._started)
+            engine.add_event_handler(Events.EPOCH_COMPLETED | Events.COMPLETED, self._drain)
+            engine.add_event_handler(Events.ITERATION_COMPLETED, self)
+        return made.handle

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ember.engine import Engine, Events, RemovableEventHandle
+from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._logging import attach_writer
 from ember.writers import AsyncWriter, Writer
 
@@ -147,8 +147,10 @@ class Throughput:
             >>> from ember.handlers import Throughput
             >>> handle = Throughput(every=10).attach(Engine(lambda e, b: b))
         """
-        if self.writer is not None:
-            attach_writer(self.writer, engine)
-        engine.add_event_handler(Events.STARTED, self._started)
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self._step)
-        return engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.every), self.report)
+        with collect_handles() as made:
+            if self.writer is not None:
+                attach_writer(self.writer, engine)
+            engine.add_event_handler(Events.STARTED, self._started)
+            engine.add_event_handler(Events.ITERATION_COMPLETED, self._step)
+            engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.every), self.report)
+        return made.handle

@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle
+from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
 from ember.handlers._agreement import any_process, check_interval, positive_or_none
 
 log = logging.getLogger("ember")
@@ -44,6 +44,7 @@ class Timer:
 
     def __init__(self, average: bool = False, *, sync: bool = False, clock: Callable[[], float] = time.perf_counter):
         self.average, self.sync, self._clock = bool(average), bool(sync), clock
+        self._handle: RemovableEventHandle | None = None
         self.reset()
 
     def reset(self, *_: Any) -> Timer:
@@ -97,13 +98,34 @@ class Timer:
             >>> _ = engine.run([1]); timer.value() > 0
             True
         """
-        engine.add_event_handler(start, self.reset)
-        engine.add_event_handler(pause, self.pause)
-        if resume is not None:
-            engine.add_event_handler(resume, self.resume)
-        if step is not None:
-            engine.add_event_handler(step, self.step)
+        with collect_handles() as made:
+            engine.add_event_handler(start, self.reset)
+            engine.add_event_handler(pause, self.pause)
+            if resume is not None:
+                engine.add_event_handler(resume, self.resume)
+            if step is not None:
+                engine.add_event_handler(step, self.step)
+        self._handle = made.handle
         return self
+
+    def detach(self) -> None:
+        """Remove every handler [`attach`][ember.handlers.Timer.attach] registered.
+
+        ``attach`` returns the timer itself, as Ignite's does (``timer = Timer().attach(trainer)``), so the timer
+        undoes its own registrations.
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> from ember.handlers import Timer
+            >>> engine = Engine(lambda e, b: b)
+            >>> timer = Timer().attach(engine, step=Events.ITERATION_COMPLETED)
+            >>> timer.detach()
+            >>> engine.has_event_handler(timer.step)
+            False
+        """
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
 
 class TimeLimit:
@@ -176,5 +198,7 @@ class TimeLimit:
             >>> from ember.handlers import TimeLimit
             >>> handle = TimeLimit(60).attach(Engine(lambda e, b: b))
         """
-        engine.add_event_handler(Events.STARTED, self._started)
-        return engine.add_event_handler(Events.ITERATION_COMPLETED, self)
+        with collect_handles() as made:
+            engine.add_event_handler(Events.STARTED, self._started)
+            engine.add_event_handler(Events.ITERATION_COMPLETED, self)
+        return made.handle

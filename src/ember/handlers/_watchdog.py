@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember._multiprocess import coordination_client
-from ember.engine import Engine, Events, RemovableEventHandle
+from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._checkpoint import Checkpoint
 
 #: The exit status of a process the watchdog ends: EX_TEMPFAIL, "try again" (relaunch every process).
@@ -192,7 +192,8 @@ class ProcessWatchdog:
             >>> from ember.handlers import ProcessWatchdog
             >>> _ = ProcessWatchdog().attach(Engine(lambda e, b: b))
         """
-        handle = trainer.add_event_handler(Events.STARTED, self._start)
-        trainer.add_event_handler(Events.COMPLETED, self._finish)
-        trainer.add_event_handler(Events.EXCEPTION_RAISED, self._failed)
-        return handle
+        with collect_handles() as made:
+            trainer.add_event_handler(Events.STARTED, self._start)
+            trainer.add_event_handler(Events.COMPLETED, self._finish)
+            trainer.add_event_handler(Events.EXCEPTION_RAISED, self._failed)
+        return made.handle
