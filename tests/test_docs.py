@@ -216,7 +216,7 @@ def test_users_find_reliability_and_benchmarks_before_the_concepts():
         "Benchmarks",
         "Beside the alternatives",
     ]
-    assert titles[7:] == ["Concepts", "Migrating", "API"]
+    assert titles[7:] == ["Concepts", "Migrating", "API", "Architecture"]
 
 
 def _fenced_blocks(text):

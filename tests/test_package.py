@@ -33,6 +33,8 @@ def test_top_level_reexports_the_engine():
         "FilteredEvent",
         "RemovableEventHandle",
         "State",
+        "Stateful",
+        "TreeStateful",
         "__version__",
         "collect_handles",
     ]
@@ -62,8 +64,9 @@ def test_public_exceptions_live_in_errors_and_subclass_their_builtins():
     assert ember.data.RecordError is ember.errors.RecordError
 
 
-# What each layer may import (docs: ../shared/DESIGN.md, "Layers"). ember.errors, ember._version and ember._extras
-# (an optional feature's import, and the error naming its extra) import nothing of ember and are open to all;
+# What each layer may import (docs: ../shared/DESIGN.md, "Layers"). ember.errors, ember._version, ember._extras
+# (an optional feature's import, and the error naming its extra) and ember._protocols (the contracts all layers
+# share: state and position) import nothing of ember and are open to all;
 # ember._multiprocess (what processes decide together) imports nothing of ember and is open to all but the engine,
 # which knows nothing of JAX.
 ALLOWED = {
@@ -78,6 +81,24 @@ ALLOWED = {
 }
 
 
+def test_the_architecture_page_shows_the_layers_the_test_holds():
+    """docs/architecture.md's layer table is ALLOWED: the map readers see cannot drift from the code."""
+    import re
+    from pathlib import Path
+
+    page = (Path(ember.__file__).parents[2] / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `ember\.(\w+)` \| [^|]+ \| ([^|]+) \|$", page, flags=re.M)
+    shown = {
+        layer: set()
+        if imports.strip() == "—"
+        else {"", *ALLOWED} - {layer}
+        if imports.strip() == "every layer"
+        else set(re.findall(r"`(\w+)`", imports))
+        for layer, imports in rows
+    }
+    assert shown == ALLOWED
+
+
 def test_each_layer_imports_only_the_layers_below_it():
     """The import arrows follow the design's layer table: no layer reaches up or sideways."""
     import re
@@ -88,7 +109,7 @@ def test_each_layer_imports_only_the_layers_below_it():
     for layer in ALLOWED:
         text = "\n".join(p.read_text() for p in (root / layer).rglob("*.py"))
         used = set(re.findall(r"^\s*(?:from|import) ember(?:\.([a-z_]+))?", text, flags=re.M))
-        open_to_all = {"errors", "_version", "_extras"}
+        open_to_all = {"errors", "_version", "_extras", "_protocols"}
         found[layer] = used - {layer, *open_to_all, "_multiprocess" if layer != "engine" else ""}
     assert found == {layer: allowed & found[layer] for layer, allowed in ALLOWED.items()}
 

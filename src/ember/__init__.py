@@ -9,6 +9,8 @@ from ember.engine import (
     FilteredEvent,
     RemovableEventHandle,
     State,
+    Stateful,
+    TreeStateful,
     collect_handles,
 )
 
@@ -20,6 +22,8 @@ __all__ = [
     "FilteredEvent",
     "RemovableEventHandle",
     "State",
+    "Stateful",
+    "TreeStateful",
     "__version__",
     "collect_handles",
 ]

@@ -55,7 +55,7 @@ def test_a_long_run_keeps_memory_and_file_handles_flat_and_every_checkpoint_rest
     Accuracy().attach(evaluator, "accuracy")
     Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
     RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "loss")
-    writer = create_run_writer(tmp_path / "run", console=False, csv=True)
+    writer = create_run_writer(tmp_path / "run", ["tensorboard", "jsonl", "csv"])
     ScalarLogger(writer, tag="train", metric_names=["loss"]).attach(trainer, Events.ITERATION_COMPLETED(every=100))
     Evaluate(evaluator, val, writer=writer).attach(trainer, Events.EPOCH_COMPLETED(every=10))
     saver = Checkpoint({"trainer": trainer}, tmp_path / "ckpt", n_saved=None)

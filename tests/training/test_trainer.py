@@ -249,7 +249,12 @@ def test_trainer_option_errors():
         create_trainer(linear_state(), classification_loss, steps_per_call=0)
     with pytest.raises(ValueError, match=r"`prefetch` must be an int >= 0, got -1"):
         create_trainer(linear_state(), classification_loss, prefetch=-1)
-    with pytest.raises(TypeError, match=r"`placement` must be SingleDevice\(\), DataParallel\(\) or Pmap\(\)"):
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "`placement` must be a Placement (SingleDevice(), DataParallel(), Pmap(), Sharded(...)), got 'gpu'."
+        ),
+    ):
         create_trainer(linear_state(), classification_loss, placement="gpu")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"`state` must be an ember.training.TrainState .*, got builtins.int\."):
         create_trainer(3, classification_loss)  # type: ignore[arg-type]

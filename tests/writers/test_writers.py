@@ -79,7 +79,7 @@ def test_an_error_on_the_writer_thread_fails_the_run_at_the_next_event():
 
 def test_only_the_primary_process_writes(monkeypatch, tmp_path):
     monkeypatch.setattr(async_module, "is_primary_process", lambda: False)
-    w = create_run_writer(tmp_path / "run", console=False, csv=True)
+    w = create_run_writer(tmp_path / "run", ["tensorboard", "jsonl", "csv"])
     w.write_scalars(1, {"loss": 1.0})
     w.close()
     assert not (tmp_path / "run").exists()
@@ -89,7 +89,7 @@ def test_files_tensorboard_and_console_through_one_run_writer(tmp_path):
     """Two runs into the same folder (a resume) append to the logs and both TensorBoard files stay readable."""
     out = io.StringIO()
     for start in (1, 3):
-        w = create_run_writer(tmp_path, console=out, csv=True)
+        w = create_run_writer(tmp_path, ["console", "tensorboard", "jsonl", "csv"], stream=out)
         w.write_scalars(start, {"loss": 0.5 / start, "val/acc": 0.25 * start})
         w.write_scalars(start + 1, {"loss": 0.5 / (start + 1)})
         w.write_hparams({"lr": 0.1, "batch": 32}, {"val/acc": 0.75})
@@ -153,8 +153,14 @@ def test_bad_arguments():
         AsyncWriter(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=re.escape("`max_pending` must be a positive int, got 0.")):
         AsyncWriter(Remember(), max_pending=0)
-    with pytest.raises(NotImplementedError, match=r"Writer must implement write_scalars\(step, values\)."):
-        Writer().write_scalars(1, {})
+
+    class Incomplete(Writer):
+        pass
+
+    with pytest.raises(NotImplementedError, match=r"^Incomplete must implement write_scalars\(step, values\)\.$"):
+        Incomplete().write_scalars(1, {})
+    with pytest.raises(TypeError, match="Protocols cannot be instantiated"):  # the contract, not a writer
+        Writer()  # type: ignore[misc]
 
 
 def test_jsonl_writer_text_and_missing_folder(tmp_path):
@@ -272,3 +278,20 @@ def test_resume_at_rewrites_a_log_whole_or_not_at_all(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in rows] == [(10, 0.1), (20, 0.2), (30, 0.5)]
     assert (tmp_path / "m.csv").read_text() == "step,name,value\n10,loss,0.1\n20,loss,0.2\n30,loss,0.5\n"
+
+
+def test_one_list_of_writer_names_for_create_run_writer_and_the_config():
+    """WRITERS is the registry; ember train's config offers exactly its names (written out to import no JAX)."""
+    import typing
+
+    from ember.cli import Config
+    from ember.writers import WRITERS
+
+    allowed = typing.get_args(
+        typing.get_args(typing.get_type_hints(typing.get_type_hints(Config)["handlers"])["writers"])[0]
+    )
+    assert allowed == tuple(WRITERS) == ("console", "tensorboard", "jsonl", "csv", "wandb", "mlflow")
+    with pytest.raises(ValueError, match=re.escape("`writers` names ['tensorbord'], which are not writers; the")):
+        create_run_writer("unused", ["tensorbord"])
+    with pytest.raises(TypeError, match=re.escape("`writers` must be a list of names from ['console', 'tensor")):
+        create_run_writer("unused", "jsonl")

@@ -94,6 +94,7 @@ def write_leaves(f: IO[bytes], leaves: list[tuple[str, Any]]) -> tuple[int, str]
         if isinstance(value, np.ndarray):
             array = value if value.flags.c_contiguous else np.ascontiguousarray(value)  # keeps 0-d arrays 0-d
             put(_pack([path, "array", array.dtype.str, list(array.shape)]))
+            # the ignore below: a contiguous NumPy array exposes the buffer protocol
             data = memoryview(array).cast("B") if array.size else memoryview(b"")  # type: ignore[arg-type]
             if len(data) >= 2**32:
                 raise ValueError(f"Leaf {path!r} holds {len(data)} bytes; one leaf may hold at most 4 GiB.")

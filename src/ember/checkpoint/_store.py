@@ -244,6 +244,7 @@ class CheckpointStore(Amending, CheckpointFolder):
         pending = self._pending
         if pending is not None and pending.done() and pending.exception() is not None:
             self._pending = None
+            # the ignore below: done() was true, so exception() is the raised error or None (checked above)
             raise pending.exception()  # type: ignore[misc]
 
     def _prepare(

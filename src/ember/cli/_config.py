@@ -103,7 +103,8 @@ class HandlersConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     early_stopping: EarlyStoppingConfig | None = field(default_factory=EarlyStoppingConfig)
     progress: bool = True
-    writers: list[Literal["console", "tensorboard", "jsonl", "csv", "mlflow", "wandb"]] = field(
+    # WRITERS' names (ember.writers), written out so that checking a config imports no JAX; a test holds them equal
+    writers: list[Literal["console", "tensorboard", "jsonl", "csv", "wandb", "mlflow"]] = field(
         default_factory=lambda: ["tensorboard", "jsonl"]
     )
     log_every: int = 50
@@ -196,7 +197,7 @@ def _convert(value: Any, t: Any, path: str) -> Any:
             raise ConfigError(f"{path}: expected a mapping, got {value!r}.")
         return dict(value)
     if dataclasses.is_dataclass(t):
-        return _build(t, value, path)  # type: ignore[arg-type]
+        return _build(t, value, path)  # type: ignore[arg-type]  # is_dataclass narrowed t to a dataclass type
     if t in (int, float) and isinstance(value, str):
         value = _number(value, t)  # PyYAML reads 1e-3 (no dot) as a string
     ok = {
@@ -261,7 +262,7 @@ def config_error(problems: list[str]) -> ConfigError:
         else f"{len(problems)} problems in the config:\n" + "\n".join(f"  {problem}" for problem in problems)
     )
     error = ConfigError(message)
-    error.problems = problems  # type: ignore[attr-defined]
+    error.problems = problems  # type: ignore[attr-defined]  # a ConfigError carries the list of problems for the caller
     return error
 
 

@@ -51,17 +51,7 @@ def _predict(model: Any, batch: Any) -> Any:
 
 
 def _writers(config: Config, run_dir: Path, stream: TextIO) -> AsyncWriter:
-    kinds = config.handlers.writers
-    return create_run_writer(
-        run_dir,
-        console=stream if "console" in kinds else False,
-        tensorboard="tensorboard" in kinds,
-        jsonl="jsonl" in kinds,
-        csv="csv" in kinds,
-        mlflow="mlflow" in kinds,
-        wandb="wandb" in kinds,
-        params=config,
-    )
+    return create_run_writer(run_dir, config.handlers.writers, stream=stream, params=config)
 
 
 def build_trainer(cfg: Config, sample: Any, schedule: Any = None, steps_per_call: int | None = None) -> Any:

@@ -231,6 +231,7 @@ class _Stream:
         records = [r for r, _ in places]
         try:
             read = getattr(self.source, "_getitems", None)
+            # the ignore below: a source is indexable by the protocol Grain reads it by
             examples: list[Any] = [*read(records)] if callable(read) else [self.source[r] for r in records]  # type: ignore[misc]
         except Exception:
             examples = [self._one(r) for r in records]  # find the record at fault

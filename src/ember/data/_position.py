@@ -1,8 +1,8 @@
-"""The resumable-iterator protocol (Grain's) as ember's data wrappers pass it through.
+"""`Mapped`: a data wrapper that passes the wrapped iterator's position through.
 
-An iterator with a position has ``get_state()`` and ``set_state(state)``; one that runs work in the background (Grain's
-worker processes) also has ``close()``. A wrapper that yields one batch per batch of the iterator it wraps
-([`Mapped`][ember.data.Mapped]) has the same position, so engines save and restore it through any number of wrappers.
+The protocol ([`ResumableIterator`][ember.data.ResumableIterator]) and its helpers are in ``ember._protocols``, which
+the engine uses too. A wrapper that yields one batch per batch of the iterator it wraps has the same position, so
+engines save and restore it through any number of wrappers.
 """
 
 from __future__ import annotations
@@ -10,24 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-
-def has_position(it: object) -> bool:
-    """Whether iterator ``it`` follows the resumable-iterator protocol (``get_state`` and ``set_state``)."""
-    return callable(getattr(it, "get_state", None)) and callable(getattr(it, "set_state", None))
-
-
-def close_iterator(it: object) -> None:
-    """Stop what ``it`` runs in the background (Grain's worker processes), if it has ``close()``."""
-    close = getattr(it, "close", None)
-    if callable(close):
-        close()
-
-
-def restore(it: object, state: Any) -> None:
-    """``it.set_state(state)``, or a clear error when ``it`` has no position to restore."""
-    if not has_position(it):
-        raise TypeError(f"This data's iterator ({type(it).__name__}) has no set_state() to restore a position with.")
-    it.set_state(state)  # type: ignore[attr-defined]  # has_position() checked it
+from ember._protocols import ResumableIterator, close, restore
 
 
 class Mapped(Iterator[Any]):
@@ -46,14 +29,13 @@ class Mapped(Iterator[Any]):
 
     def __init__(self, it: Iterator[Any], fn: Callable[[Any], Any]) -> None:
         self._it, self._fn = it, fn
-        self._has_position = has_position(it)
 
     def __next__(self) -> Any:
         return self._fn(next(self._it))
 
     def get_state(self) -> Any:
         """The wrapped iterator's position, ``None`` if it has none."""
-        return self._it.get_state() if self._has_position else None  # type: ignore[attr-defined]
+        return self._it.get_state() if isinstance(self._it, ResumableIterator) else None
 
     def set_state(self, state: Any) -> None:
         """Restore the wrapped iterator's position."""
@@ -61,4 +43,4 @@ class Mapped(Iterator[Any]):
 
     def close(self) -> None:
         """Close the wrapped iterator."""
-        close_iterator(self._it)
+        close(self._it)

@@ -6,7 +6,7 @@ import collections
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ember.data._position import close_iterator, has_position, restore
+from ember._protocols import ResumableIterator, close, restore
 
 
 class DevicePrefetch:
@@ -65,7 +65,7 @@ class Prefetching(Iterator[Any]):
 
     def __init__(self, owner: DevicePrefetch, it: Iterator[Any]) -> None:
         self._owner, self._it = owner, it
-        self._positions = has_position(it)
+        self._positions: ResumableIterator | None = it if isinstance(it, ResumableIterator) else None
         self._queue: collections.deque[tuple[Any, Any]] = collections.deque()
         self._state: Any = None  # the position after the latest batch handed out, when batches are read ahead
         self._first = owner.decide is not None  # the next batch is the pass's first: decide the size on it
@@ -78,7 +78,7 @@ class Prefetching(Iterator[Any]):
         if self._first:
             self._first = False
             self._owner.size = self._owner.decide(batch)  # type: ignore[misc]  # set when _first is
-        after = self._it.get_state() if self._positions and self._owner.size else None  # type: ignore[attr-defined]
+        after = self._positions.get_state() if self._positions is not None and self._owner.size else None
         self._queue.append((self._owner.put(batch), after))
         return True
 
@@ -101,7 +101,7 @@ class Prefetching(Iterator[Any]):
             >>> it.get_state()["position"]
             1
         """
-        if not self._positions:
+        if self._positions is None:
             return None
         if self._state is not None:
             return self._state
@@ -116,4 +116,4 @@ class Prefetching(Iterator[Any]):
     def close(self) -> None:
         """Drop the batches read ahead and close the source's iterator (Grain's workers stop)."""
         self._queue.clear()
-        close_iterator(self._it)
+        close(self._it)

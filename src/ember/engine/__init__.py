@@ -1,5 +1,6 @@
 """The event engine: `Engine`, `Events`, filters and handles. Pure Python; it does not import JAX."""
 
+from ember._protocols import Stateful, TreeStateful
 from ember.engine._engine import Engine
 from ember.engine._events import EventEnum, Events, EventsList, FilteredEvent
 from ember.engine._handles import RemovableEventHandle, collect_handles
@@ -13,5 +14,7 @@ __all__ = [
     "FilteredEvent",
     "RemovableEventHandle",
     "State",
+    "Stateful",
+    "TreeStateful",
     "collect_handles",
 ]

@@ -152,7 +152,7 @@ def _is_int(x: object) -> bool:
 
 
 def _check_positive(name: str, value: object) -> None:
-    if not _is_int(value) or value <= 0:  # type: ignore[operator]
+    if not _is_int(value) or value <= 0:  # type: ignore[operator]  # _is_int checked the type first
         raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
 
 
@@ -222,6 +222,7 @@ def make_filter(
 def _make_once(once: int | Iterable[int]) -> Once:
     if _is_int(once):
         _check_positive("once", once)
+        # the ignore below: once is an int here: the branch above handled collections
         return Once(frozenset([once]), once)  # type: ignore[list-item]
     if isinstance(once, Iterable) and not isinstance(once, str | bytes):
         values = list(once)

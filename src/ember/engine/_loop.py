@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
-from ember.engine._data import release, reopen
+from ember._protocols import release, reopen
 from ember.engine._dispatch import Dispatch
 from ember.engine._events import EventEnum, Events
 from ember.engine._state import State

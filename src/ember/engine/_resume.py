@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ember.engine._data import position
+from ember._protocols import Stateful, position
 from ember.engine._events import Events
 from ember.engine._loop import RunLoop
 from ember.engine._state import State
@@ -105,7 +105,7 @@ class AttachedStates:
 
     def add(self, name: str, obj: Any) -> Callable[[], None]:
         """Track ``obj`` under ``name``; return how to stop tracking it."""
-        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+        if not isinstance(obj, Stateful):
             raise TypeError(f"`obj` must have state_dict() and load_state_dict(), got {type(obj).__name__}.")
         held = self._objects.get(name)
         if held is not None and held is not obj:

@@ -98,7 +98,7 @@ ENDLESS = 2**50  # a len() no data set reaches: Grain gives repeat()ed datasets 
 def length_of(data: object) -> int | None:
     """``len(data)``, or ``None`` for data without one (a ``len()`` that raises ``TypeError`` counts as none)."""
     try:
-        return len(data)  # type: ignore[arg-type]
+        return len(data)  # type: ignore[arg-type]  # only called for data that has a len (checked by the caller)
     except TypeError:
         return None
 

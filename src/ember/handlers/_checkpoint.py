@@ -11,7 +11,7 @@ from typing import Any, Literal
 import jax
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore, check_retention
-from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
+from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, Stateful, collect_handles
 from ember.handlers._checkpoint_files import CheckpointFiles
 from ember.handlers._checkpoint_record import CheckpointRecord
 from ember.handlers._loading import kind_of, load_objects
@@ -190,7 +190,7 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
             global_step = engine.state.iteration if global_step is None else global_step
             priority = global_step
         step = engine.state.iteration if global_step is None else global_step
-        states = {k: obj.state_dict() for k, obj in self.to_save.items() if callable(getattr(obj, "state_dict", None))}
+        states = {k: obj.state_dict() for k, obj in self.to_save.items() if isinstance(obj, Stateful)}
         trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
         if self.store is None:
             self._call_handler(step, global_step, priority, states, trees)

@@ -11,13 +11,14 @@ import jax
 import numpy as np
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, open_store
+from ember.engine import Stateful, TreeStateful
 
 
 def kind_of(name: str, obj: Any) -> str:
     """``"tree"`` or ``"state"``: how ``to_save[name]`` is saved; a ``TypeError`` naming it if neither."""
-    if callable(getattr(obj, "tree_state_dict", None)):
+    if isinstance(obj, TreeStateful):
         return "tree"  # contributes arrays (a training engine's train state), and maybe a state dict too
-    if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+    if isinstance(obj, Stateful):
         return "state"
     raise TypeError(
         f"`to_save[{name!r}]` must have state_dict()/load_state_dict() (an engine, a handler) or "
@@ -74,7 +75,7 @@ def load_objects(
     """
     kinds = {name: kind_of(name, obj) for name, obj in to_load.items()}
     if isinstance(checkpoint, Mapping):
-        _load_from_dict(to_load, checkpoint, kinds)
+        _load_from_dict(to_load, checkpoint)
         return None
     if isinstance(checkpoint, str | os.PathLike) and (Path(checkpoint) / "manifest.json").is_file():
         checkpoint = _one_checkpoint(Path(checkpoint), store)  # Ignite's --resume_from: one checkpoint's folder
@@ -108,20 +109,18 @@ def load_objects(
             ) from e
         raise
     states = info.manifest.get("metadata", {}).get("state_dicts", {})
-    missing = [
-        name for name, obj in to_load.items() if callable(getattr(obj, "load_state_dict", None)) and name not in states
-    ]
+    missing = [name for name, obj in to_load.items() if isinstance(obj, Stateful) and name not in states]
     if missing:
         raise KeyError(f"The checkpoint {info.path.name!r} holds no state for {missing}; it holds {sorted(states)}.")
     for name, obj in to_load.items():
-        if callable(getattr(obj, "load_state_dict", None)):
+        if isinstance(obj, Stateful):
             obj.load_state_dict(states[name])
-        if kinds[name] == "tree":
+        if isinstance(obj, TreeStateful):
             obj.load_tree_state_dict(trees[name])
     return info
 
 
-def _load_from_dict(to_load: Mapping[str, Any], checkpoint: Mapping[str, Any], kinds: dict[str, str]) -> None:
+def _load_from_dict(to_load: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> None:
     """Restore from a checkpoint dict, every entry checked before any object changes."""
     if len(to_load) == 1 and next(iter(to_load)) not in checkpoint:
         checkpoint = {next(iter(to_load)): checkpoint}  # a single object's state, as Ignite saves it
@@ -130,19 +129,19 @@ def _load_from_dict(to_load: Mapping[str, Any], checkpoint: Mapping[str, Any], k
         raise KeyError(f"The checkpoint holds no state for {missing}; it holds {sorted(checkpoint)}.")
     for name, obj in to_load.items():
         entry = checkpoint[name]
-        if kinds[name] == "tree":
-            needed = ["tree_state_dict"] + (["state_dict"] if callable(getattr(obj, "load_state_dict", None)) else [])
+        if isinstance(obj, TreeStateful):
+            needed = ["tree_state_dict"] + (["state_dict"] if isinstance(obj, Stateful) else [])
             if not isinstance(entry, Mapping) or any(k not in entry for k in needed):
                 got = sorted(entry) if isinstance(entry, Mapping) else type(entry).__name__
                 raise ValueError(f"`checkpoint[{name!r}]` must hold {needed} (a trainer's entry); it holds {got}.")
             _check_fits(name, entry["tree_state_dict"], obj.tree_state_dict())
     for name, obj in to_load.items():
         entry = checkpoint[name]
-        if kinds[name] == "tree":
-            if callable(getattr(obj, "load_state_dict", None)):
+        if isinstance(obj, TreeStateful):
+            if isinstance(obj, Stateful):
                 obj.load_state_dict(entry["state_dict"])
             obj.load_tree_state_dict(dict(entry["tree_state_dict"]))
-        else:
+        elif isinstance(obj, Stateful):
             obj.load_state_dict(entry)
 
 

@@ -81,6 +81,7 @@ class ModelCheckpoint(Checkpoint):
             background=False,
         )
 
+    # the ignore below: Ignite's ModelCheckpoint takes to_save at call time
     def __call__(self, engine: Engine, to_save: Mapping[str, Any] | None = None) -> None:  # type: ignore[override]
         """Save ``to_save`` (Ignite passes it as the handler's argument) now; retention applied."""
         if to_save is None:

@@ -66,6 +66,7 @@ class ProgressBar:
         if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 1:
             raise ValueError(f"`refresh_every` must be a positive int, got {refresh_every!r}.")
         try:
+            # the ignore below: imported to fail early when tqdm is missing
             import tqdm  # noqa: F401  # pyright: ignore[reportUnusedImport]
         except ImportError as e:  # pragma: no cover - tqdm comes with the progress extra
             raise ImportError(missing("ProgressBar", "tqdm", "progress")) from e

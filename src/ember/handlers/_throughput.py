@@ -116,6 +116,7 @@ class Throughput:
             for q in (50, 90, 99):
                 out[f"step_ms_p{q}"] = float(np.percentile(times, q)) * 1e3
         if self._flops is None and hasattr(engine, "step_cost"):
+            # the ignore below: only training engines have step_cost; checked by the hasattr above
             self._flops = engine.step_cost(engine.state.batch).get("flops", 0.0)  # pyright: ignore[reportAttributeAccessIssue]
         if self._flops:
             out["flops_per_step"] = self._flops

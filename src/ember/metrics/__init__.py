@@ -1,5 +1,6 @@
 """Metrics whose accumulators live on device: Ignite's attach API over mergeable accumulators."""
 
+from ember._protocols import FusableMetric, FusingEngine
 from ember.metrics._classification import Accuracy, Fbeta, Precision, Recall, TopKAccuracy
 from ember.metrics._collect import Collect, Last, RocAuc
 from ember.metrics._composite import AttachedMetric, MetricsLambda
@@ -39,6 +40,8 @@ __all__ = [
     "ConfusionMatrix",
     "EpochWise",
     "Fbeta",
+    "FusableMetric",
+    "FusingEngine",
     "IoU",
     "Last",
     "Loss",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
+from ember._protocols import FusableMetric, FusingEngine
 from ember.engine import Engine, Events, RemovableEventHandle
 from ember.metrics._composite import AttachedMetric
 from ember.metrics._saved import PublishedValues
@@ -120,10 +121,11 @@ class EngineAttachment:
         engine.track_state("state.metrics", _published_values(engine))
         att.handles.append(engine.add_priority_handler(usage.reset, self._reset_at))
         # a training engine may run our update inside its compiled step (see the class docstring)
-        fuse_metric = getattr(engine, "fuse_metric", None)
         undo = None
-        if fuse_metric is not None and self.fusable and usage.update is Events.ITERATION_COMPLETED:
-            undo = fuse_metric(self, reset=usage.reset, compute=usage.compute, per_step=self.publishes_per_step)
+        if isinstance(engine, FusingEngine) and self.fusable and usage.update is Events.ITERATION_COMPLETED:
+            undo = engine.fuse_metric(
+                cast(FusableMetric, self), reset=usage.reset, compute=usage.compute, per_step=self.publishes_per_step
+            )
         if undo is not None:  # updated inside the engine's compiled step: no dispatch of its own
             att.handles.append(_Unfuse(undo))
         else:

@@ -56,6 +56,8 @@ class Collect(Metric):
         [[0.10000000149011612, 0.30000001192092896], [0, 1]]
     """
 
+    updates_by_merge = False  # it keeps the batches themselves
+
     def __init__(self, output_transform: Callable[[Any], Any] | None = None, *, mask_key: str | None = "mask") -> None:
         self._batches: list[tuple[tuple[Any, ...], Any]] = []
         super().__init__(output_transform, mask_key=mask_key)

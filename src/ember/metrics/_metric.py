@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +56,11 @@ class Metric(EngineAttachment, MetricArithmetic):
 
     #: the keys a mapping output must hold, in the order of ``batch_state``'s arguments.
     keys: tuple[str, ...] = ("y_pred", "y")
+    #: ``update`` is exactly ``merge(state, batch_state(...))``, what ``fused_update`` traces; a subclass that keeps
+    #: its batches another way (``Collect``) sets ``False`` and is then updated by a handler, outside the step.
+    updates_by_merge: ClassVar[bool] = True
+    #: ``published_value`` returns a value every step (``RunningAverage``), which the step computes and publishes.
+    publishes_values: ClassVar[bool] = False
 
     def __init__(self, output_transform: Callable[[Any], Any] | None = None, *, mask_key: str | None = "mask") -> None:
         if output_transform is not None and not callable(output_transform):
@@ -307,14 +312,14 @@ class Metric(EngineAttachment, MetricArithmetic):
         """Whether a training engine may fold this metric's update into its compiled step.
 
         True when the accumulators exist before the first batch ([`empty`][ember.metrics.Metric.empty] is not ``None``)
-        and [`update`][ember.metrics.Metric.update] is the standard jitted merge.
+        and the class declares its update the standard merge (``updates_by_merge``).
 
         Examples:
             >>> from ember.metrics import Accuracy, Precision
             >>> Accuracy().fusable, Precision().fusable, Precision(num_classes=3).fusable
             (True, False, True)
         """
-        return type(self).update is Metric.update and self.empty() is not None
+        return self.updates_by_merge and self.empty() is not None
 
     def set_state(self, state: Any, published: Any = None) -> None:
         """Take accumulators updated elsewhere (inside an engine's compiled step) as one more update.
@@ -338,14 +343,14 @@ class Metric(EngineAttachment, MetricArithmetic):
 
     @property
     def publishes_per_step(self) -> bool:
-        """Whether the metric publishes a value every step (it overrides ``published_value``).
+        """Whether the metric publishes a value every step (its class declares ``publishes_values``).
 
         Examples:
             >>> from ember.metrics import RunningAverage, Sum
             >>> Sum().publishes_per_step, RunningAverage(output_transform=float).publishes_per_step
             (False, True)
         """
-        return type(self).published_value is not Metric.published_value
+        return self.publishes_values
 
     def published_value(self, state: Any) -> Any:
         """A device value this metric publishes every step, traced into the step; ``None`` for most metrics.

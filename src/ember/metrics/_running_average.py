@@ -51,6 +51,8 @@ class RunningAverage(Metric):
 
     keys = ()
 
+    publishes_values = True  # the running value, every step
+
     def __init__(
         self,
         src: Metric | None = None,
@@ -82,6 +84,7 @@ class RunningAverage(Metric):
     def arguments(self, output: Any) -> tuple[tuple[Any, ...], Any]:
         if self.src is not None:
             return self.src.arguments(output)
+        # the ignore below: output_transform is set whenever this branch runs
         return (self._output_transform(output),), None  # type: ignore[misc]
 
     def empty(self) -> Any:

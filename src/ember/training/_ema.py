@@ -94,6 +94,7 @@ def ema(
 
         return updates, EmaState(inner, jax.tree.map(average, state.ema, new_params), steps)
 
+    # the ignore below: optax types update's third argument as a protocol our closure meets
     return optax.GradientTransformation(init, update)  # pyright: ignore[reportArgumentType]
 
 

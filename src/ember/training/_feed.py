@@ -85,6 +85,7 @@ class StepGroups:
         )
 
     def __len__(self) -> int:
+        # the ignore below: only called when the source has a len (checked by the caller)
         return len(self.source)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:

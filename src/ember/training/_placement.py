@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -74,11 +75,23 @@ def global_batch(batch: Any, sharding: Any, local_ways: int, *, stacked: bool) -
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
 
 
-class Placement:
-    """Base of the placement policies; see ``SingleDevice``, ``DataParallel``, ``Pmap``.
+@runtime_checkable
+class Placement(Protocol):
+    """What a placement provides: how the train state and batches meet devices, and the compiled step for them.
 
-    A placement puts the train state and batches on devices and compiles the step for them. Trainers call
-    it; users pick one and pass it as ``create_trainer(..., placement=...)``.
+    Trainers call it; users pick one (``SingleDevice``, ``DataParallel``, ``Pmap``, ``Sharded``) and pass it as
+    ``create_trainer(..., placement=...)``. A new placement subclasses this protocol and implements ``put_state``,
+    ``batch_sharding``, ``compile_train`` and ``compile_eval``; ``put_batch`` and ``prepare_batch`` have defaults.
+    It declares what the trainer needs to know about it, instead of the trainer testing for its class:
+
+    - ``per_device``: the step runs once per device (``pmap``): batches, outputs and the state carry a leading
+      device axis, so metric updates are not folded into the step, ``step_cost`` does not apply and ``debug`` is
+      refused;
+    - ``takes_host_batches``: the compiled call takes host batches as given (``prepare_batch`` returns them
+      unchanged), so with nothing to put ahead a trainer hands the data straight to it.
+
+    A placement that builds the train state already sharded (``Sharded``) also has ``init_state`` and ``scope``
+    (see `BuildsStateSharded`).
 
     Examples:
         >>> import numpy as np
@@ -92,6 +105,10 @@ class Placement:
     #: the ``pmap`` axis name the step must reduce over, or ``None`` under ``jit``.
     axis_name: str | None = None
     n_devices: int = 1
+    #: the step runs once per device, with a leading device axis on batches, outputs and the state (``pmap``).
+    per_device: bool = False
+    #: the compiled call takes host batches as given: ``prepare_batch`` returns them unchanged.
+    takes_host_batches: bool = True
 
     def put_state(self, state: Any) -> Any:
         """Place the train state on the devices."""
@@ -131,6 +148,23 @@ class Placement:
     def compile_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
         """Compile ``step(state, batch) -> output``."""
         raise NotImplementedError
+
+
+@runtime_checkable
+class BuildsStateSharded(Protocol):
+    """A placement that builds the train state already sharded (``Sharded``): ``TrainState`` calls it to do so.
+
+    ``init_state(make)`` builds ``make()``'s result with every array in its sharding, without the whole state ever
+    on one device; ``scope()`` is the context (the mesh, the logical rules) a model resolves its names in.
+    """
+
+    def init_state(self, make: Callable[[], Any]) -> Any:
+        """``make()``, built sharded."""
+        ...
+
+    def scope(self) -> AbstractContextManager[Any]:
+        """The context a model's logical names resolve in."""
+        ...
 
 
 class SingleDevice(Placement):
@@ -176,6 +210,8 @@ class DataParallel(Placement):
         >>> placement.n_devices == len(__import__("jax").devices())
         True
     """
+
+    takes_host_batches = False
 
     def __init__(self, mesh: Mesh | None = None, axis: str = "data") -> None:
         self.mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()), (axis,))
@@ -243,6 +279,9 @@ class Pmap(Placement):
         >>> Pmap().axis_name
         'batch'
     """
+
+    per_device = True
+    takes_host_batches = False
 
     def __init__(self, devices: Sequence[Any] | None = None, axis_name: str = "batch") -> None:
         self.devices = list(devices) if devices is not None else jax.devices()

@@ -42,6 +42,7 @@ def scale_by_plateau(tx: optax.GradientTransformation) -> optax.GradientTransfor
         scale = state.plateau.scale
         return jax.tree.map(lambda u: (scale * u).astype(u.dtype), updates), PlateauState(inner, state.plateau)
 
+    # the ignore below: optax types update's third argument as a protocol our closure meets
     return optax.GradientTransformation(init, update)  # pyright: ignore[reportArgumentType]
 
 

@@ -14,7 +14,7 @@ from ember.data import Masked
 from ember.training._batch_spec import BatchSpec
 from ember.training._feed import StepGroups
 from ember.training._padding import merge_device_axis, with_mask
-from ember.training._placement import Placement, Pmap
+from ember.training._placement import Placement
 from ember.training._step_output import StepOutput
 from ember.training._training_engine import TrainingEngine
 
@@ -74,7 +74,7 @@ class TrainProcess:
                     "A trainer cannot take a Masked batch (an evaluation set's part, padded): build the training data "
                     "with drop_remainder=True, so every process gets an equal part of every batch."
                 )
-            grouped, per_device = self.steps_per_call > 1, isinstance(self.placement, Pmap)
+            grouped, per_device = self.steps_per_call > 1, self.placement.per_device
             self.spec = BatchSpec(batch, stacked=grouped, allow_short=not grouped, per_device=per_device)
         else:
             self.spec.check_dtypes(batch)  # the one change of batch that JAX itself would let through
@@ -90,6 +90,7 @@ class TrainProcess:
             engine.build_state(batch)
         if self.steps_per_call == 1:
             return self.call(engine, batch, 1)
+        # the ignore below: with K steps per call the engine's data is always the StepGroups feeder
         feeder: StepGroups = engine.state.dataloader  # type: ignore[assignment]
         if feeder.slot == 0:
             self.outputs = self.call(engine, feeder.group, feeder.size)
@@ -134,6 +135,7 @@ class EvalProcess:
             one = self.masked_step if padded else self.step
             fn = fusion.wrap(lambda state, batch: (state, one(state, batch))) if fusion.metrics else one
             examples: Callable[[Any], Any] = (lambda batch: batch[0]) if padded else (lambda batch: batch)
+            # the ignore below: the spec is set before any step is compiled
             fn = _checked(fn, lambda batch: self.spec.check(examples(batch)))  # type: ignore[union-attr]
             fn = self.compiled[fusion.version, padded] = fn if self.debug else self.placement.compile_eval(fn)
         return fn
@@ -142,7 +144,7 @@ class EvalProcess:
         padded = engine._padded is not None and engine._padded.padded.popleft()
         if self.spec_data is not engine.state.dataloader:  # each run's data: its own shapes
             examples = batch[0] if padded else batch
-            per_device = isinstance(self.placement, Pmap)
+            per_device = self.placement.per_device
             self.spec, self.spec_data = (
                 BatchSpec(examples, allow_short=True, per_device=per_device),
                 engine.state.dataloader,
@@ -150,7 +152,7 @@ class EvalProcess:
         train_state = (engine if self.source is None else self.source).state.train_state
         fn = self.compile_for(engine, padded)
         out = engine._fusion.call(fn, train_state, batch)[1] if engine._fusion.metrics else fn(train_state, batch)
-        return merge_device_axis(out) if isinstance(self.placement, Pmap) else out
+        return merge_device_axis(out) if self.placement.per_device else out
 
 
 def _checked(step: Callable[..., Any], check: Callable[[Any], None]) -> Callable[..., Any]:
@@ -201,7 +203,7 @@ def _convolves(step: Callable[..., Any], placement: Placement, carry: Any, group
                         return True
         return False
 
-    if isinstance(placement, Pmap):  # (devices, K, B/devices, ...): one step's per-device batches, vmapped
+    if placement.per_device:  # (devices, K, B/devices, ...): one step's per-device batches, vmapped
         one = jax.tree.map(lambda x: x[:, 0], group)
         traced = jax.make_jaxpr(jax.vmap(step, in_axes=(None, 0), axis_name=placement.axis_name))(carry, one)
     else:
@@ -212,8 +214,8 @@ def _convolves(step: Callable[..., Any], placement: Placement, carry: Any, group
 def _example_output(
     step: Callable[..., Any], placement: Placement, train_state: Any, batch: Any, *, stacked: bool
 ) -> Any:
-    """The per-device output structure of one step; only ``Pmap`` needs it, to choose its out_axes."""
-    if not isinstance(placement, Pmap):
+    """The per-device output structure of one step; only a per-device placement (``Pmap``) needs it (out_axes)."""
+    if not placement.per_device:
         return None
     one = jax.tree.map(lambda x: x[:, 0] if stacked else x, batch)  # (n, B/n, ...): one step's per-device batch
     shapes = jax.eval_shape(jax.vmap(step, in_axes=(None, 0), axis_name=placement.axis_name), train_state, one)[1]

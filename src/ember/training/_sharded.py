@@ -66,6 +66,8 @@ class Sharded(Placement):
         (('fsdp',), True)
     """
 
+    takes_host_batches = False
+
     def __init__(
         self,
         mesh: Mesh,

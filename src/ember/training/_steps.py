@@ -58,8 +58,9 @@ class BoundModel:
 
 def _split_loss(out: Any) -> tuple[Any, dict[str, Any]]:
     """``(loss, aux)`` from what a loss function returned, refusing anything but a scalar or ``(scalar, dict)``."""
+    # the ignore below: the loss function's return is Any until checked here
     if isinstance(out, tuple | list) and len(out) == 2:  # type: ignore[arg-type]
-        loss, aux = out  # type: ignore[misc]
+        loss, aux = out  # type: ignore[misc]  # the loss function's return is Any until checked here
         if not isinstance(aux, dict):
             raise TypeError(f"A loss function returning (loss, aux) must give aux as a dict, got {type(aux).__name__}.")
         if "loss" in aux:
@@ -72,12 +73,14 @@ def _split_loss(out: Any) -> tuple[Any, dict[str, Any]]:
             "`loss_fn` must return a float scalar loss, or (loss, aux) with aux a dict; it returned "
             f"{_describe_returned(out)}." + (" Reduce a per-example loss with .mean()." if shape else "")
         )
-    return loss, aux  # type: ignore[return-value]
+    return loss, aux  # type: ignore[return-value]  # checked above: a scalar and a mapping
 
 
 def _describe_returned(out: Any) -> str:
     if isinstance(out, tuple | list):
+        # the ignore below: a tuple or list here (the branch above)
         inner = ", ".join(_describe_returned(x) for x in out)  # type: ignore[union-attr]
+        # the ignore below: a tuple or list here (the branch above)
         return f"a {type(out).__name__} of {len(out)} ({inner})"  # type: ignore[arg-type]
     shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
     if shape is not None and dtype is not None:

@@ -20,6 +20,7 @@ from ember.training._training_engine import TrainingEngine
 
 
 def _unpack(batch: Any) -> tuple[Any, Any]:
+    # the ignore below: the batch is Any: any sequence of two is taken
     if not isinstance(batch, tuple | list) or len(batch) != 2:  # type: ignore[arg-type]
         raise TypeError(
             f"Supervised engines take (x, y) batches; got a {type(batch).__name__}. Use create_trainer with your "

@@ -20,6 +20,7 @@ from ember.training._models import (
     plain_apply_fn,
 )
 from ember.training._partition import model_names
+from ember.training._placement import BuildsStateSharded
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -213,7 +214,7 @@ class TrainState(struct.PyTreeNode):
         def build(params: Any, model_state: Any, names: Any) -> TrainState:
             return cls._build(apply_fn, nn.unbox(params), nn.unbox(model_state), tx, step_key, partitioning=names)
 
-        if hasattr(placement, "init_state"):  # Sharded: the names from the shapes alone, then a sharded build
+        if isinstance(placement, BuildsStateSharded):  # the names from the shapes alone, then a sharded build
             names = model_names(jax.eval_shape(init)[0])
             return placement.init_state(lambda: build(*init(), names))
         params, model_state = init()
@@ -263,7 +264,7 @@ class TrainState(struct.PyTreeNode):
             graphdef, params, model_state = nnx_split(module)
             return cls._build(nnx_apply_fn(graphdef), params, model_state, tx, key, graphdef, partitioning=names)
 
-        if hasattr(placement, "init_state") and not isinstance(model, nnx.Module):
+        if isinstance(placement, BuildsStateSharded) and not isinstance(model, nnx.Module):
             factory: Callable[[], nnx.Module] = model
             with placement.scope():  # the mesh, and the logical rules NNX resolves its names by as it creates them
                 abstract = nnx.eval_shape(factory)

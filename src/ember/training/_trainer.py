@@ -7,7 +7,7 @@ from typing import Any
 
 from ember.engine import Engine
 from ember.training._ema import ema_params, with_ema_params
-from ember.training._placement import Placement, Pmap, default_placement
+from ember.training._placement import Placement, default_placement
 from ember.training._process import EvalProcess, TrainProcess
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
 from ember.training._train_state import TrainState, as_train_state, is_flax_train_state
@@ -23,9 +23,12 @@ def _check_options(
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}.")
     if placement is not None and not isinstance(placement, Placement):
-        raise TypeError(f"`placement` must be SingleDevice(), DataParallel() or Pmap(), got {placement!r}.")
+        raise TypeError(
+            f"`placement` must be a Placement (SingleDevice(), DataParallel(), Pmap(), Sharded(...)), "
+            f"got {placement!r}."
+        )
     placement = placement or default_placement()
-    if debug and isinstance(placement, Pmap):
+    if debug and placement.per_device:
         raise ValueError("debug=True runs the step uncompiled on one device; use SingleDevice() to debug.")
     return placement, prefetch
 

@@ -14,7 +14,7 @@ from ember.training._feed import StepGroups
 from ember.training._flat_tree import flatten_tree, unflatten_like
 from ember.training._fused import FusedMetrics
 from ember.training._padding import PaddedBatches
-from ember.training._placement import Placement, Pmap
+from ember.training._placement import Placement
 from ember.training._train_state import TrainState
 
 
@@ -72,7 +72,7 @@ class TrainingEngine(Engine):
         self._k = steps_per_call
         self._group_end = True
         self._pending_terminate: tuple[bool, bool] | None = None  # terminate()'s (skip_completed, final)
-        self._can_fuse = not debug and not isinstance(placement, Pmap)  # where updates can be folded into the step
+        self._can_fuse = not debug and not placement.per_device  # where updates can be folded into the step
         self._factory: Callable[[Any], Any] | None = None  # builds the train state from a batch (lazy trainers)
         self.pads_batches = False  # evaluators: pad batches that do not split over the devices, and mask them
         self._padded: PaddedBatches | None = None
@@ -97,7 +97,7 @@ class TrainingEngine(Engine):
         if self.pads_batches:  # a batch that does not split over the devices, or a Masked one from the data
             data = self._padded = PaddedBatches(data, self.placement.n_devices)
         never_ahead = self._prefetch == 0 or (auto is not None and not self.placement.prefers_prefetch)
-        if self._k == 1 and never_ahead and type(self.placement).prepare_batch is Placement.prepare_batch:
+        if self._k == 1 and never_ahead and self.placement.takes_host_batches:
             return data  # nothing to put ahead nor to prepare (one CPU device): the compiled call takes host batches
         if self._k > 1:
             return StepGroups(data, self._k, lambda b: place(b, stacked=True), chosen[0], auto)
@@ -204,8 +204,11 @@ class TrainingEngine(Engine):
         """
         if self.state.train_state is None:
             raise RuntimeError(_NOT_BUILT)
-        if isinstance(self.placement, Pmap):
-            raise ValueError("step_cost reads one jit-compiled step; under Pmap the state has a device axis.")
+        if self.placement.per_device:
+            raise ValueError(
+                f"step_cost reads one jit-compiled step; under {type(self.placement).__name__} the state has a device "
+                "axis."
+            )
         process: Any = self._process_fn  # a TrainProcess or an EvalProcess: its step, before compilation
         cost = jax.jit(process.step).lower(self.state.train_state, batch).compile().cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost  # one entry per program in older JAX

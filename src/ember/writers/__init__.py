@@ -8,12 +8,13 @@ from ember.writers._files import CsvWriter, JsonlWriter
 from ember.writers._histogram import Histogram, histogram, tensorboard_edges
 from ember.writers._mlflow import MlflowWriter
 from ember.writers._multi import MultiWriter
-from ember.writers._run import create_run_writer
+from ember.writers._run import WRITERS, create_run_writer
 from ember.writers._tensorboard import TensorBoardWriter
 from ember.writers._wandb import WandbWriter
 from ember.writers._writer import Writer
 
 __all__ = [
+    "WRITERS",
     "AsyncWriter",
     "CluWriter",
     "ConsoleWriter",

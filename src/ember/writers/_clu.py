@@ -176,8 +176,10 @@ def as_clu_writer(writer: Writer) -> MetricWriterAdapter:
         'loss 0.5000'
     """
     try:
+        # the ignore below: CLU is optional: its interface module is not installed with ember
         from clu.metric_writers.interface import MetricWriter  # pyright: ignore[reportMissingImports]
 
+        # the ignore below: ABCMeta.register is untyped in CLU's stubs
         MetricWriter.register(MetricWriterAdapter)  # pyright: ignore[reportUnknownMemberType]
     except ImportError:  # no CLU, or CLU without TensorFlow
         pass

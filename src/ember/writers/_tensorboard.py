@@ -95,6 +95,7 @@ class TensorBoardWriter(Writer):
 
         tensorboardX's ``SummaryWriter(purge_step=...)`` writes the same event when it opens.
         """
+        # the ignore below: tensorboardX's generated protobuf modules carry no type stubs
         from tensorboardX.proto.event_pb2 import Event, SessionLog  # pyright: ignore[reportAttributeAccessIssue]
 
         self._event(Event(step=int(step) + 1, wall_time=time.time(), session_log=SessionLog(status=SessionLog.START)))
@@ -108,6 +109,7 @@ class TensorBoardWriter(Writer):
 
     def write_histogram(self, step: int, name: str, values: Any) -> None:
         """A histogram: a [`Histogram`][ember.writers.Histogram] as it is, or an array's over TensorBoard's buckets."""
+        # the ignore below: tensorboardX's generated protobuf modules carry no type stubs
         from tensorboardX.proto.summary_pb2 import HistogramProto, Summary  # pyright: ignore[reportAttributeAccessIssue]
 
         h = (values if isinstance(values, Histogram) else histogram(np.asarray(values))).on_host()

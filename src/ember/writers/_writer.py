@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 
-class Writer:
+@runtime_checkable
+class Writer(Protocol):
     """Where a run's numbers go: scalars, and optionally histograms, images, text and hyperparameters.
 
-    Subclasses implement [`write_scalars`][ember.writers.Writer.write_scalars]; the other kinds default to doing
-    nothing, so a writer that cannot show an image (a CSV file) simply skips it. Values arrive as host numbers and numpy
+    The contract (CLU's ``MetricWriter``, plus ``resume_at``): a writer subclasses this protocol and implements
+    [`write_scalars`][ember.writers.Writer.write_scalars]; the other kinds default to doing nothing, so a writer
+    that cannot show an image (a CSV file) simply skips it. Calls come from one thread at a time (an
+    ``AsyncWriter``'s), in the order they were made; ``close()`` is the last call. Handlers take any object with
+    these methods (``isinstance(obj, Writer)``). Values arrive as host numbers and numpy
     arrays, and histograms as a [`Histogram`][ember.writers.Histogram] on the host (or, from a caller of its own, an
     array): the [`AsyncWriter`][ember.writers.AsyncWriter] in front of every run's writers counts a device array's
     histogram on its devices and converts device values on its own thread, so the training loop never waits.
