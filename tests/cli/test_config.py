@@ -24,7 +24,7 @@ from ember.cli import Config, ConfigError, dump_config, load_config
         ({"optimizer": {"clip_norm": "high"}}, "optimizer.clip_norm: expected a number, got 'high' (str)."),
         (
             {"handlers": {"writers": ["tensorboard", "tb"]}},
-            "handlers.writers[1]: expected one of 'console', 'tensorboard', 'jsonl', 'csv', 'mlflow', 'wandb', "
+            "handlers.writers[1]: expected one of 'console', 'tensorboard', 'jsonl', 'csv', 'wandb', 'mlflow', "
             "got 'tb'.",
         ),
         (

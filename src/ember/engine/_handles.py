@@ -7,12 +7,17 @@ import threading
 import weakref
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ember.engine._dispatch import Registration
+    from ember.engine._dispatch import Dispatch, Registration
     from ember.engine._events import EventEnum, EventsList, FilteredEvent
-    from ember.engine._handlers import EventHandlers
+
+
+class EventHandlers(Protocol):
+    """What a handle needs of an engine: the dispatch table of an event (the registry, without importing it)."""
+
+    def _dispatch_of(self, event: EventEnum | str) -> Dispatch: ...
 
 
 class RemovableEventHandle:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore
 from ember.engine import Engine, Events
+from ember.handlers._readers import CheckpointReader
 from ember.handlers._retention import Ledger
 from ember.handlers._same_arrays import Saved
 
@@ -115,8 +116,6 @@ class CheckpointFiles:
             >>> Checkpoint({"trainer": again}, folder).resume().step, again.state.iteration
             (3, 3)
         """
-        from ember.handlers._readers import CheckpointReader
-
         store = self._store("resume()")
         reader = reader if reader is not None else CheckpointReader(store)
         if not isinstance(reader, CheckpointReader):

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, open_store
+from ember.handlers._loading import load_objects
 
 
 class CheckpointReader:
@@ -46,8 +47,6 @@ class CheckpointReader:
 
         Nothing is changed unless a checkpoint was restored.
         """
-        from ember.handlers._loading import load_objects
-
         for info in self.candidates():
             try:
                 return load_objects(to_load, info, store=self.store)

@@ -94,7 +94,6 @@ class TrainProcess:
         feeder: StepGroups = engine.state.dataloader  # type: ignore[assignment]
         if feeder.slot == 0:
             self.outputs = self.call(engine, feeder.group, feeder.size)
-        engine._group_end = feeder.slot == feeder.size - 1
         if engine._fusion.metrics:
             engine._fusion.give(feeder.slot)
         return StepOutput(self.outputs, feeder.slot)

@@ -70,7 +70,6 @@ class TrainingEngine(Engine):
         self.placement = placement
         self._prefetch = prefetch
         self._k = steps_per_call
-        self._group_end = True
         self._pending_terminate: tuple[bool, bool] | None = None  # terminate()'s (skip_completed, final)
         self._can_fuse = not debug and not placement.per_device  # where updates can be folded into the step
         self._factory: Callable[[Any], Any] | None = None  # builds the train state from a batch (lazy trainers)
@@ -244,13 +243,35 @@ class TrainingEngine(Engine):
             >>> trainer.run([jnp.ones(2)] * 10).iteration
             4
         """
-        if self._group_end:
+        if self.at_group_end:
             super().terminate(skip_completed, final=final)
         else:
             self._pending_terminate = (skip_completed, final)
 
+    @property
+    def at_group_end(self) -> bool:
+        """Whether this iteration is the last of its K-step group (always, with one step per call).
+
+        With ``steps_per_call=K`` one compiled call runs K steps and the train state has advanced K steps when the
+        group's first ITERATION_COMPLETED fires; the engine can stop (or a checkpoint can be exact) only here.
+
+        Examples:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember import Events
+            >>> from ember.training import TrainState, create_trainer
+            >>> state = TrainState.create(lambda p, x: x * p, jnp.array(0.0), optax.sgd(0.1))
+            >>> trainer = create_trainer(state, lambda m, b: jnp.mean(m(b) ** 2), steps_per_call=2)
+            >>> ends = []
+            >>> _ = trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: ends.append(e.at_group_end))
+            >>> _ = trainer.run([jnp.ones(2)] * 4)
+            >>> ends
+            [False, True, False, True]
+        """
+        feeder = self.state.dataloader
+        return self._k == 1 or not isinstance(feeder, StepGroups) or feeder.slot == feeder.size - 1
+
     def _terminate_at_group_end(self) -> None:
-        if self._pending_terminate is not None and self._group_end:
+        if self._pending_terminate is not None and self.at_group_end:
             skip_completed, final = self._pending_terminate
             super().terminate(skip_completed, final=final)
             self._pending_terminate = None
