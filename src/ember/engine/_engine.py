@@ -242,7 +242,7 @@ class Engine(EventHandlers, RunSetup):
                 if signal is INTERRUPT:
                     break
         finally:
-            self._release_data()
+            self._data.release()
         return self.state
 
     def iterate(
@@ -287,7 +287,7 @@ class Engine(EventHandlers, RunSetup):
                     return
         finally:
             handle.remove()
-            self._release_data()
+            self._data.release()
 
     @property
     def outer_engine(self) -> Engine | None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
-from ember._protocols import release, reopen
 from ember.engine._dispatch import Dispatch
 from ember.engine._events import EventEnum, Events
+from ember.engine._position import DataPosition
 from ember.engine._state import State
-from ember.engine._validate import length_of
 
 #: What the run generator yields to its driver.
 PAUSE = "pause"  # an ``iterate`` event fired: hand the state to the caller
@@ -54,12 +53,9 @@ class RunLoop:
         self._signal = False
         self._dispatch: dict[EventEnum | str, Dispatch] = {e: Dispatch() for e in Events}
         self._gen: RunGen | None = None  # a run suspended by interrupt() or iterate()
-        self._iter: Iterator[Any] | None = None  # the live data iterator
+        self._data = DataPosition()  # the data as given, its live iterator, a position not yet live
         self._epoch_open = False  # an epoch has started and not yet completed
         self._epoch_pos = 0  # iterations done in the current epoch
-        self._data_state: Any = None  # a data position not live (loaded, or kept at release), applied at the next fetch
-        self._source: Iterable[Any] | None = None  # the data as given; state.dataloader may wrap it
-        self._released = False  # _data_state is where a live iterator stood when the run stopped
         self._exhausted = False
         self._epoch_owed = False  # mark_epoch_incomplete() was called in the last EPOCH_COMPLETED
         self._running = False
@@ -211,7 +207,7 @@ class RunLoop:
         except GeneratorExit:
             raise
         except BaseException as e:
-            self._release_data(failed=True)
+            self._data.release(failed=True)
             self.logger.error("Engine run is terminating due to exception: %s", e)
             self._fire(Events.EXCEPTION_RAISED, st.iteration, e)
             raise
@@ -226,20 +222,21 @@ class RunLoop:
         length = st.epoch_length
         if self._epoch_completion_pending():
             return True  # continued after a terminate() at the epoch's last iteration
-        if self._iter is None and st.dataloader is not None:
-            self._iter = self._open_iter(st.dataloader)
+        data = self._data
+        if data.live is None and st.dataloader is not None:
+            data.open(st.dataloader, iteration=st.iteration, epoch=st.epoch, epoch_pos=self._epoch_pos)
         pos = self._epoch_pos
         try:
             while True:
                 st.batch = None
-                if self._iter is not None:
+                if data.live is not None:
                     self.last_event_name = Events.GET_BATCH_STARTED
                     if gbs.regs:
                         gbs.fire(self, st.iteration)
                     if self._signal:
                         yield from self._on_signal(Events.GET_BATCH_STARTED)
                     try:
-                        st.batch = next(self._iter)  # type: ignore[arg-type]  # not None: tested above
+                        st.batch = next(data.live)
                     except StopIteration:
                         fetched = yield from self._refetch(pos)
                         if not fetched:
@@ -281,7 +278,7 @@ class RunLoop:
             self._update_signal()
             self._fire(Events.TERMINATE_SINGLE_EPOCH, st.epoch)
             if st.dataloader is not None:
-                self._iter = self._fresh_pass(st.dataloader)
+                self._data.fresh_pass(st.dataloader, st.iteration)
             if self._signal:
                 yield from self._on_signal(Events.TERMINATE_SINGLE_EPOCH)
             return not skip
@@ -310,67 +307,14 @@ class RunLoop:
             self._fire(Events.DATALOADER_STOP_ITERATION, st.iteration)
             if self._signal:
                 yield from self._on_signal(Events.DATALOADER_STOP_ITERATION)
-            data: Iterable[Any] = st.dataloader  # type: ignore[assignment]  # only called when there is data
-            it = self._fresh_pass(data)
-            self._iter = it
+            loader: Iterable[Any] = st.dataloader  # type: ignore[assignment]  # only called when there is data
+            it = self._data.fresh_pass(loader, st.iteration)
             restarted = True
             try:
                 st.batch = next(it)
                 return True
             except StopIteration:
                 pass
-
-    def _fresh_pass(self, data: Iterable[Any]) -> Iterator[Any]:
-        """A new pass over ``data``; data with ``set_epoch`` learns which pass, counted from the engine's position.
-
-        The pass is the number of whole passes over the data before the next batch, so the order an
-        engine sees (a shuffle seeded per pass) depends on its own counters alone, not on other engines
-        iterating the same data (an evaluator run over the training set) nor on how the run was resumed.
-        """
-        source = self._source
-        set_epoch = getattr(source, "set_epoch", None)
-        if callable(set_epoch):
-            length = length_of(source)
-            if length:
-                set_epoch(self.state.iteration // length)
-        return iter(data)
-
-    def _release_data(self, *, failed: bool = False) -> None:
-        """Close the live iterator if it has a position, kept for the next fetch (its workers stop here).
-
-        An iterator without a position stays live, so a continued run takes its next batch, unless the run
-        ``failed``: then it is dropped, as it may be broken, and a continued run skips through fresh data.
-        """
-        it = self._iter
-        try:
-            state = release(it)
-        except Exception:
-            if not failed:
-                raise
-            state = None  # the failure may have come from the data itself
-        if state is not None:
-            self._data_state, self._released = state, True
-        if state is not None or failed:
-            self._iter = None
-
-    def _open_iter(self, data: Iterable[Any]) -> Iterator[Any]:
-        """A fresh iterator positioned where the current epoch stands."""
-        if self._data_state is not None:
-            state, self._data_state, self._released = self._data_state, None, False
-            return reopen(data, state)
-        it = self._fresh_pass(data)
-        # data that has no position of its own is skipped through, to where the pass stands: an
-        # iterator runs on across epochs when they are shorter than the data
-        length = length_of(data)
-        for skipped in range(self.state.iteration % length if length else self._epoch_pos):
-            try:
-                next(it)
-            except StopIteration:
-                raise ValueError(
-                    f"Cannot resume at iteration {self._epoch_pos} of epoch {self.state.epoch}: the data ran out "
-                    f"after {skipped} batches. Pass the same data the run was started with."
-                ) from None
-        return it
 
 
 def _hms(seconds: float | None) -> str:

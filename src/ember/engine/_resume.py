@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ember._protocols import Stateful, position
+from ember._protocols import Stateful
 from ember.engine._events import Events
 from ember.engine._loop import RunLoop
 from ember.engine._state import State
 
 
-def engine_state_dict(state: State, user_keys: list[str], live: object = None, held: Any = None) -> dict[str, Any]:
-    """The keys Ignite saves, user keys, and the data's position: ``held`` (one not live), else ``live``'s.
+def engine_state_dict(state: State, user_keys: list[str], where: Any = None) -> dict[str, Any]:
+    """The keys Ignite saves, user keys, and the data's position ``where`` (`DataPosition.saved`).
 
     The position is the iterator's, never the data's: engines that iterate one data set (an evaluator
     over the training set) each have their own.
@@ -28,7 +28,6 @@ def engine_state_dict(state: State, user_keys: list[str], live: object = None, h
                 f"`state_dict_user_keys` names {k!r}, but engine.state has no attribute {k!r}; set it first."
             )
         out[k] = getattr(state, k)
-    where = held if held is not None else position(live)
     if where is not None:
         out["data"] = where
     return out
@@ -177,7 +176,7 @@ class ResumableLoop(RunLoop):
             >>> engine.state_dict()
             {'epoch_length': 3, 'iteration': 6, 'max_epochs': 2}
         """
-        out = engine_state_dict(self.state, self._state_dict_user_keys, self._iter, self._data_state)
+        out = engine_state_dict(self.state, self._state_dict_user_keys, self._data.saved())
         if self._ended_by_decision():
             out["terminated"] = True  # a relaunch that loads this has nothing left to run
         if self._epoch_completion_pending() or self._epoch_owed:
@@ -233,9 +232,8 @@ class ResumableLoop(RunLoop):
         """
         if self._running:
             raise RuntimeError("load_state_dict() was called while this engine is running; call it before run().")
-        self._release_data()  # a live iterator's workers stop; the loaded position replaces its own
-        self._data_state = load_engine_state(self.state, state_dict, self._state_dict_user_keys)
-        self._released = False
+        self._data.release()  # a live iterator's workers stop; the loaded position replaces its own
+        self._data.load(load_engine_state(self.state, state_dict, self._state_dict_user_keys))
         self._states.load_state_dict(state_dict.get("attached", {}))
         self._loaded, self._epoch_owed = True, False
         self._terminate, self._stop_final = state_dict.get("terminated") is True, True  # should_terminate says so
@@ -247,5 +245,5 @@ class ResumableLoop(RunLoop):
             full, pos = full - 1, length  # the last epoch's EPOCH_COMPLETED is still owed
         self._epoch_open, self._epoch_pos = pos > 0, pos
         st.epoch = full + (pos > 0)
-        self._gen = self._iter = None
+        self._gen = None
         self._reset_filters()

@@ -39,11 +39,9 @@ class RunSetup(ResumableLoop):
         """
         if not isinstance(data, Iterable):
             raise TypeError(f"`data` must be an iterable of batches, got {type(data).__name__}.")
-        self._release_data()
-        self._source = data
+        self._data.release()
         self.state.dataloader = self._wrap_data(data)
-        self._iter = iter(self.state.dataloader)
-        self._data_state, self._released = None, False
+        self._data.start(data, self.state.dataloader)
 
     def _prepare_run(
         self,
@@ -103,11 +101,10 @@ class RunSetup(ResumableLoop):
         st.iteration = st.epoch = 0
         st.max_epochs, st.max_iters, st.epoch_length = max_epochs, max_iters, epoch_length
         self._epoch_owed = False
-        self._release_data()
-        self._source = data
+        self._data.release()
         st.dataloader = None if data is None else self._wrap_data(data)
-        self._gen = self._iter = self._data_state = None
-        self._released = False
+        self._data.start(data)
+        self._gen = None
         self._epoch_open, self._epoch_pos = False, 0
         self._reset_filters()
         limit = f"max_iters={max_iters}" if max_iters is not None else f"max_epochs={max_epochs}"
@@ -133,9 +130,9 @@ class RunSetup(ResumableLoop):
         st = self.state
         if data is None and st.dataloader is None and st.epoch_length is None:
             raise ValueError("`epoch_length` is required when `data` is None: the engine cannot count batches.")
-        if data is not None and not same_data(data, self._source):
-            if self._iter is None and not self._released:  # loaded or failed: position the new data there
-                self._source = data
+        if data is not None and not same_data(data, self._data.source):
+            if self._data.live is None and not self._data.released:  # loaded or failed: position the new data there
+                self._data.source = data
                 st.dataloader = self._wrap_data(data)
             else:
                 self.set_data(data)
