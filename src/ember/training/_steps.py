@@ -11,6 +11,7 @@ import optax
 from jax import lax
 
 from ember.training._extras import check_extras, compute_extras
+from ember.training._remat import check_remat, rematted
 from ember.training._train_state import TrainState
 
 Output = dict[str, Any]
@@ -121,6 +122,7 @@ def make_train_step(
     extras: Sequence[str] = (),
     lr_schedule: Callable[[Any], Any] | None = None,
     axis_name: str | None = None,
+    remat: str | None = None,
 ) -> TrainStep:
     """Build ``step(state, batch) -> (state, output)`` from ``loss_fn(model, batch)``.
 
@@ -140,6 +142,10 @@ def make_train_step(
         axis_name: under ``pmap``, the device axis: gradients, loss, float aux values and model state
             are averaged over it (aux values only when they are float scalars; per-example values keep
             a leading device axis). Placements set it.
+        remat: recompute the forward pass in the backward instead of keeping it, by JAX's checkpoint policy
+            name: ``"full"`` (keep only the inputs), ``"dots_saveable"`` (keep the matrix products),
+            ``"dots_with_no_batch_dims_saveable"``, ``"nothing_saveable"``, ``"everything_saveable"``; the
+            numbers are the same, the memory of the step is not.
 
     Returns:
         The pure step function, ready for ``jax.jit``.
@@ -158,14 +164,18 @@ def make_train_step(
     if not isinstance(accumulate_steps, int) or isinstance(accumulate_steps, bool) or accumulate_steps < 1:
         raise ValueError(f"`accumulate_steps` must be a positive int, got {accumulate_steps!r}.")
     names = check_extras(extras, lr_schedule)
+    check_remat(remat)
 
     def grad_of(state: TrainState, params: Any, model_state: Any, batch: Any, key: jax.Array):
-        def loss_of(p: Any) -> tuple[jax.Array, tuple[dict[str, Any], Any]]:
+        def loss_of(
+            p: Any, model_state: Any, batch: Any, key: jax.Array
+        ) -> tuple[jax.Array, tuple[dict[str, Any], Any]]:
             model = BoundModel(state, p, model_state, key, train=True)
             loss, aux = _split_loss(loss_fn(model, batch))
             return loss, (aux, model.model_state)
 
-        return jax.value_and_grad(loss_of, has_aux=True)(params)
+        forward = rematted(loss_of, remat)
+        return jax.value_and_grad(forward, has_aux=True)(params, model_state, batch, key)
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, Output]:
         key = jax.random.fold_in(state.rng, state.step)

@@ -44,6 +44,7 @@ def create_trainer(
     lr_schedule: Callable[[Any], Any] | None = None,
     prefetch: int | None = None,
     debug: bool = False,
+    remat: str | None = None,
 ) -> TrainingEngine:
     """An engine that trains: each iteration runs the compiled step on ``engine.state.train_state``.
 
@@ -79,6 +80,9 @@ def create_trainer(
             data, else 0 (always 0 on a CPU backend); below that size ``jax.device_put`` costs more than
             it hides.
         debug: run the step uncompiled, to step through it with a debugger.
+        remat: recompute the forward pass in the backward pass instead of keeping its intermediates, by
+            JAX's checkpoint policy name (``"full"``, ``"dots_saveable"``, ...; see
+            [`make_train_step`][ember.training.make_train_step]): less memory, more compute, the same numbers.
 
     Returns:
         A [`TrainingEngine`][ember.training.TrainingEngine].
@@ -102,6 +106,7 @@ def create_trainer(
         extras=extras,
         lr_schedule=lr_schedule,
         axis_name=placement.axis_name,
+        remat=remat,
     )
     if not callable(state) or is_flax_train_state(state):
         state = as_train_state(state, "state", ", or a function of the first batch returning one")
