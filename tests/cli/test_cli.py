@@ -455,3 +455,14 @@ def test_a_resumed_run_drops_the_logs_of_steps_past_its_checkpoint(tmp_path, cap
     assert len(csv_rows) - 1 == len(logged)
     starts = [e.step for e in read_events(tmp_path / "tb") if e.HasField("session_log")]
     assert starts == [23]  # TensorBoard's purge mark: steps from 23 in the earlier file are dropped
+
+
+def test_precision_and_remat_from_the_config(tmp_path, capsys):
+    """trainer.precision and trainer.remat reach the trainer and the evaluator; the first line says the precision."""
+    args = ["train", "trainer.max_epochs=1", "trainer.precision=bf16-mixed", "trainer.remat=full"]
+    assert main([*args, "handlers.progress=false", "handlers.writers=[jsonl]", f"--output={tmp_path / 'run'}"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.endswith("precision bfloat16 with float32 parameters.")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["iterations"] == 22
+    assert summary["final_accuracy"] > 0.5

@@ -69,6 +69,10 @@ class TrainerConfig:
     max_iters: int | None = None
     steps_per_call: int = 1
     placement: Literal["auto", "single", "data_parallel", "pmap", "fsdp", "sharded"] = "auto"
+    #: Lightning's names (``create_trainer(precision=)``): bfloat16 compute with float32 parameters, or float32.
+    precision: Literal["32-true", "bf16-mixed"] = "32-true"
+    #: recompute the forward pass in the backward by JAX's checkpoint policy name (``create_trainer(remat=)``).
+    remat: Literal["full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable"] | None = None
     seed: int = 0
     eval_every: int = 1
     #: for ``placement: sharded``: mesh axis -> size, in order (``{fsdp: 2, model: 4}``); sizes multiply to the

@@ -70,7 +70,14 @@ def build_trainer(cfg: Config, sample: Any, schedule: Any = None, steps_per_call
         placement=placement,  # a sharded placement builds the state sharded
     )
     k = cfg.trainer.steps_per_call if steps_per_call is None else steps_per_call
-    return create_trainer(state, _loss, placement=placement, steps_per_call=k)
+    return create_trainer(
+        state,
+        _loss,
+        placement=placement,
+        steps_per_call=k,
+        precision=cfg.trainer.precision,
+        remat=cfg.trainer.remat,
+    )
 
 
 def train(
@@ -144,7 +151,7 @@ def train(
     say(_runs_on(trainer, cfg))
     if isinstance(trainer.placement, Sharded):
         say(f"{trainer.placement.summary()}\n{trainer.placement.layout(trainer.state.train_state)}")
-    evaluator = create_evaluator(trainer, _predict, placement=trainer.placement)
+    evaluator = create_evaluator(trainer, _predict, placement=trainer.placement, precision=cfg.trainer.precision)
     Accuracy().attach(evaluator, "accuracy")
     Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
     RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "loss")
@@ -293,7 +300,8 @@ def _runs_on(trainer: Any, cfg: Config) -> str:
     where = f"{devices} device{'s' if devices != 1 else ''}" + (f" in {processes} processes" if processes > 1 else "")
     placement = type(trainer.placement).__name__
     chosen = f"{placement} (auto)" if cfg.trainer.placement == "auto" else placement
-    return f"Training on {jax.default_backend()}: {where}, placement {chosen}, precision float32."
+    precision = {"32-true": "float32", "bf16-mixed": "bfloat16 with float32 parameters"}[cfg.trainer.precision]
+    return f"Training on {jax.default_backend()}: {where}, placement {chosen}, precision {precision}."
 
 
 def _why_stopped(trainer: Any, preemption: Preemption, stopper: EarlyStopping | None, nan_guard: Any) -> str | None:

@@ -11,6 +11,7 @@ import optax
 from jax import lax
 
 from ember.training._extras import check_extras, compute_extras
+from ember.training._precision import cast_floating, compute_dtype
 from ember.training._remat import check_remat, rematted
 from ember.training._train_state import TrainState
 
@@ -123,6 +124,7 @@ def make_train_step(
     lr_schedule: Callable[[Any], Any] | None = None,
     axis_name: str | None = None,
     remat: str | None = None,
+    precision: str = "32-true",
 ) -> TrainStep:
     """Build ``step(state, batch) -> (state, output)`` from ``loss_fn(model, batch)``.
 
@@ -146,6 +148,9 @@ def make_train_step(
             name: ``"full"`` (keep only the inputs), ``"dots_saveable"`` (keep the matrix products),
             ``"dots_with_no_batch_dims_saveable"``, ``"nothing_saveable"``, ``"everything_saveable"``; the
             numbers are the same, the memory of the step is not.
+        precision: ``"32-true"`` (as given) or ``"bf16-mixed"``: the loss function sees the parameters and the
+            floating inputs cast to bfloat16; gradients, the parameters, the optimizer state, the model state and
+            every reported value stay float32. A model that sets its own ``dtype`` keeps it.
 
     Returns:
         The pure step function, ready for ``jax.jit``.
@@ -165,14 +170,18 @@ def make_train_step(
         raise ValueError(f"`accumulate_steps` must be a positive int, got {accumulate_steps!r}.")
     names = check_extras(extras, lr_schedule)
     check_remat(remat)
+    dtype = compute_dtype(precision)
 
     def grad_of(state: TrainState, params: Any, model_state: Any, batch: Any, key: jax.Array):
         def loss_of(
             p: Any, model_state: Any, batch: Any, key: jax.Array
         ) -> tuple[jax.Array, tuple[dict[str, Any], Any]]:
-            model = BoundModel(state, p, model_state, key, train=True)
-            loss, aux = _split_loss(loss_fn(model, batch))
-            return loss, (aux, model.model_state)
+            model = BoundModel(state, cast_floating(p, dtype), model_state, key, train=True)
+            loss, aux = _split_loss(loss_fn(model, cast_floating(batch, dtype)))
+            if dtype is None:
+                return loss, (aux, model.model_state)
+            kept = jax.tree.map(lambda new, old: new.astype(old.dtype), model.model_state, model_state)
+            return loss.astype(jnp.float32), (cast_floating(aux, jnp.float32), kept)
 
         forward = rematted(loss_of, remat)
         return jax.value_and_grad(forward, has_aux=True)(params, model_state, batch, key)
@@ -219,7 +228,7 @@ def make_train_step(
     return step
 
 
-def make_eval_step(eval_fn: Callable[[BoundModel, Any], Any]) -> EvalStep:
+def make_eval_step(eval_fn: Callable[[BoundModel, Any], Any], *, precision: str = "32-true") -> EvalStep:
     """Build ``step(state, batch) -> output`` from ``eval_fn(model, batch)``, the model in eval mode.
 
     Examples:
@@ -233,7 +242,12 @@ def make_eval_step(eval_fn: Callable[[BoundModel, Any], Any]) -> EvalStep:
     if not callable(eval_fn):
         raise TypeError(f"`eval_fn` must be callable as eval_fn(model, batch), got {eval_fn!r}.")
 
+    dtype = compute_dtype(precision)
+
     def step(state: TrainState, batch: Any) -> Any:
-        return eval_fn(BoundModel(state, state.params, state.model_state, None, train=False), batch)
+        if dtype is None:
+            return eval_fn(BoundModel(state, state.params, state.model_state, None, train=False), batch)
+        model = BoundModel(state, cast_floating(state.params, dtype), state.model_state, None, train=False)
+        return cast_floating(eval_fn(model, cast_floating(batch, dtype)), jnp.float32)
 
     return step

@@ -45,6 +45,7 @@ def create_trainer(
     prefetch: int | None = None,
     debug: bool = False,
     remat: str | None = None,
+    precision: str = "32-true",
 ) -> TrainingEngine:
     """An engine that trains: each iteration runs the compiled step on ``engine.state.train_state``.
 
@@ -83,6 +84,9 @@ def create_trainer(
         remat: recompute the forward pass in the backward pass instead of keeping its intermediates, by
             JAX's checkpoint policy name (``"full"``, ``"dots_saveable"``, ...; see
             [`make_train_step`][ember.training.make_train_step]): less memory, more compute, the same numbers.
+        precision: ``"32-true"`` (default) or ``"bf16-mixed"`` (Lightning's names): with ``"bf16-mixed"`` the loss
+            function computes in bfloat16 while the parameters, the optimizer state and the reported values stay
+            float32. ``"bf16-true"`` and ``"16-mixed"`` are refused with a message: not available yet.
 
     Returns:
         A [`TrainingEngine`][ember.training.TrainingEngine].
@@ -107,6 +111,7 @@ def create_trainer(
         lr_schedule=lr_schedule,
         axis_name=placement.axis_name,
         remat=remat,
+        precision=precision,
     )
     if not callable(state) or is_flax_train_state(state):
         state = as_train_state(state, "state", ", or a function of the first batch returning one")
@@ -127,6 +132,7 @@ def create_evaluator(
     prefetch: int | None = None,
     debug: bool = False,
     use_ema: bool = False,
+    precision: str = "32-true",
 ) -> TrainingEngine:
     """An engine that evaluates: each iteration runs the compiled ``eval_fn`` with the model in eval mode.
 
@@ -137,6 +143,8 @@ def create_evaluator(
         placement: as for [`create_trainer`][ember.training.create_trainer]; the trainer's placement is a good choice.
         prefetch: batches kept in flight to the device, as for [`create_trainer`][ember.training.create_trainer].
         debug: run the step uncompiled.
+        precision: ``"32-true"`` or ``"bf16-mixed"``, as the trainer's (see
+            [`make_train_step`][ember.training.make_train_step]); outputs come back float32.
         use_ema: evaluate the average of the parameters that an optimizer wrapped in
             [`ema`][ember.training.ema] keeps, instead of the parameters (inside the compiled step).
 
@@ -157,7 +165,7 @@ def create_evaluator(
     trainer = None if isinstance(source, TrainState) else source
     if not isinstance(use_ema, bool):
         raise TypeError(f"`use_ema` must be True or False, got {use_ema!r}.")
-    step = make_eval_step(eval_fn)
+    step = make_eval_step(eval_fn, precision=precision)
     if use_ema:
         state = source if isinstance(source, TrainState) else getattr(source.state, "train_state", None)
         if state is not None:  # refused now, not at the first evaluation (a lazy state: then)
