@@ -1,7 +1,10 @@
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -128,14 +131,31 @@ def test_workloads_benchmark_runs_both_sides_and_reports_them():
 def test_workloads_benchmark_names_an_unknown_workload():
     """An unknown workload is refused with the list of workloads."""
     done = subprocess.run(
-        [sys.executable, str(BENCH / "workloads.py"), "--workloads", "resnet"],
+        [sys.executable, str(BENCH / "workloads.py"), "--workloads", "resnet50"],
         capture_output=True,
         text=True,
         check=False,
         timeout=120,
     )
     assert done.returncode == 2
-    assert "error: unknown workload 'resnet'; the workloads are ['chars', 'digits']" in done.stderr
+    assert "error: unknown workload 'resnet50'; the workloads are ['chars', 'digits', 'lm', 'resnet']" in done.stderr
+
+
+def test_the_accelerator_workloads_run_at_smoke_size_on_both_sides():
+    """Lm and resnet, each side once at a toy size: the table and the JSON line; on CPU no MFU and no memory peak."""
+    out = run_benchmark("workloads.py", "--workloads", "lm,resnet", "--smoke", timeout=600)
+    for workload, unit in (("lm", "tokens"), ("resnet", "images")):
+        assert f"| side | steps/s | {unit}/s | MFU | device memory peak | vs hand loop |" in out
+        assert re.search(rf"^{workload}: 4 steps per window, median of the windows; cpu x1, jax ", out, re.M)
+        assert re.search(r"^\| ember \| [\d.]+ \| [\d,]+ \| n/a \| n/a \| [\d.]+x \|$", out, re.M), out
+        assert re.search(r"^\| hand loop \| [\d.]+ \| [\d,]+ \| n/a \| n/a \| 1\.000x \|$", out, re.M), out
+        row = json.loads(next(line for line in out.splitlines() if line.startswith(f'{{"{workload}"')))[workload]
+        assert row["hand loop"]["ratio_to_hand"] == 1.0
+        assert row["ember"][f"{unit}_per_s"] == pytest.approx(
+            row["ember"]["steps_per_s"] * (512 if unit == "tokens" else 8)
+        )
+    assert "lm: 0.1 M parameters;" in out
+    assert "resnet: 0.2 M parameters;" in out
 
 
 def test_sharded_benchmark_runs_both_sides_and_the_memory_table():

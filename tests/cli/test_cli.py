@@ -123,7 +123,7 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert main(["train", str(bad)]) == 2
     assert capsys.readouterr().err == (
         "ember: error: trainer.max_epoch: unknown field; did you mean 'max_epochs'? "
-        "(allowed: eval_every, max_epochs, max_iters, mesh, placement, rules, seed, steps_per_call)\n"
+        "(allowed: eval_every, max_epochs, max_iters, mesh, placement, precision, remat, rules, seed, steps_per_call)\n"
     )
     assert main(["inspect", str(tmp_path / "none")]) == 2
     assert f"No checkpoint at {tmp_path / 'none'}." in capsys.readouterr().err
@@ -466,3 +466,14 @@ def test_precision_and_remat_from_the_config(tmp_path, capsys):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["iterations"] == 22
     assert summary["final_accuracy"] > 0.5
+
+
+def test_16_mixed_from_the_config_logs_its_loss_scale(tmp_path, capsys):
+    """trainer.precision=16-mixed: the run says so, and logs the scale and the skipped steps beside the loss."""
+    args = ["train", "model.name=mlp", "trainer.max_epochs=1", "trainer.precision=16-mixed", "handlers.log_every=10"]
+    assert main([*args, "handlers.progress=false", "handlers.writers=[jsonl]", f"--output={tmp_path / 'run'}"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.endswith("precision float16 with float32 parameters and dynamic loss scaling.")
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [(r["step"], r["train/loss_scale"], r["train/skipped_steps"]) for r in logged if "train/loss" in r]
+    assert train == [(10, 32768.0, 0.0), (20, 32768.0, 0.0)]

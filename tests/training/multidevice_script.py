@@ -16,7 +16,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from ember import Events  # noqa: E402
 from ember.metrics import Accuracy, Average, ConfusionMatrix, Loss  # noqa: E402
-from ember.training import DataParallel, Pmap, SingleDevice, TrainState, create_evaluator, create_trainer  # noqa: E402
+from ember.training import (  # noqa: E402
+    DataParallel,
+    Pmap,
+    SingleDevice,
+    TrainState,
+    create_evaluator,
+    create_trainer,
+    fsdp,
+)
 from tests.training.models import LinenNet, NNXNet, SyncBNNet, batches, classification_loss  # noqa: E402
 
 DATA = batches(6, size=32)
@@ -144,4 +152,46 @@ try:
     train(mlp(), DataParallel(), data=batches(2, size=12))
 except ValueError as e:
     out["indivisible_error"] = str(e)
+
+
+def precision_run(placement, precision, **kwargs):
+    """Six steps of the MLP under ``precision``; the third batch holds 1e5, infinite in float16."""
+    data = batches(6, size=32)
+    data[2]["x"][0, 0] = 1e5
+    trainer = create_trainer(mlp(), classification_loss, placement=placement, precision=precision, **kwargs)
+    trainer.run(data)
+    state = trainer.state.train_state
+    skipped = None if state.loss_scale is None else int(np.asarray(state.loss_scale.skipped).reshape(-1)[0])
+    return state, skipped, str(jax.tree.leaves(state.params)[0].dtype)
+
+
+for precision in ("16-mixed", "bf16-true"):
+    ref, ref_skipped, _ = precision_run(one, precision)
+    for name, placement, kwargs in (
+        ("dataparallel", DataParallel(), {}),
+        ("pmap", Pmap(), {}),
+        ("fsdp", fsdp(min_size=1), {}),
+        ("dataparallel_k2_accumulate2", DataParallel(), {"steps_per_call": 2, "accumulate_steps": 2}),
+    ):
+        got, skipped, dtype = precision_run(placement, precision, **kwargs)
+        out[f"precision_{precision}_{name}"] = [max_diff(ref.params, got.params), skipped, ref_skipped, dtype]
+
+
+def fsdp_state(batch):
+    return TrainState.from_linen(LinenNet(), batch["x"][:2], optax.adam(1e-3), rngs=("dropout",))
+
+
+lazy = create_trainer(fsdp_state, classification_loss, placement=fsdp(min_size=1))
+planned = lazy.plan(DATA[0]).state  # from the shapes alone
+lazy.build_state(DATA[0])
+built = lazy.state.train_state
+out["plan_fsdp_state"] = [
+    [planned[name], lazy.plan(DATA[0]).state[name], sum(x.addressable_shards[0].data.nbytes for x in leaves)]
+    for name, leaves in (
+        ("params", jax.tree.leaves(built.params)),
+        ("opt_state", jax.tree.leaves(built.opt_state)),
+        ("model_state", jax.tree.leaves(built.model_state)),
+    )
+]
+out["plan_fsdp_devices"] = lazy.plan(DATA[0]).devices
 print(json.dumps(out))

@@ -114,3 +114,26 @@ def test_multi_device_steps_on_cpu_are_awaited_and_accelerators_keep_async_dispa
     assert awaited is not step
     assert isinstance(awaited(1), Result)
     assert waited == [True]
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-true"])
+@pytest.mark.parametrize("name", ["dataparallel", "pmap", "fsdp", "dataparallel_k2_accumulate2"])
+def test_precision_policies_train_alike_on_every_placement(eight_devices, precision, name):
+    """Six steps, the third overflowing float16: on 8 devices (K=2 and 2 micro-batches too) as on one.
+
+    16-mixed skips the same one step everywhere; bf16-true keeps its parameters in bfloat16 everywhere.
+    """
+    diff, skipped, ref_skipped, dtype = eight_devices[f"precision_{precision}_{name}"]
+    if precision == "16-mixed":
+        assert (skipped, ref_skipped, dtype) == (1, 1, "float32")
+        assert diff < 1e-4
+    else:
+        assert (skipped, dtype) == (None, "bfloat16")
+        assert diff < 1e-3  # bfloat16 keeps 8 bits of mantissa: sums in another order differ in the last
+
+
+def test_a_plan_under_fsdp_counts_each_devices_shards(eight_devices):
+    """On 8 devices, the state's bytes per device in the plan (before and after building it) are one shard each."""
+    assert eight_devices["plan_fsdp_devices"] == 8
+    for planned, replanned, shards in eight_devices["plan_fsdp_state"]:
+        assert planned == replanned == shards

@@ -1,4 +1,4 @@
-"""The ``ember`` command: train from a YAML config, find a learning rate, resume, inspect a checkpoint, plot a run.
+"""The ``ember`` command: train from a YAML config, plan its memory, find a learning rate, resume, inspect, plot.
 
 Importing it imports no JAX: the command checks its config and its run folder first (``ember --version``, a config
 typo and a relaunch of a finished run answer at once); ``train`` and the rest load on first use.
@@ -15,6 +15,7 @@ from ember.cli._main import main
 if TYPE_CHECKING:
     from ember.cli._inspect import describe_checkpoint
     from ember.cli._lr_find import find_learning_rate
+    from ember.cli._plan import plan_run
     from ember.cli._plot import plot_run
     from ember.cli._registry import MLP, DigitsCNN
     from ember.cli._train import train
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "describe_checkpoint": "ember.cli._inspect",
     "find_learning_rate": "ember.cli._lr_find",
+    "plan_run": "ember.cli._plan",
     "plot_run": "ember.cli._plot",
     "MLP": "ember.cli._registry",
     "DigitsCNN": "ember.cli._registry",
@@ -46,6 +48,7 @@ __all__ = [
     "find_learning_rate",
     "load_config",
     "main",
+    "plan_run",
     "plot_run",
     "train",
 ]

@@ -69,8 +69,9 @@ class TrainerConfig:
     max_iters: int | None = None
     steps_per_call: int = 1
     placement: Literal["auto", "single", "data_parallel", "pmap", "fsdp", "sharded"] = "auto"
-    #: Lightning's names (``create_trainer(precision=)``): bfloat16 compute with float32 parameters, or float32.
-    precision: Literal["32-true", "bf16-mixed"] = "32-true"
+    #: Lightning's names (``create_trainer(precision=)``): float32; bfloat16 compute with float32 parameters;
+    #: everything in bfloat16; float16 compute with float32 parameters and dynamic loss scaling.
+    precision: Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed"] = "32-true"
     #: recompute the forward pass in the backward by JAX's checkpoint policy name (``create_trainer(remat=)``).
     remat: Literal["full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable"] | None = None
     seed: int = 0

@@ -136,6 +136,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_lr.add_argument("--end", type=float, default=10.0, help="the last learning rate (default 10)")
     p_lr.add_argument("--num-iter", type=int, default=100, help="steps at most (default 100)")
     p_lr.add_argument("--output", help="a PNG of the curve")
+    p_plan = sub.add_parser(
+        "plan", parents=[common], help="compile a config's steps ahead of time: memory per device, FLOPs, fits or not"
+    )
+    p_plan.add_argument("config", nargs="*", metavar="[CONFIG] [KEY=VALUE ...]", help="as for ember train")
+    p_plan.add_argument(
+        "--memory", type=parse_bytes, help="the memory budget per device, e.g. 8GiB (default: the device's limit)"
+    )
+    p_plan.add_argument("--max-batch", action="store_true", help="search the largest global batch that fits")
+    p_plan.add_argument(
+        "--multiple-of", type=int, default=8, help="--max-batch tries multiples of this per device (default 8)"
+    )
     p_launch = sub.add_parser(
         "launch",
         help="run N local processes of COMMAND as one distributed run (coordinator set; output prefixed [i])",
@@ -153,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_plot.add_argument("run_dir")
     p_plot.add_argument("--output", help="the PNG (default RUN_DIR/curves.png)")
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command in ("train", "lr-find") and not any(x.startswith("-") for x in extra):
+    if extra and args.command in ("train", "lr-find", "plan") and not any(x.startswith("-") for x in extra):
         args.config = [*args.config, *extra]  # overrides may come anywhere on the line, after --output too
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -190,6 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"the curve: {args.output}")
             rerun = " ".join(["ember train", *args.config, f"optimizer.learning_rate={result.suggestion:.3g}"])
             print(f"to train with it: {rerun}")
+        elif args.command == "plan":
+            from ember.cli._plan import plan_run
+
+            config = _config_from(args.config, "plan")
+            print(plan_run(config, memory=args.memory, max_batch=args.max_batch, multiple_of=args.multiple_of))
         elif args.command == "launch":
             from ember.cli._launch import launch
 
@@ -224,6 +240,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ember: interrupted (Ctrl-C); nothing was saved since the last checkpoint.", file=sys.stderr)
         return 130
     return 0
+
+
+_UNITS = {
+    **{"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12},
+    **{"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40},
+}
+
+
+def parse_bytes(text: str) -> int:
+    """Bytes from ``"8GiB"``, ``"512MiB"``, ``"2GB"`` or ``"1000000"`` (``ember plan --memory``).
+
+    Examples:
+        >>> from ember.cli._main import parse_bytes
+        >>> parse_bytes("8GiB"), parse_bytes("1.5 kB"), parse_bytes("64")
+        (8589934592, 1500, 64)
+    """
+    number = text.strip().rstrip("bBiIkKmMgGtT ")
+    unit = text.strip()[len(number) :].strip().lower()
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(
+            f"expected a size such as 8GiB, 512MiB, 2GB or a number of bytes, got {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a size of at least one byte, got {text!r}")
+    return int(value)
 
 
 def _answered_without_training(config: Any) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax.experimental import multihost_utils
 
@@ -54,21 +55,23 @@ def _writers(config: Config, run_dir: Path, stream: TextIO) -> AsyncWriter:
     return create_run_writer(run_dir, config.handlers.writers, stream=stream, params=config)
 
 
-def build_trainer(cfg: Config, sample: Any, schedule: Any = None, steps_per_call: int | None = None) -> Any:
+def build_trainer(
+    cfg: Config, sample: Any, schedule: Any = None, steps_per_call: int | None = None, *, lazy: bool = False
+) -> Any:
     """The config's trainer (model, optimizer, placement) for inputs like ``sample``.
 
     With ``schedule=None`` the optimizer takes its learning rate as an injected hyperparameter (for the
-    range test of ``ember lr-find``); else it follows ``schedule``.
+    range test of ``ember lr-find``); else it follows ``schedule``. ``lazy``: the state is built from the first
+    batch (``ember plan`` builds it abstractly, allocating nothing).
     """
     placement = build_placement(cfg.trainer)
-    state = TrainState.from_linen(
-        build_model(cfg.model),
-        sample,
-        build_optimizer(cfg.optimizer, schedule),
-        seed=cfg.trainer.seed,
-        rngs=("dropout",),
-        placement=placement,  # a sharded placement builds the state sharded
-    )
+    model, tx = build_model(cfg.model), build_optimizer(cfg.optimizer, schedule)
+
+    def build(x: Any) -> TrainState:
+        seed = cfg.trainer.seed  # a sharded placement builds the state sharded
+        return TrainState.from_linen(model, x, tx, seed=seed, rngs=("dropout",), placement=placement)
+
+    state: Any = (lambda batch: build(batch["x"][:1])) if lazy else build(sample)
     k = cfg.trainer.steps_per_call if steps_per_call is None else steps_per_call
     return create_trainer(
         state,
@@ -158,9 +161,13 @@ def train(
 
     writer = _writers(cfg, run_dir, console)
     h = cfg.handlers
-    ScalarLogger(writer, tag="train", metric_names=["loss"]).attach(
-        trainer, Events.ITERATION_COMPLETED(every=h.log_every)
-    )
+    scaled = cfg.trainer.precision == "16-mixed"  # the loss scale and the steps it skipped are logged too
+    ScalarLogger(
+        writer,
+        tag="train",
+        metric_names=["loss"],
+        output_transform=(lambda o: {"loss_scale": o["loss_scale"], "skipped_steps": o["skipped"]}) if scaled else None,
+    ).attach(trainer, Events.ITERATION_COMPLETED(every=h.log_every))
     LRMonitor(writer, schedule=schedule, tag="train/lr").attach(trainer, Events.ITERATION_COMPLETED(every=h.log_every))
     if h.progress:  # before Evaluate: each epoch's bar is finished and cleared before the epoch's line is printed
         ProgressBar(refresh_every=10, persist=True, stream=progress_stream, desc="Epoch").attach(
@@ -200,7 +207,10 @@ def train(
     latest.attach(trainer, every)
     preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
     preemption.attach(trainer, [evaluator])
-    nan_guard = TerminateOnNan(lambda output: output["loss"])
+    # under 16-mixed an overflow is the loss scale's to handle (the step is skipped), not a diverged run
+    nan_guard = TerminateOnNan(
+        (lambda o: jnp.where(o["overflow"], 0.0, o["loss"])) if scaled else (lambda o: o["loss"])
+    )
     nan_guard.attach(trainer)
     if jax.process_count() > 1:  # a lost process ends the others at once, naming the checkpoint to resume from
         ProcessWatchdog(latest).attach(trainer)
@@ -294,13 +304,21 @@ class _AboveBars(io.TextIOBase):
         self.out.flush()
 
 
+_PRECISION_WORDS = {
+    "32-true": "float32",
+    "bf16-mixed": "bfloat16 with float32 parameters",
+    "bf16-true": "bfloat16, parameters stored in bfloat16",
+    "16-mixed": "float16 with float32 parameters and dynamic loss scaling",
+}
+
+
 def _runs_on(trainer: Any, cfg: Config) -> str:
     """One line: the backend, the devices (and processes), the placement and the precision the run trains with."""
     devices, processes = jax.device_count(), jax.process_count()
     where = f"{devices} device{'s' if devices != 1 else ''}" + (f" in {processes} processes" if processes > 1 else "")
     placement = type(trainer.placement).__name__
     chosen = f"{placement} (auto)" if cfg.trainer.placement == "auto" else placement
-    precision = {"32-true": "float32", "bf16-mixed": "bfloat16 with float32 parameters"}[cfg.trainer.precision]
+    precision = _PRECISION_WORDS[cfg.trainer.precision]
     return f"Training on {jax.default_backend()}: {where}, placement {chosen}, precision {precision}."
 
 

@@ -1,8 +1,10 @@
 """Training: `TrainState`, compiled steps from a loss function, placement on devices, trainers."""
 
 from ember.training._ema import ema, ema_params
+from ember.training._loss_scale import DynamicLossScale
 from ember.training._lr_finder import LRFinderResult, lr_find
 from ember.training._placement import DataParallel, Placement, Pmap, SingleDevice, default_placement
+from ember.training._plan import MemoryPlan
 from ember.training._plateau import ReduceLROnPlateau, scale_by_plateau
 from ember.training._sharded import Sharded, fsdp
 from ember.training._step_output import StepOutput
@@ -15,7 +17,9 @@ from ember.training._training_engine import TrainingEngine, TrainingState
 __all__ = [
     "BoundModel",
     "DataParallel",
+    "DynamicLossScale",
     "LRFinderResult",
+    "MemoryPlan",
     "Placement",
     "Pmap",
     "ReduceLROnPlateau",

@@ -168,8 +168,8 @@ class Partitioner:
         """A ``NamedSharding`` for every leaf of the train state ``abstract`` (shapes suffice).
 
         ``params`` and ``model_state`` get `spec`; the optimizer state follows its parameters
-        (``optax.tree_map_params``: moments sharded like their parameter, counts replicated); ``step`` and
-        ``rng`` are replicated.
+        (``optax.tree_map_params``: moments sharded like their parameter, counts replicated); ``step``,
+        ``rng`` and a loss scale are replicated.
         """
         replicated = NamedSharding(self.mesh, P())
         self._matched, self._named, self.layout = set(), set(), []
@@ -201,6 +201,7 @@ class Partitioner:
             opt_state=opt_state,
             model_state=model_state,
             rng=jax.tree.map(lambda _: replicated, abstract.rng),
+            loss_scale=jax.tree.map(lambda _: replicated, abstract.loss_scale),
         )
 
     def _check_all_used(self, names: Mapping[str, tuple[Any, ...]]) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 
@@ -130,6 +130,10 @@ class Placement(Protocol):
         """Where a (prepared) batch lives."""
         raise NotImplementedError
 
+    def state_shardings(self, state: Any) -> Any:
+        """Where each array of the train state ``state`` (or its ``jax.eval_shape``) lives: a sharding per leaf."""
+        raise NotImplementedError(f"{type(self).__name__} does not say where a train state's arrays live.")
+
     @property
     def prefers_prefetch(self) -> bool:
         """Whether putting batches on device ahead of time pays: on accelerators, not on a CPU backend."""
@@ -182,6 +186,9 @@ class SingleDevice(Placement):
     def put_state(self, state: Any) -> Any:
         return jax.device_put(state, self.device)
 
+    def state_shardings(self, state: Any) -> Any:
+        return jax.tree.map(lambda _: SingleDeviceSharding(self.device), state)
+
     def batch_sharding(self, stacked: bool) -> Any:
         return self.device
 
@@ -223,6 +230,9 @@ class DataParallel(Placement):
         self._batch = NamedSharding(self.mesh, P(axis))
         self._stacked = NamedSharding(self.mesh, P(None, axis))
         self._local_ways = local_batch_ways(self.mesh, self.n_devices)  # (the processes do not change)
+
+    def state_shardings(self, state: Any) -> Any:
+        return jax.tree.map(lambda _: self.replicated, state)
 
     def put_state(self, state: Any) -> Any:
         if jax.process_count() > 1:  # every process holds the same values: they become one global array
@@ -293,6 +303,9 @@ class Pmap(Placement):
 
     def put_state(self, state: Any) -> Any:
         return jax.device_put(state, self.replicated)
+
+    def state_shardings(self, state: Any) -> Any:
+        return jax.tree.map(lambda _: self.replicated, state)
 
     def prepare_batch(self, batch: Any, *, stacked: bool = False) -> Any:
         check_divisible(batch, self.n_devices, stacked=stacked)

@@ -1,32 +1,56 @@
-"""Precision policies by Lightning's names: where the loss function computes in bfloat16 and what stays float32."""
+"""Precision policies by Lightning's names: what the loss function computes in, what is stored, what is reported."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-#: The policies ``create_trainer(precision=...)`` takes now; Lightning's names, which users know.
-PRECISIONS = ("32-true", "bf16-mixed")
-_PLANNED = ("bf16-true", "16-mixed")
+from ember.training._loss_scale import DynamicLossScale
+
+#: The policies ``create_trainer(precision=...)`` takes; Lightning's names, which users know.
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed")
 
 
-def check_precision(precision: object) -> None:
-    """Raise unless ``precision`` is a policy ember runs."""
-    if precision in _PLANNED:
-        raise ValueError(
-            f"`precision`={precision!r} is not available yet (parameters stored in 16 bits, loss scaling); "
-            f"ember runs {list(PRECISIONS)}."
-        )
-    if precision not in PRECISIONS:
+@dataclass(frozen=True)
+class Policy:
+    """One precision policy: the dtype the loss function computes in, the dtype floats are stored in, and scaling.
+
+    Attributes:
+        name: the policy's name (``"bf16-mixed"``, ...).
+        compute: the dtype the model and the loss see (parameters and floating inputs cast to it); ``None``: as
+            stored.
+        storage: the dtype the train state's floating arrays are stored in; ``None``: as the state was built.
+        scaled: whether the loss is scaled dynamically (float16's narrow range needs it).
+    """
+
+    name: str
+    compute: Any
+    storage: Any
+    scaled: bool
+
+
+_POLICIES = {
+    "32-true": Policy("32-true", None, None, False),
+    "bf16-mixed": Policy("bf16-mixed", jnp.bfloat16, None, False),
+    "bf16-true": Policy("bf16-true", jnp.bfloat16, jnp.bfloat16, False),
+    "16-mixed": Policy("16-mixed", jnp.float16, None, True),
+}
+
+
+def policy(precision: object) -> Policy:
+    """The policy named ``precision``; a `ValueError` naming the choices for anything else.
+
+    Examples:
+        >>> from ember.training._precision import policy
+        >>> policy("bf16-mixed").compute, policy("bf16-mixed").storage
+        (<class 'jax.numpy.bfloat16'>, None)
+    """
+    if not isinstance(precision, str) or precision not in _POLICIES:
         raise ValueError(f"`precision` must be one of {list(PRECISIONS)}, got {precision!r}.")
-
-
-def compute_dtype(precision: str) -> Any:
-    """The dtype the loss function computes in: ``None`` (as given) for ``"32-true"``."""
-    check_precision(precision)
-    return jnp.bfloat16 if precision == "bf16-mixed" else None
+    return _POLICIES[precision]
 
 
 def cast_floating(tree: Any, dtype: Any) -> Any:
@@ -52,3 +76,50 @@ def cast_floating(tree: Any, dtype: Any) -> Any:
         return x
 
     return jax.tree.map(cast, tree)
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """One boolean scalar: whether every floating value of ``tree`` is finite (no NaN, no infinity).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from ember.training._precision import all_finite
+        >>> bool(all_finite({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.inf])}))
+        False
+    """
+    checks = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.stack(checks).all() if checks else jnp.array(True)
+
+
+def keep_if(ok: jax.Array, new: Any, old: Any) -> Any:
+    """``new`` where the scalar ``ok`` holds, ``old`` elsewhere, leaf by leaf, inside a compiled step (no host read).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from ember.training._precision import keep_if
+        >>> keep_if(jnp.array(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})["w"].tolist()
+        [0.0, 0.0]
+    """
+    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def stored(state: Any, rule: Policy) -> Any:
+    """``state`` as ``rule`` keeps it: floats in its storage dtype, with a loss scale when it scales the loss.
+
+    Examples:
+        >>> import jax.numpy as jnp, optax
+        >>> from ember.training import TrainState
+        >>> from ember.training._precision import policy, stored
+        >>> state = TrainState.create(lambda p, x: p * x, jnp.ones(2), optax.adam(1e-3))
+        >>> stored(state, policy("bf16-true")).opt_state[0].mu.dtype
+        dtype(bfloat16)
+    """
+    if rule.storage is not None:
+        state = state.replace(
+            params=cast_floating(state.params, rule.storage),
+            opt_state=cast_floating(state.opt_state, rule.storage),
+            model_state=cast_floating(state.model_state, rule.storage),
+        )
+    if rule.scaled and state.loss_scale is None:
+        state = state.replace(loss_scale=DynamicLossScale.create())
+    return state

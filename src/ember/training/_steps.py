@@ -11,7 +11,7 @@ import optax
 from jax import lax
 
 from ember.training._extras import check_extras, compute_extras
-from ember.training._precision import cast_floating, compute_dtype
+from ember.training._precision import all_finite, cast_floating, keep_if, policy
 from ember.training._remat import check_remat, rematted
 from ember.training._train_state import TrainState
 
@@ -148,9 +148,15 @@ def make_train_step(
             name: ``"full"`` (keep only the inputs), ``"dots_saveable"`` (keep the matrix products),
             ``"dots_with_no_batch_dims_saveable"``, ``"nothing_saveable"``, ``"everything_saveable"``; the
             numbers are the same, the memory of the step is not.
-        precision: ``"32-true"`` (as given) or ``"bf16-mixed"``: the loss function sees the parameters and the
-            floating inputs cast to bfloat16; gradients, the parameters, the optimizer state, the model state and
-            every reported value stay float32. A model that sets its own ``dtype`` keeps it.
+        precision: ``"32-true"`` (as given), ``"bf16-mixed"``, ``"bf16-true"`` or ``"16-mixed"``: the loss function
+            sees the parameters and the floating inputs cast to bfloat16 (float16 for ``"16-mixed"``); the loss and
+            every floating aux value are reported in float32, the model state keeps its dtype. Gradients come back
+            in the parameters' dtype: float32 for the mixed policies, bfloat16 for ``"bf16-true"`` (whose state
+            [`create_trainer`][ember.training.create_trainer] stores in bfloat16). ``"16-mixed"`` scales the loss by
+            ``state.loss_scale`` (a [`DynamicLossScale`][ember.training.DynamicLossScale]), skips an update whose
+            gradients are not finite, and adds ``"loss_scale"`` (the step's scale), ``"overflow"`` (this step was
+            skipped) and ``"skipped"`` (steps skipped so far) to the output. A model that sets its own ``dtype``
+            keeps it.
 
     Returns:
         The pure step function, ready for ``jax.jit``.
@@ -170,36 +176,44 @@ def make_train_step(
         raise ValueError(f"`accumulate_steps` must be a positive int, got {accumulate_steps!r}.")
     names = check_extras(extras, lr_schedule)
     check_remat(remat)
-    dtype = compute_dtype(precision)
+    rule = policy(precision)
+    dtype = rule.compute
 
     def grad_of(state: TrainState, params: Any, model_state: Any, batch: Any, key: jax.Array):
-        def loss_of(
-            p: Any, model_state: Any, batch: Any, key: jax.Array
-        ) -> tuple[jax.Array, tuple[dict[str, Any], Any]]:
+        def loss_of(p: Any, model_state: Any, batch: Any, key: jax.Array) -> tuple[jax.Array, Any]:
             model = BoundModel(state, cast_floating(p, dtype), model_state, key, train=True)
             loss, aux = _split_loss(loss_fn(model, cast_floating(batch, dtype)))
-            if dtype is None:
-                return loss, (aux, model.model_state)
-            kept = jax.tree.map(lambda new, old: new.astype(old.dtype), model.model_state, model_state)
-            return loss.astype(jnp.float32), (cast_floating(aux, jnp.float32), kept)
+            if dtype is not None:
+                model_state = jax.tree.map(lambda new, old: new.astype(old.dtype), model.model_state, model_state)
+                loss, aux = loss.astype(jnp.float32), cast_floating(aux, jnp.float32)
+            else:
+                model_state = model.model_state
+            scaled = loss * state.loss_scale.scale if rule.scaled else loss  # differentiated; the loss is reported
+            return scaled, (loss, aux, model_state)
 
         forward = rematted(loss_of, remat)
-        return jax.value_and_grad(forward, has_aux=True)(params, model_state, batch, key)
+        (_, out), grads = jax.value_and_grad(forward, has_aux=True)(params, model_state, batch, key)
+        if rule.scaled:
+            grads = jax.tree.map(lambda g: g / state.loss_scale.scale.astype(g.dtype), grads)
+        return out, grads
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, Output]:
+        if rule.scaled and state.loss_scale is None:
+            raise ValueError(
+                'precision="16-mixed" needs a state with a loss scale: create_trainer adds it; with '
+                "make_train_step, pass state.replace(loss_scale=DynamicLossScale.create())."
+            )
         key = jax.random.fold_in(state.rng, state.step)
         if axis_name is not None:
             key = jax.random.fold_in(key, lax.axis_index(axis_name))
         if accumulate_steps == 1:
-            (loss, (aux, model_state)), grads = grad_of(state, state.params, state.model_state, batch, key)
+            (loss, aux, model_state), grads = grad_of(state, state.params, state.model_state, batch, key)
         else:
 
             def micro(carry: Any, xs: Any) -> Any:
                 grads_sum, model_state = carry
                 mb, i = xs
-                (loss, (aux, model_state)), g = grad_of(
-                    state, state.params, model_state, mb, jax.random.fold_in(key, i)
-                )
+                (loss, aux, model_state), g = grad_of(state, state.params, model_state, mb, jax.random.fold_in(key, i))
                 return (jax.tree.map(jnp.add, grads_sum, g), model_state), (loss, aux)
 
             zeros = jax.tree.map(jnp.zeros_like, state.params)
@@ -214,16 +228,28 @@ def make_train_step(
         updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, model_state=model_state)
+        scaling: dict[str, Any] = {}
+        if rule.scaled:  # an overflow: the update is skipped (the step still counts) and the scale halves
+            finite = all_finite(grads)
+            kept = keep_if(finite, (params, opt_state, model_state), (state.params, state.opt_state, state.model_state))
+            new_state = new_state.replace(
+                params=kept[0], opt_state=kept[1], model_state=kept[2], loss_scale=state.loss_scale.adjust(finite)
+            )
+            scaling = {
+                "loss_scale": state.loss_scale.scale,
+                "overflow": ~finite,
+                "skipped": new_state.loss_scale.skipped,
+            }
         more = compute_extras(
             names,
             grads=grads,
             updates=updates,
-            params=params,
-            opt_state=opt_state,
+            params=new_state.params,
+            opt_state=new_state.opt_state,
             step=state.step,
             lr_schedule=lr_schedule,
         )
-        return new_state, {"loss": loss, **aux, **more}
+        return new_state, {"loss": loss, **aux, **more, **scaling}
 
     return step
 
@@ -242,7 +268,7 @@ def make_eval_step(eval_fn: Callable[[BoundModel, Any], Any], *, precision: str 
     if not callable(eval_fn):
         raise TypeError(f"`eval_fn` must be callable as eval_fn(model, batch), got {eval_fn!r}.")
 
-    dtype = compute_dtype(precision)
+    dtype = policy(precision).compute
 
     def step(state: TrainState, batch: Any) -> Any:
         if dtype is None:

@@ -56,6 +56,8 @@ class TrainState(struct.PyTreeNode):
         partitioning: the partition names the model put on its parameters (``nn.with_logical_partitioning``,
             ``nnx.with_partitioning``), as ``((path, names), ...)``; a [`Sharded`][ember.training.Sharded] placement
             reads them.
+        loss_scale: under ``precision="16-mixed"``, the [`DynamicLossScale`][ember.training.DynamicLossScale]
+            (saved and restored with the rest); ``None`` otherwise.
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -75,6 +77,7 @@ class TrainState(struct.PyTreeNode):
     tx: optax.GradientTransformation = struct.field(pytree_node=False)
     graphdef: Any = struct.field(pytree_node=False, default=None)
     partitioning: tuple[tuple[str, tuple[Any, ...]], ...] = struct.field(pytree_node=False, default=())
+    loss_scale: Any = None
 
     def apply_gradients(self, grads: Any, model_state: Any = None) -> TrainState:
         """One optimizer update: new params, optimizer state and step (and model state, if given).

@@ -8,6 +8,7 @@ from typing import Any
 from ember.engine import Engine
 from ember.training._ema import ema_params, with_ema_params
 from ember.training._placement import Placement, default_placement
+from ember.training._precision import policy, stored
 from ember.training._process import EvalProcess, TrainProcess
 from ember.training._steps import BoundModel, make_eval_step, make_train_step
 from ember.training._train_state import TrainState, as_train_state, is_flax_train_state
@@ -84,9 +85,13 @@ def create_trainer(
         remat: recompute the forward pass in the backward pass instead of keeping its intermediates, by
             JAX's checkpoint policy name (``"full"``, ``"dots_saveable"``, ...; see
             [`make_train_step`][ember.training.make_train_step]): less memory, more compute, the same numbers.
-        precision: ``"32-true"`` (default) or ``"bf16-mixed"`` (Lightning's names): with ``"bf16-mixed"`` the loss
-            function computes in bfloat16 while the parameters, the optimizer state and the reported values stay
-            float32. ``"bf16-true"`` and ``"16-mixed"`` are refused with a message: not available yet.
+        precision: Lightning's names: ``"32-true"`` (default, as the state was built); ``"bf16-mixed"`` (the loss
+            function computes in bfloat16; the parameters, the optimizer state and the reported values stay float32);
+            ``"bf16-true"`` (the state's floating arrays are stored in bfloat16 too: half the memory); ``"16-mixed"``
+            (float16 compute with a [`DynamicLossScale`][ember.training.DynamicLossScale] in ``state.loss_scale``;
+            a step whose gradients overflow is skipped; ``"loss_scale"``, ``"overflow"`` and ``"skipped"`` in the
+            output). See
+            ``docs/concepts/precision.md``.
 
     Returns:
         A [`TrainingEngine`][ember.training.TrainingEngine].
@@ -113,15 +118,26 @@ def create_trainer(
         remat=remat,
         precision=precision,
     )
+    rule = policy(precision)
     if not callable(state) or is_flax_train_state(state):
         state = as_train_state(state, "state", ", or a function of the first batch returning one")
     process = TrainProcess(step, placement, steps_per_call, debug)
     engine = TrainingEngine(process, placement, prefetch, steps_per_call, debug=debug)
     if isinstance(state, TrainState):
-        engine.state.train_state = placement.put_state(state)
+        engine.state.train_state = placement.put_state(stored(state, rule))
     else:
-        engine._factory = state
+        engine._factory = _stored_by(state, rule)
     return engine
+
+
+def _stored_by(factory: Callable[[Any], Any], rule: Any) -> Callable[[Any], Any]:
+    """``factory`` whose state is stored as the precision policy ``rule`` keeps it."""
+
+    def build(batch: Any) -> Any:
+        built = factory(batch)
+        return stored(built, rule) if isinstance(built, TrainState) else built  # anything else: refused later
+
+    return build
 
 
 def create_evaluator(
@@ -143,8 +159,8 @@ def create_evaluator(
         placement: as for [`create_trainer`][ember.training.create_trainer]; the trainer's placement is a good choice.
         prefetch: batches kept in flight to the device, as for [`create_trainer`][ember.training.create_trainer].
         debug: run the step uncompiled.
-        precision: ``"32-true"`` or ``"bf16-mixed"``, as the trainer's (see
-            [`make_train_step`][ember.training.make_train_step]); outputs come back float32.
+        precision: as the trainer's (see [`make_train_step`][ember.training.make_train_step]): the model computes
+            in the policy's dtype (no loss scale: nothing is differentiated); floating outputs come back float32.
         use_ema: evaluate the average of the parameters that an optimizer wrapped in
             [`ema`][ember.training.ema] keeps, instead of the parameters (inside the compiled step).
 

@@ -15,6 +15,7 @@ from ember.training._flat_tree import flatten_tree, unflatten_like
 from ember.training._fused import FusedMetrics
 from ember.training._padding import PaddedBatches
 from ember.training._placement import Placement
+from ember.training._plan import MemoryPlan, engine_max_batch, engine_plan
 from ember.training._train_state import TrainState
 
 
@@ -212,6 +213,59 @@ class TrainingEngine(Engine):
         cost = jax.jit(process.step).lower(self.state.train_state, batch).compile().cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost  # one entry per program in older JAX
         return {name: float(value) for name, value in (cost or {}).items()}
+
+    def plan(self, batch: Any, *, memory: int | None = None) -> MemoryPlan:
+        """Compile this engine's step for ``batch`` ahead of time and say what it needs of each device's memory.
+
+        Nothing runs and nothing is allocated: a lazy trainer's state is built abstractly (``jax.eval_shape``), the
+        step is lowered for the placement's shardings and the precision policy, and XLA compiles it. With
+        ``steps_per_call`` K the plan is of the K-step call. On an evaluator it plans the eval step.
+
+        Args:
+            batch: one global batch (arrays, or ``jax.ShapeDtypeStruct`` leaves: only shapes and dtypes count).
+            memory: the bytes a device may use; by default what the device reports (GPU, TPU), none on CPU.
+
+        Returns:
+            A [`MemoryPlan`][ember.training.MemoryPlan]; ``print(plan)`` shows the table and whether it fits.
+
+        Examples:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.training import TrainState, create_trainer
+            >>> state = TrainState.create(lambda p, x: x @ p, jnp.zeros((256, 512)), optax.sgd(0.1))
+            >>> trainer = create_trainer(state, lambda model, x: jnp.mean(model(x) ** 2))
+            >>> plan = trainer.plan(jnp.ones((64, 256)), memory=2**30)
+            >>> plan.state["params"], plan.fits, round(plan.flops / (4 * 64 * 256 * 512), 2)
+            (524288, True, 1.01)
+        """
+        return engine_plan(self, batch, memory)
+
+    def max_batch(
+        self, batch: Any, *, memory: int | None = None, multiple_of: int | None = None, largest: int = 2**20
+    ) -> int | None:
+        """The largest global batch whose step fits each device's memory, found by compiling only (no trial runs).
+
+        Batches like ``batch`` but for the leading axis are planned (see [`plan`][ember.training.TrainingEngine.plan]):
+        doubling from ``multiple_of`` until one does not fit, then bisecting. Each size compiles once.
+
+        Args:
+            batch: a batch whose structure, trailing shapes and dtypes the searched batches share.
+            memory: the bytes a device may use; needed where the backend reports no limit (CPU).
+            multiple_of: the sizes tried are multiples of this (by default the placement's batch devices; with
+                ``accumulate_steps``, pass their product).
+            largest: the search stops here.
+
+        Returns:
+            The batch size, or ``None`` when not even ``multiple_of`` fits.
+
+        Examples:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.training import TrainState, create_trainer
+            >>> state = TrainState.create(lambda p, x: x @ p, jnp.zeros((256, 512)), optax.sgd(0.1))
+            >>> trainer = create_trainer(state, lambda model, x: jnp.mean(model(x) ** 2))
+            >>> trainer.max_batch(jnp.ones((8, 256)), memory=4 * 2**20, multiple_of=8)
+            712
+        """
+        return engine_max_batch(self, batch, memory, multiple_of, largest)
 
     def load_tree_state_dict(self, tree: dict[str, Any]) -> None:
         """Take a restored ``{path: array}`` train state and place it, in the live structure, on device.
