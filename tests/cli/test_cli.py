@@ -123,7 +123,8 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert main(["train", str(bad)]) == 2
     assert capsys.readouterr().err == (
         "ember: error: trainer.max_epoch: unknown field; did you mean 'max_epochs'? "
-        "(allowed: eval_every, max_epochs, max_iters, mesh, placement, precision, remat, rules, seed, steps_per_call)\n"
+        "(allowed: eval_every, max_epochs, max_iters, mesh, placement, precision, remat, rollback_after, rules, seed, "
+        "skip_nonfinite, spike_factor, steps_per_call)\n"
     )
     assert main(["inspect", str(tmp_path / "none")]) == 2
     assert f"No checkpoint at {tmp_path / 'none'}." in capsys.readouterr().err
@@ -477,3 +478,41 @@ def test_16_mixed_from_the_config_logs_its_loss_scale(tmp_path, capsys):
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [(r["step"], r["train/loss_scale"], r["train/skipped_steps"]) for r in logged if "train/loss" in r]
     assert train == [(10, 32768.0, 0.0), (20, 32768.0, 0.0)]
+
+
+def test_skip_nonfinite_from_the_config_logs_the_skipped_steps(tmp_path, capsys):
+    """trainer.skip_nonfinite and spike_factor reach the trainer; train/skipped_steps is logged beside the loss."""
+    args = ["train", "model.name=mlp", "trainer.max_epochs=1", "trainer.skip_nonfinite=true", "trainer.spike_factor=50"]
+    run = [*args, "handlers.log_every=10", "handlers.progress=false", "handlers.writers=[jsonl]"]
+    assert main([*run, f"--output={tmp_path / 'run'}"]) == 0
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["train/skipped_steps"]) for r in logged if "train/loss" in r] == [(10, 0.0), (20, 0.0)]
+
+
+def test_a_poisoned_window_is_skipped_and_rolled_back_in_ember_train(tmp_path, capsys):
+    """Three NaN batches in a row with skip_nonfinite: skipped, then one rollback, said on the console.
+
+    Iterations 16-18; the run completes its epoch.
+    """
+    (tmp_path / "poisoned.py").write_text(
+        "import numpy as np\n"
+        "from sklearn.datasets import load_digits\n\n\n"
+        "def data(batch_size, seed):\n"
+        "    x, y = load_digits(return_X_y=True)\n"
+        "    x, y = (x / 16.0).astype(np.float32).reshape(-1, 8, 8, 1), y.astype(np.int32)\n"
+        "    train = [{'x': x[i : i + 32], 'y': y[i : i + 32]} for i in range(0, 32 * 20, 32)]\n"
+        "    for i in (15, 16, 17):\n"
+        "        train[i] = {'x': np.full_like(train[i]['x'], np.nan), 'y': train[i]['y']}\n"
+        "    return train, [{'x': x[1500:], 'y': y[1500:]}]\n"
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data:\n  name: grain\n  path: poisoned:data\noutput: {tmp_path / 'run'}\n")
+    args = [str(config), "model.name=mlp", "trainer.max_epochs=1", "trainer.skip_nonfinite=true"]
+    assert main(["train", *args, "handlers.checkpoint.every_iters=5", "handlers.progress=false"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Rolled back to the checkpoint of iteration 15 after 3 skipped steps in a row (iterations 16-18, the last "
+        "for a non-finite loss); the batches of iterations 16-19 are left out." in out.splitlines()
+    )
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["iterations"], summary["stopped"]) == (20, None)

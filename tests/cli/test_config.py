@@ -11,8 +11,8 @@ from ember.cli import Config, ConfigError, dump_config, load_config
         (
             {"trainer": {"max_epoch": 3}},
             "trainer.max_epoch: unknown field; did you mean 'max_epochs'? "
-            "(allowed: eval_every, max_epochs, max_iters, mesh, placement, precision, remat, rules, seed, "
-            "steps_per_call)",
+            "(allowed: eval_every, max_epochs, max_iters, mesh, placement, precision, remat, rollback_after, rules, "
+            "seed, skip_nonfinite, spike_factor, steps_per_call)",
         ),
         ({"optimiser": {}}, "optimiser: unknown field; did you mean 'optimizer'? "),
         (
@@ -43,6 +43,8 @@ from ember.cli import Config, ConfigError, dump_config, load_config
         ({"optimizer": {"momentum": 1}}, "optimizer.momentum: expected a number in [0, 1), got 1.0."),
         ({"optimizer": {"warmup_steps": -5}}, "optimizer.warmup_steps: expected an int >= 0, got -5."),
         ({"data": {"val_fraction": 1.0}}, "data.val_fraction: expected a number in (0, 1), got 1.0."),
+        ({"trainer": {"spike_factor": 1}}, "trainer.spike_factor: expected a number > 1 (or null), got 1.0."),
+        ({"trainer": {"rollback_after": 0}}, "trainer.rollback_after: expected a positive int, got 0."),
     ],
 )
 def test_config_errors_name_the_field_what_was_given_and_what_is_allowed(raw, message):
@@ -117,8 +119,8 @@ def test_every_mistake_in_a_config_is_reported_at_once():
         "  optimizer.momentum: expected a number in [0, 1), got 1.5.\n"
         "  data.batch_size: expected a positive int, got 0.\n"
         "  trainer.max_epoch: unknown field; did you mean 'max_epochs'? "
-        "(allowed: eval_every, max_epochs, max_iters, mesh, placement, precision, remat, rules, seed, "
-        "steps_per_call)"
+        "(allowed: eval_every, max_epochs, max_iters, mesh, placement, precision, remat, rollback_after, rules, "
+        "seed, skip_nonfinite, spike_factor, steps_per_call)"
     )
 
 

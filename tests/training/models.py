@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import linen as nn
 from flax import nnx
 
@@ -64,3 +65,18 @@ def batches(n: int, size: int = 16, seed: int = 0) -> list[dict[str, np.ndarray]
         x = rng.normal(size=(size, 4)).astype(np.float32)
         out.append({"x": x, "y": (x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 1).astype(np.int32)})
     return out
+
+
+class DigitsMLP(nn.Module):
+    """Dense(64) -> relu -> Dense(10): a classifier of the digits' 64 pixels (or any input)."""
+
+    hidden: int = 64
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(10)(nn.relu(nn.Dense(self.hidden)(x)))
+
+
+def xent_loss(model, batch):
+    """The mean softmax cross-entropy of ``model(batch["x"])`` against the integer labels ``batch["y"]``."""
+    return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()

@@ -161,7 +161,7 @@ def precision_run(placement, precision, **kwargs):
     trainer = create_trainer(mlp(), classification_loss, placement=placement, precision=precision, **kwargs)
     trainer.run(data)
     state = trainer.state.train_state
-    skipped = None if state.loss_scale is None else int(np.asarray(state.loss_scale.skipped).reshape(-1)[0])
+    skipped = None if state.guard is None else int(np.asarray(state.guard.skipped).reshape(-1)[0])
     return state, skipped, str(jax.tree.leaves(state.params)[0].dtype)
 
 

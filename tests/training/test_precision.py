@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import linen as nn
 from sklearn.datasets import load_digits
 
 from ember import Events
@@ -25,27 +24,18 @@ from ember.training import (
     ema_params,
     make_train_step,
 )
-
-
-class MLP(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-        return nn.Dense(10)(nn.relu(nn.Dense(64)(x)))
-
-
-def _loss(model, batch):
-    return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
+from tests.training.models import DigitsMLP, xent_loss
 
 
 def _state():
-    return TrainState.from_linen(MLP(), jnp.ones((8, 64)), optax.adam(1e-2))
+    return TrainState.from_linen(DigitsMLP(), jnp.ones((8, 64)), optax.adam(1e-2))
 
 
 BATCH = {"x": jax.random.normal(jax.random.PRNGKey(1), (8, 64)), "y": jnp.arange(8) % 10}
 
 
 def _dot_types(precision):
-    lowered = jax.jit(make_train_step(_loss, precision=precision)).lower(_state(), BATCH).as_text()
+    lowered = jax.jit(make_train_step(xent_loss, precision=precision)).lower(_state(), BATCH).as_text()
     return re.findall(r"stablehlo\.dot_general .*-> tensor<[^>]*x(\w+)>", lowered)
 
 
@@ -56,7 +46,7 @@ def test_bf16_mixed_runs_every_matrix_product_in_bfloat16():
 
 
 def test_bf16_mixed_keeps_the_master_copy_and_reports_in_float32():
-    trainer = create_trainer(_state(), _loss, precision="bf16-mixed", extras=("grad_norm",))
+    trainer = create_trainer(_state(), xent_loss, precision="bf16-mixed", extras=("grad_norm",))
     out = trainer.run([BATCH] * 3).output
     state = trainer.state.train_state
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
@@ -72,7 +62,7 @@ def test_bf16_mixed_reaches_the_float32_accuracy_on_the_digits():
     val = ArrayDataset({"x": x[1400:], "y": y[1400:]}, batch_size=397)
     accuracy = {}
     for precision in ("32-true", "bf16-mixed"):
-        trainer = create_trainer(_state(), _loss, precision=precision)
+        trainer = create_trainer(_state(), xent_loss, precision=precision)
         evaluator = create_evaluator(trainer, lambda m, b: {"y_pred": m(b["x"]), "y": b["y"]}, precision=precision)
         Accuracy().attach(evaluator, "accuracy")
         trainer.run(train, max_epochs=20)
@@ -82,7 +72,7 @@ def test_bf16_mixed_reaches_the_float32_accuracy_on_the_digits():
 
 
 def test_bf16_true_stores_the_state_in_bfloat16_and_reports_the_loss_in_float32():
-    trainer = create_trainer(_state(), _loss, precision="bf16-true")
+    trainer = create_trainer(_state(), xent_loss, precision="bf16-true")
     out = trainer.run([BATCH] * 3).output
     state = trainer.state.train_state
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("bfloat16")}
@@ -95,7 +85,7 @@ def test_bf16_true_stores_the_state_in_bfloat16_and_reports_the_loss_in_float32(
 def test_bf16_true_builds_a_lazy_state_in_bfloat16():
     """A state built from the first batch (create_supervised_trainer's) is stored as the policy keeps it."""
     trainer = create_supervised_trainer(
-        MLP(),
+        DigitsMLP(),
         optax.sgd(0.1),
         lambda p, y: optax.softmax_cross_entropy_with_integer_labels(p, y).mean(),
         precision="bf16-true",
@@ -108,9 +98,9 @@ def test_the_compiled_step_computes_in_each_policys_dtype():
     """Two layers: 2 products forward, 3 backward, each in the policy's compute dtype."""
     lowered = {}
     for precision in ("bf16-true", "16-mixed"):
-        trainer = create_trainer(_state(), _loss, precision=precision)
+        trainer = create_trainer(_state(), xent_loss, precision=precision)
         state = trainer.state.train_state
-        step = make_train_step(_loss, precision=precision)
+        step = make_train_step(xent_loss, precision=precision)
         text = jax.jit(step).lower(state, BATCH).as_text()
         lowered[precision] = re.findall(r"stablehlo\.dot_general .*-> tensor<[^>]*x(\w+)>", text)
     assert lowered == {"bf16-true": ["bf16"] * 5, "16-mixed": ["f16"] * 5}
@@ -133,15 +123,18 @@ def _recording(trainer):
     def record(engine):
         out = engine.state.output
         params = jax.device_get(engine.state.train_state.params)
-        seen.append((float(out["loss_scale"]), int(out["skipped"]), params, bool(out["overflow"])))
+        seen.append((float(out["loss_scale"]), int(out["skipped"]), params, int(out["skip_reason"]) > 0))
 
     trainer.add_event_handler(Events.ITERATION_COMPLETED, record)
     return seen
 
 
 def test_16_mixed_skips_exactly_the_steps_whose_gradients_overflow():
-    """Steps 3 and 7 (1-based) overflow: their updates are skipped, the scale halves after each, and only then."""
-    trainer = create_trainer(_state(), _loss, precision="16-mixed")
+    """Steps 3 and 7 (1-based) overflow: their updates are skipped, the scale halves after each, and only then.
+
+    The skips are the step guard's that "16-mixed" adds; the step counter counts applied updates.
+    """
+    trainer = create_trainer(_state(), xent_loss, precision="16-mixed")
     seen = _recording(trainer)
     trainer.run(_poisoned(8, at=(2, 6)))
     assert [overflow for *_, overflow in seen] == [i in (2, 6) for i in range(8)]
@@ -161,12 +154,12 @@ def test_16_mixed_skips_exactly_the_steps_whose_gradients_overflow():
         assert all(np.array_equal(a, b) for a, b in pairs) == (i in (2, 6)), i
     state = trainer.state.train_state
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
-    assert (int(state.step), int(state.loss_scale.skipped)) == (8, 2)
+    assert (int(state.step), int(state.guard.skipped)) == (6, 2)  # the step counts applied updates
 
 
 def test_16_mixed_grows_the_scale_after_a_period_of_finite_steps():
     state = _state().replace(loss_scale=DynamicLossScale.create(initial=4.0, period=3))
-    trainer = create_trainer(state, _loss, precision="16-mixed")
+    trainer = create_trainer(state, xent_loss, precision="16-mixed")
     seen = _recording(trainer)
     trainer.run([BATCH] * 7)
     assert [scale for scale, *_ in seen] == [4.0, 4.0, 4.0, 8.0, 8.0, 8.0, 16.0]
@@ -175,13 +168,13 @@ def test_16_mixed_grows_the_scale_after_a_period_of_finite_steps():
 def test_16_mixed_resumes_bit_exact_with_its_loss_scale(tmp_path):
     """Ten steps straight equal five, a checkpoint, a new trainer restored from it, and five more."""
     data = _poisoned(10, at=(3, 7))
-    straight = create_trainer(_state(), _loss, precision="16-mixed")
+    straight = create_trainer(_state(), xent_loss, precision="16-mixed")
     straight.run(data)
-    first = create_trainer(_state(), _loss, precision="16-mixed")
+    first = create_trainer(_state(), xent_loss, precision="16-mixed")
     Checkpoint({"trainer": first}, tmp_path, n_saved=None).attach(first, Events.ITERATION_COMPLETED(once=5))
     first.add_event_handler(Events.ITERATION_COMPLETED(once=5), lambda e: e.terminate(final=False))
     first.run(data)
-    resumed = create_trainer(_state(), _loss, precision="16-mixed")
+    resumed = create_trainer(_state(), xent_loss, precision="16-mixed")
     Checkpoint({"trainer": resumed}, tmp_path).resume()
     assert float(resumed.state.train_state.loss_scale.scale) == 16384.0
     resumed.run(data)
@@ -191,7 +184,7 @@ def test_16_mixed_resumes_bit_exact_with_its_loss_scale(tmp_path):
     for name in a:
         assert np.array_equal(a[name], b[name]), name
     b = resumed.state.train_state
-    assert (float(b.loss_scale.scale), int(b.loss_scale.skipped)) == (8192.0, 2)
+    assert (float(b.loss_scale.scale), int(b.guard.skipped)) == (8192.0, 2)
 
 
 def test_an_unknown_policy_is_refused_by_name():
@@ -199,7 +192,7 @@ def test_an_unknown_policy_is_refused_by_name():
         ValueError,
         match=re.escape("`precision` must be one of ['32-true', 'bf16-mixed', 'bf16-true', '16-mixed'], got 'bf16'."),
     ):
-        create_trainer(_state(), _loss, precision="bf16")
+        create_trainer(_state(), xent_loss, precision="bf16")
 
 
 def test_a_loss_scale_is_checked_when_made():
@@ -211,8 +204,8 @@ def test_a_loss_scale_is_checked_when_made():
 
 def test_16_mixed_leaves_the_weight_average_alone_on_a_skipped_step():
     """The EMA lives in the optimizer state, which a skipped step keeps: it moves on the applied steps only."""
-    state = TrainState.from_linen(MLP(), jnp.ones((8, 64)), ema(optax.adam(1e-2), momentum=0.5))
-    trainer = create_trainer(state, _loss, precision="16-mixed")
+    state = TrainState.from_linen(DigitsMLP(), jnp.ones((8, 64)), ema(optax.adam(1e-2), momentum=0.5))
+    trainer = create_trainer(state, xent_loss, precision="16-mixed")
     averages = []
     trainer.add_event_handler(
         Events.ITERATION_COMPLETED, lambda e: averages.append(jax.device_get(ema_params(e.state.train_state)))

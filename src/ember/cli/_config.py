@@ -74,6 +74,12 @@ class TrainerConfig:
     precision: Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed"] = "32-true"
     #: recompute the forward pass in the backward by JAX's checkpoint policy name (``create_trainer(remat=)``).
     remat: Literal["full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable"] | None = None
+    #: skip an update whose loss or gradients are not finite, inside the step (``create_trainer(skip_nonfinite=)``).
+    skip_nonfinite: bool = False
+    #: with ``skip_nonfinite``: skip an update whose loss or gradient norm exceeds this times its running average.
+    spike_factor: float | None = None
+    #: with ``skip_nonfinite``: roll back to the latest checkpoint after this many skipped steps in a row (null: never).
+    rollback_after: int | None = 3
     seed: int = 0
     eval_every: int = 1
     #: for ``placement: sharded``: mesh axis -> size, in order (``{fsdp: 2, model: 4}``); sizes multiply to the
@@ -135,7 +141,7 @@ class Config:
 
 _POSITIVE = frozenset(
     {"batch_size", "max_epochs", "max_iters", "steps_per_call", "eval_every", "keep_latest", "keep_best"}
-    | {"every_iters", "patience", "log_every", "epoch_length"}
+    | {"every_iters", "patience", "log_every", "epoch_length", "rollback_after"}
 )
 
 #: Number fields with a range: field name -> (what is expected, the test).
@@ -146,6 +152,7 @@ _RANGES: dict[str, tuple[str, Any]] = {
     "momentum": ("a number in [0, 1)", lambda v: 0 <= v < 1),
     "val_fraction": ("a number in (0, 1)", lambda v: 0 < v < 1),
     "warmup_steps": ("an int >= 0", lambda v: v >= 0),
+    "spike_factor": ("a number > 1 (or null)", lambda v: v > 1),
 }
 
 

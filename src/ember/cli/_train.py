@@ -34,6 +34,7 @@ from ember.handlers import (
     Preemption,
     ProcessWatchdog,
     ProgressBar,
+    RollbackOnDivergence,
     ScalarLogger,
     TerminateOnNan,
     global_step_from_engine,
@@ -80,6 +81,8 @@ def build_trainer(
         steps_per_call=k,
         precision=cfg.trainer.precision,
         remat=cfg.trainer.remat,
+        skip_nonfinite=cfg.trainer.skip_nonfinite,
+        spike_factor=cfg.trainer.spike_factor,
     )
 
 
@@ -161,13 +164,11 @@ def train(
 
     writer = _writers(cfg, run_dir, console)
     h = cfg.handlers
-    scaled = cfg.trainer.precision == "16-mixed"  # the loss scale and the steps it skipped are logged too
-    ScalarLogger(
-        writer,
-        tag="train",
-        metric_names=["loss"],
-        output_transform=(lambda o: {"loss_scale": o["loss_scale"], "skipped_steps": o["skipped"]}) if scaled else None,
-    ).attach(trainer, Events.ITERATION_COMPLETED(every=h.log_every))
+    scaled = cfg.trainer.precision == "16-mixed"  # the loss scale and the steps skipped are logged too
+    guarded = scaled or cfg.trainer.skip_nonfinite
+    ScalarLogger(writer, tag="train", metric_names=["loss"], output_transform=_logged_outputs(scaled, guarded)).attach(
+        trainer, Events.ITERATION_COMPLETED(every=h.log_every)
+    )
     LRMonitor(writer, schedule=schedule, tag="train/lr").attach(trainer, Events.ITERATION_COMPLETED(every=h.log_every))
     if h.progress:  # before Evaluate: each epoch's bar is finished and cleared before the epoch's line is printed
         ProgressBar(refresh_every=10, persist=True, stream=progress_stream, desc="Epoch").attach(
@@ -207,11 +208,16 @@ def train(
     latest.attach(trainer, every)
     preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
     preemption.attach(trainer, [evaluator])
-    # under 16-mixed an overflow is the loss scale's to handle (the step is skipped), not a diverged run
+    # a skipped step (an overflow under 16-mixed, skip_nonfinite) is the guard's to handle, not a diverged run
     nan_guard = TerminateOnNan(
-        (lambda o: jnp.where(o["overflow"], 0.0, o["loss"])) if scaled else (lambda o: o["loss"])
+        (lambda o: jnp.where(o["skip_reason"] > 0, 0.0, o["loss"])) if guarded else (lambda o: o["loss"])
     )
     nan_guard.attach(trainer)
+    rollback = None
+    if cfg.trainer.skip_nonfinite and cfg.trainer.rollback_after is not None:
+        rollback = RollbackOnDivergence(latest, after=cfg.trainer.rollback_after)
+        rollback.attach(trainer)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, _announcer(rollback, say))
     if jax.process_count() > 1:  # a lost process ends the others at once, naming the checkpoint to resume from
         ProcessWatchdog(latest).attach(trainer)
 
@@ -302,6 +308,29 @@ class _AboveBars(io.TextIOBase):
 
     def flush(self) -> None:
         self.out.flush()
+
+
+def _logged_outputs(scaled: bool, guarded: bool) -> Any:
+    """What of the step's output ``train/`` logs beside the loss: the loss scale, the steps skipped."""
+    if not guarded:
+        return None
+
+    def logged(out: Any) -> dict[str, Any]:
+        return {"skipped_steps": out["skipped"], **({"loss_scale": out["loss_scale"]} if scaled else {})}
+
+    return logged
+
+
+def _announcer(rollback: RollbackOnDivergence, say: Any) -> Any:
+    """A handler that prints each rollback once, on the console, as it happens."""
+    said = [0]
+
+    def announce() -> None:
+        for done in rollback.rollbacks[said[0] :]:
+            say(str(done))
+        said[0] = len(rollback.rollbacks)
+
+    return announce
 
 
 _PRECISION_WORDS = {

@@ -16,6 +16,7 @@ from ember.handlers._preemption import Preemption
 from ember.handlers._profiler import Profiler
 from ember.handlers._progress import ProgressBar
 from ember.handlers._readers import CheckpointReader, HighestCheckpointReader, LowestCheckpointReader
+from ember.handlers._rollback import Rollback, RollbackOnDivergence
 from ember.handlers._save_handlers import BaseSaveHandler, SaveHandler
 from ember.handlers._savers import DiskSaver, global_step_from_engine
 from ember.handlers._statistics import GradientSpikeMonitor, ParamStats, count_parameters
@@ -47,6 +48,8 @@ __all__ = [
     "ProcessWatchdog",
     "Profiler",
     "ProgressBar",
+    "Rollback",
+    "RollbackOnDivergence",
     "SaveHandler",
     "ScalarLogger",
     "TerminateOnNan",

@@ -1,6 +1,7 @@
 """Training: `TrainState`, compiled steps from a loss function, placement on devices, trainers."""
 
 from ember.training._ema import ema, ema_params
+from ember.training._guard import StepGuard
 from ember.training._loss_scale import DynamicLossScale
 from ember.training._lr_finder import LRFinderResult, lr_find
 from ember.training._placement import DataParallel, Placement, Pmap, SingleDevice, default_placement
@@ -25,6 +26,7 @@ __all__ = [
     "ReduceLROnPlateau",
     "Sharded",
     "SingleDevice",
+    "StepGuard",
     "StepOutput",
     "TrainState",
     "TrainingEngine",

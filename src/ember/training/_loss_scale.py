@@ -11,16 +11,16 @@ class DynamicLossScale(struct.PyTreeNode):
     """The dynamic loss scale of ``precision="16-mixed"``: grows after a run of finite steps, halves on overflow.
 
     float16 holds nothing below about 6e-8, so small gradients vanish; the step multiplies the loss by ``scale``
-    before differentiating and divides the gradients by it after. A step whose gradients are not finite (the
-    scale was too large) is skipped: parameters, optimizer state and model state stay as they were, and the scale
-    halves. After ``period`` finite steps in a row the scale doubles. The rule is PyTorch's ``GradScaler``'s (its
-    defaults but the first scale: 2**15, since 2**16 is already infinite in float16). It lives in
+    before differentiating and divides the gradients by it after. A step whose loss or gradients are not finite
+    (the scale was too large) is skipped, by the [`StepGuard`][ember.training.StepGuard] the policy adds
+    (parameters, optimizer state, model state and step counter stay as they were), and the scale halves. After
+    ``period`` finite steps in a row the scale doubles. The rule is PyTorch's ``GradScaler``'s (its defaults but
+    the first scale: 2**15, since 2**16 is already infinite in float16). It lives in
     ``TrainState.loss_scale``, so a checkpoint saves it and a resumed run continues with the same scale.
 
     Attributes:
         scale: the factor the loss is multiplied by (float32).
         good_steps: finite steps since the scale last changed (int32).
-        skipped: steps skipped for a non-finite gradient over the whole run (int32).
         period: finite steps after which the scale doubles.
         minimum: the scale never halves below this.
 
@@ -30,15 +30,14 @@ class DynamicLossScale(struct.PyTreeNode):
         >>> scale = DynamicLossScale.create(initial=8.0, period=2)
         >>> for finite in (True, True, False):
         ...     scale = scale.adjust(jnp.array(finite))
-        ...     print(float(scale.scale), int(scale.skipped))
-        8.0 0
-        16.0 0
-        8.0 1
+        ...     print(float(scale.scale))
+        8.0
+        16.0
+        8.0
     """
 
     scale: jax.Array
     good_steps: jax.Array
-    skipped: jax.Array
     period: int = struct.field(pytree_node=False, default=2000)
     minimum: float = struct.field(pytree_node=False, default=1.0)
 
@@ -59,7 +58,6 @@ class DynamicLossScale(struct.PyTreeNode):
         return cls(
             scale=jnp.asarray(initial, jnp.float32),
             good_steps=jnp.zeros((), jnp.int32),
-            skipped=jnp.zeros((), jnp.int32),
             period=period,
             minimum=float(minimum),
         )
@@ -78,4 +76,4 @@ class DynamicLossScale(struct.PyTreeNode):
             finite, jnp.where(grown, self.scale * 2, self.scale), jnp.maximum(self.scale / 2, self.minimum)
         )
         good = jnp.where(finite & ~grown, self.good_steps + 1, 0)
-        return self.replace(scale=scale, good_steps=good, skipped=self.skipped + (~finite).astype(jnp.int32))
+        return self.replace(scale=scale, good_steps=good)

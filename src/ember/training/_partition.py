@@ -169,7 +169,7 @@ class Partitioner:
 
         ``params`` and ``model_state`` get `spec`; the optimizer state follows its parameters
         (``optax.tree_map_params``: moments sharded like their parameter, counts replicated); ``step``,
-        ``rng`` and a loss scale are replicated.
+        ``rng``, a loss scale and a step guard are replicated.
         """
         replicated = NamedSharding(self.mesh, P())
         self._matched, self._named, self.layout = set(), set(), []
@@ -202,6 +202,7 @@ class Partitioner:
             model_state=model_state,
             rng=jax.tree.map(lambda _: replicated, abstract.rng),
             loss_scale=jax.tree.map(lambda _: replicated, abstract.loss_scale),
+            guard=jax.tree.map(lambda _: replicated, abstract.guard),
         )
 
     def _check_all_used(self, names: Mapping[str, tuple[Any, ...]]) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ember.training._guard import StepGuard
 from ember.training._loss_scale import DynamicLossScale
 
 #: The policies ``create_trainer(precision=...)`` takes; Lightning's names, which users know.
@@ -103,8 +104,10 @@ def keep_if(ok: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
-def stored(state: Any, rule: Policy) -> Any:
+def stored(state: Any, rule: Policy, guard: StepGuard | None = None) -> Any:
     """``state`` as ``rule`` keeps it: floats in its storage dtype, with a loss scale when it scales the loss.
+
+    ``guard`` is put in a state that has none (a restored state keeps its own); a scaled policy adds the default one.
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -122,4 +125,8 @@ def stored(state: Any, rule: Policy) -> Any:
         )
     if rule.scaled and state.loss_scale is None:
         state = state.replace(loss_scale=DynamicLossScale.create())
+    if guard is not None and state.guard is None:
+        state = state.replace(guard=guard)
+    if rule.scaled and state.guard is None:  # an overflow's update is skipped
+        state = state.replace(guard=StepGuard.create())
     return state

@@ -153,10 +153,13 @@ def make_train_step(
             every floating aux value are reported in float32, the model state keeps its dtype. Gradients come back
             in the parameters' dtype: float32 for the mixed policies, bfloat16 for ``"bf16-true"`` (whose state
             [`create_trainer`][ember.training.create_trainer] stores in bfloat16). ``"16-mixed"`` scales the loss by
-            ``state.loss_scale`` (a [`DynamicLossScale`][ember.training.DynamicLossScale]), skips an update whose
-            gradients are not finite, and adds ``"loss_scale"`` (the step's scale), ``"overflow"`` (this step was
-            skipped) and ``"skipped"`` (steps skipped so far) to the output. A model that sets its own ``dtype``
-            keeps it.
+            ``state.loss_scale`` (a [`DynamicLossScale`][ember.training.DynamicLossScale]) and adds ``"loss_scale"``
+            (the step's scale) to the output. A model that sets its own ``dtype`` keeps it.
+
+    A state with a [`StepGuard`][ember.training.StepGuard] in ``state.guard`` (``create_trainer(skip_nonfinite=True)``,
+    and every ``"16-mixed"`` state) has an update whose loss or gradients are not finite, or spike, left unapplied
+    inside the step (parameters, optimizer state, model state and ``state.step`` unchanged), and the output carries
+    ``"skipped"``, ``"skip_reason"`` and ``"consecutive_skips"``.
 
     Returns:
         The pure step function, ready for ``jax.jit``.
@@ -198,10 +201,10 @@ def make_train_step(
         return out, grads
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, Output]:
-        if rule.scaled and state.loss_scale is None:
+        if rule.scaled and (state.loss_scale is None or state.guard is None):
             raise ValueError(
-                'precision="16-mixed" needs a state with a loss scale: create_trainer adds it; with '
-                "make_train_step, pass state.replace(loss_scale=DynamicLossScale.create())."
+                'precision="16-mixed" needs a state with a loss scale and a step guard: create_trainer adds them; with '
+                "make_train_step, pass state.replace(loss_scale=DynamicLossScale.create(), guard=StepGuard.create())."
             )
         key = jax.random.fold_in(state.rng, state.step)
         if axis_name is not None:
@@ -228,18 +231,18 @@ def make_train_step(
         updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, model_state=model_state)
-        scaling: dict[str, Any] = {}
-        if rule.scaled:  # an overflow: the update is skipped (the step still counts) and the scale halves
+        reported: dict[str, Any] = {}
+        if state.guard is not None:  # decided inside the step: a skipped update leaves the state as it was
             finite = all_finite(grads)
-            kept = keep_if(finite, (params, opt_state, model_state), (state.params, state.opt_state, state.model_state))
-            new_state = new_state.replace(
-                params=kept[0], opt_state=kept[1], model_state=kept[2], loss_scale=state.loss_scale.adjust(finite)
-            )
-            scaling = {
-                "loss_scale": state.loss_scale.scale,
-                "overflow": ~finite,
-                "skipped": new_state.loss_scale.skipped,
-            }
+            norm = optax.tree.norm(grads)
+            reason = state.guard.check(loss, finite, norm)
+            kept = keep_if(reason == 0, new_state, state)
+            new_state = kept.replace(guard=state.guard.update(reason, loss, norm))
+            if rule.scaled:  # the scale halves on an overflow (not on a spike), grows after a run of finite steps
+                new_state = new_state.replace(loss_scale=state.loss_scale.adjust(finite & jnp.isfinite(loss)))
+            reported = new_state.guard.outputs()
+        if rule.scaled:
+            reported["loss_scale"] = state.loss_scale.scale
         more = compute_extras(
             names,
             grads=grads,
@@ -249,7 +252,7 @@ def make_train_step(
             step=state.step,
             lr_schedule=lr_schedule,
         )
-        return new_state, {"loss": loss, **aux, **more, **scaling}
+        return new_state, {"loss": loss, **aux, **more, **reported}
 
     return step
 

@@ -45,7 +45,7 @@ class TrainState(struct.PyTreeNode):
     [`create`][ember.training.TrainState.create].
 
     Attributes:
-        step: optimizer updates applied so far (an int32 scalar array).
+        step: optimizer updates applied so far (an int32 scalar array; a skipped update does not count).
         params: the trainable parameters.
         opt_state: the optimizer's state.
         model_state: non-trainable collections, such as batch-norm statistics (``{}`` if none).
@@ -58,6 +58,8 @@ class TrainState(struct.PyTreeNode):
             reads them.
         loss_scale: under ``precision="16-mixed"``, the [`DynamicLossScale`][ember.training.DynamicLossScale]
             (saved and restored with the rest); ``None`` otherwise.
+        guard: with ``create_trainer(skip_nonfinite=True)`` (and under ``"16-mixed"``), the
+            [`StepGuard`][ember.training.StepGuard] that decides whether an update is applied; ``None`` otherwise.
 
     Examples:
         >>> import jax.numpy as jnp, optax
@@ -78,6 +80,7 @@ class TrainState(struct.PyTreeNode):
     graphdef: Any = struct.field(pytree_node=False, default=None)
     partitioning: tuple[tuple[str, tuple[Any, ...]], ...] = struct.field(pytree_node=False, default=())
     loss_scale: Any = None
+    guard: Any = None
 
     def apply_gradients(self, grads: Any, model_state: Any = None) -> TrainState:
         """One optimizer update: new params, optimizer state and step (and model state, if given).

@@ -7,6 +7,7 @@ from typing import Any
 
 from ember.engine import Engine
 from ember.training._ema import ema_params, with_ema_params
+from ember.training._guard import StepGuard
 from ember.training._placement import Placement, default_placement
 from ember.training._precision import policy, stored
 from ember.training._process import EvalProcess, TrainProcess
@@ -47,6 +48,8 @@ def create_trainer(
     debug: bool = False,
     remat: str | None = None,
     precision: str = "32-true",
+    skip_nonfinite: bool = False,
+    spike_factor: float | None = None,
 ) -> TrainingEngine:
     """An engine that trains: each iteration runs the compiled step on ``engine.state.train_state``.
 
@@ -89,9 +92,15 @@ def create_trainer(
             function computes in bfloat16; the parameters, the optimizer state and the reported values stay float32);
             ``"bf16-true"`` (the state's floating arrays are stored in bfloat16 too: half the memory); ``"16-mixed"``
             (float16 compute with a [`DynamicLossScale`][ember.training.DynamicLossScale] in ``state.loss_scale``;
-            a step whose gradients overflow is skipped; ``"loss_scale"``, ``"overflow"`` and ``"skipped"`` in the
-            output). See
+            a step whose loss or gradients overflow is skipped, by the guard ``skip_nonfinite`` adds; ``"loss_scale"``
+            in the output). See
             ``docs/concepts/precision.md``.
+        skip_nonfinite: put a [`StepGuard`][ember.training.StepGuard] in the train state: inside the compiled step an
+            update whose loss or gradients are not finite is not applied (parameters, optimizer state, model state
+            and ``state.step`` unchanged), and the output says so (``"skipped"``, ``"skip_reason"``,
+            ``"consecutive_skips"``). See [`RollbackOnDivergence`][ember.handlers.RollbackOnDivergence].
+        spike_factor: with ``skip_nonfinite``, also skip an update whose loss or gradients' global norm exceeds this
+            factor times its running average.
 
     Returns:
         A [`TrainingEngine`][ember.training.TrainingEngine].
@@ -119,23 +128,30 @@ def create_trainer(
         precision=precision,
     )
     rule = policy(precision)
+    if not isinstance(skip_nonfinite, bool):
+        raise TypeError(f"`skip_nonfinite` must be True or False, got {skip_nonfinite!r}.")
+    if spike_factor is not None and not skip_nonfinite:
+        raise ValueError(
+            f"`spike_factor` needs skip_nonfinite=True (a spike is skipped as a NaN is); got {spike_factor!r}."
+        )
+    guard = StepGuard.create(spike_factor) if skip_nonfinite else None
     if not callable(state) or is_flax_train_state(state):
         state = as_train_state(state, "state", ", or a function of the first batch returning one")
     process = TrainProcess(step, placement, steps_per_call, debug)
     engine = TrainingEngine(process, placement, prefetch, steps_per_call, debug=debug)
     if isinstance(state, TrainState):
-        engine.state.train_state = placement.put_state(stored(state, rule))
+        engine.state.train_state = placement.put_state(stored(state, rule, guard))
     else:
-        engine._factory = _stored_by(state, rule)
+        engine._factory = _stored_by(state, rule, guard)
     return engine
 
 
-def _stored_by(factory: Callable[[Any], Any], rule: Any) -> Callable[[Any], Any]:
-    """``factory`` whose state is stored as the precision policy ``rule`` keeps it."""
+def _stored_by(factory: Callable[[Any], Any], rule: Any, guard: StepGuard | None) -> Callable[[Any], Any]:
+    """``factory`` whose state is stored as the precision policy ``rule`` keeps it, with ``guard`` if any."""
 
     def build(batch: Any) -> Any:
         built = factory(batch)
-        return stored(built, rule) if isinstance(built, TrainState) else built  # anything else: refused later
+        return stored(built, rule, guard) if isinstance(built, TrainState) else built  # anything else: refused later
 
     return build
 
