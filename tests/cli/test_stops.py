@@ -89,3 +89,45 @@ def test_a_run_ended_by_early_stopping_is_complete_for_the_same_command(tmp_path
     assert f"{tmp_path}: this run is already complete; nothing to do." in out
     assert again == first
     assert (tmp_path / "summary.json").read_text() == record
+
+
+def test_a_stalled_run_exits_75_with_its_stacks_in_the_run_folder_and_the_relaunch_resumes(tmp_path):
+    """handlers.stall: the data hangs at batch 7 (once); the run ends with status 75, the relaunch finishes it."""
+    (tmp_path / "hanging.py").write_text(
+        "import os, time\n"
+        "import numpy as np\n"
+        "from sklearn.datasets import load_digits\n\n\n"
+        "class Batches:\n"
+        "    def __init__(self, x, y, marker):\n"
+        "        self.x, self.y, self.marker = x, y, marker\n\n"
+        "    def __len__(self):\n"
+        "        return 10\n\n"
+        "    def __iter__(self):\n"
+        "        for i in range(10):\n"
+        "            if i == 6 and not os.path.exists(self.marker):\n"
+        "                open(self.marker, 'w').close()\n"
+        "                time.sleep(120)  # a hang, once\n"
+        "            yield {'x': self.x[i * 32 : (i + 1) * 32], 'y': self.y[i * 32 : (i + 1) * 32]}\n\n\n"
+        "def data(batch_size, seed):\n"
+        "    x, y = load_digits(return_X_y=True)\n"
+        "    x, y = (x / 16.0).astype(np.float32).reshape(-1, 8, 8, 1), y.astype(np.int32)\n"
+        f"    return Batches(x, y, {str(tmp_path / 'hung')!r}), [{{'x': x[1500:], 'y': y[1500:]}}]\n"
+    )
+    (tmp_path / "config.yaml").write_text(
+        "data: {name: grain, path: 'hanging:data'}\n"
+        "trainer: {max_epochs: 1}\n"
+        "handlers: {progress: false, writers: [jsonl], checkpoint: {every_iters: 2},"
+        " stall: {step_timeout: 2, startup_timeout: 120}}\n"
+        f"output: {tmp_path / 'run'}\n"
+    )
+    command = [sys.executable, "-m", "ember.cli", "train", str(tmp_path / "config.yaml"), "model.name=mlp"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=100, check=False)
+    assert first.returncode == 75, first.stderr[-3000:]
+    report = (tmp_path / "run" / "stall-process0.txt").read_text()
+    assert report.startswith("ember: StallWatchdog: no iteration (step_timeout=2) completed in time. Process 0 of 1")
+    assert re.search(r'File ".*hanging\.py", line \d+ in __iter__', report)
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=100, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"Resuming {tmp_path / 'run'} from step_00000006 (iteration 6)." in again.stdout
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["iterations"] == 10

@@ -23,7 +23,9 @@ from ember.handlers import (
     ProcessWatchdog,
     Profiler,
     ProgressBar,
+    RollbackOnDivergence,
     ScalarLogger,
+    StallWatchdog,
     TerminateOnNan,
     Throughput,
     TimeLimit,
@@ -86,6 +88,12 @@ ATTACH = {
         Checkpoint({"trainer": trainer}, run / "pre")
     ).attach(trainer, [evaluator]),
     "ProcessWatchdog": lambda trainer, evaluator, run, writer, trial: ProcessWatchdog().attach(trainer),
+    "StallWatchdog": lambda trainer, evaluator, run, writer, trial: StallWatchdog(run).attach(
+        trainer, evaluators=[evaluator]
+    ),
+    "RollbackOnDivergence": lambda trainer, evaluator, run, writer, trial: RollbackOnDivergence(
+        Checkpoint({"trainer": trainer}, run / "r")
+    ).attach(trainer),
     "EpochOutputStore": lambda trainer, evaluator, run, writer, trial: EpochOutputStore().attach(trainer, "outputs"),
     "OptunaPruning": lambda trainer, evaluator, run, writer, trial: OptunaPruning(trial, "loss", trainer).attach(
         evaluator

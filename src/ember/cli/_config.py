@@ -108,6 +108,15 @@ class EarlyStoppingConfig:
 
 
 @dataclass
+class StallConfig:
+    """End a run that stops making progress with its stacks on disk and exit status 75 (``StallWatchdog``)."""
+
+    step_timeout: float = 600.0  # seconds an iteration (or an evaluation's iteration) may take
+    startup_timeout: float = 1800.0  # seconds until the first iteration completes (compilation included)
+    save_timeout: float | None = None  # seconds a background checkpoint write may take
+
+
+@dataclass
 class HandlersConfig:
     """What runs beside training."""
 
@@ -119,6 +128,8 @@ class HandlersConfig:
         default_factory=lambda: ["tensorboard", "jsonl"]
     )
     log_every: int = 50
+    #: a StallWatchdog (``{}`` for its defaults); ``null``: none.
+    stall: StallConfig | None = None
 
 
 @dataclass
@@ -153,6 +164,9 @@ _RANGES: dict[str, tuple[str, Any]] = {
     "val_fraction": ("a number in (0, 1)", lambda v: 0 < v < 1),
     "warmup_steps": ("an int >= 0", lambda v: v >= 0),
     "spike_factor": ("a number > 1 (or null)", lambda v: v > 1),
+    "step_timeout": ("a positive number of seconds", lambda v: v > 0),
+    "startup_timeout": ("a positive number of seconds", lambda v: v > 0),
+    "save_timeout": ("a positive number of seconds (or null)", lambda v: v > 0),
 }
 
 

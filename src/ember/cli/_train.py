@@ -36,6 +36,7 @@ from ember.handlers import (
     ProgressBar,
     RollbackOnDivergence,
     ScalarLogger,
+    StallWatchdog,
     TerminateOnNan,
     global_step_from_engine,
 )
@@ -218,6 +219,13 @@ def train(
         rollback = RollbackOnDivergence(latest, after=cfg.trainer.rollback_after)
         rollback.attach(trainer)
         trainer.add_event_handler(Events.ITERATION_COMPLETED, _announcer(rollback, say))
+    if h.stall is not None:  # a hang ends the run with every thread's stack in the run folder, exit status 75
+        StallWatchdog(
+            run_dir,
+            step_timeout=h.stall.step_timeout,
+            startup_timeout=h.stall.startup_timeout,
+            save_timeout=h.stall.save_timeout,
+        ).attach(trainer, evaluators=[evaluator], checkpoints=[latest, best])
     if jax.process_count() > 1:  # a lost process ends the others at once, naming the checkpoint to resume from
         ProcessWatchdog(latest).attach(trainer)
 

@@ -19,6 +19,7 @@ from ember.handlers._readers import CheckpointReader, HighestCheckpointReader, L
 from ember.handlers._rollback import Rollback, RollbackOnDivergence
 from ember.handlers._save_handlers import BaseSaveHandler, SaveHandler
 from ember.handlers._savers import DiskSaver, global_step_from_engine
+from ember.handlers._stall import StallWatchdog
 from ember.handlers._statistics import GradientSpikeMonitor, ParamStats, count_parameters
 from ember.handlers._terminate_on_nan import NonFiniteError, TerminateOnNan
 from ember.handlers._throughput import Throughput
@@ -52,6 +53,7 @@ __all__ = [
     "RollbackOnDivergence",
     "SaveHandler",
     "ScalarLogger",
+    "StallWatchdog",
     "TerminateOnNan",
     "Throughput",
     "TimeLimit",

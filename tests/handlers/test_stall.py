@@ -1,0 +1,87 @@
+"""StallWatchdog: a hang becomes a diagnosis on disk and exit status 75, not a silent wait."""
+
+import re
+import threading
+import time
+
+import pytest
+
+from ember import Engine, Events
+from ember.handlers import StallWatchdog
+from ember.handlers._stall import running_handler
+from tests.subprocesses import ROOT, run_python
+
+SCRIPT = ROOT / "tests" / "handlers" / "stall_script.py"
+
+
+def test_a_handler_that_hangs_ends_the_process_with_its_stack_on_disk(tmp_path):
+    started = time.monotonic()
+    done = run_python([str(SCRIPT), str(tmp_path / "run")], timeout=50)  # the handler alone would sleep 60 s
+    assert done.returncode == 75, done.stderr[-2000:]
+    assert time.monotonic() - started < 45
+    assert "the run was not stopped" not in done.stdout
+    report = (tmp_path / "run" / "stall-process0.txt").read_text()
+    first, engine_line = report.splitlines()[:2]
+    assert re.fullmatch(
+        r"ember: StallWatchdog: no iteration \(step_timeout=1\) completed in time\. Process 0 of 1 \(pid \d+\) stops "
+        r"here with exit status 75; relaunch to resume from the last checkpoint\.",
+        first,
+    )
+    assert re.fullmatch(
+        r"the engine: last event Events\.ITERATION_COMPLETED, iteration 3, epoch 1; running sleepy \(.*stall_script\.py"
+        r":\d+\)",
+        engine_line,
+    )
+    assert re.search(r'File ".*stall_script\.py", line \d+ in sleepy', report)  # faulthandler's stacks
+    assert "Thread 0x" in report or "Current thread 0x" in report
+    assert first in done.stderr
+
+
+def test_a_run_that_keeps_making_progress_is_left_alone(tmp_path):
+    """Iterations 0.2 s apart under a 1 s step deadline; the run completes and nothing is written."""
+    ended = []
+    engine = Engine(lambda e, b: time.sleep(0.2))
+    StallWatchdog(tmp_path, step_timeout=1.0, startup_timeout=1.0, exit=ended.append).attach(engine)
+    engine.run(range(8))
+    time.sleep(1.5)  # past every deadline: the watch ended with the run
+    assert ended == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_evaluation_counts_as_progress_and_its_first_iteration_gets_the_startup_deadline(tmp_path):
+    ended, compiled = [], []
+
+    def evaluate(engine, batch):  # the first iteration of the first evaluation "compiles": 0.6 s; the rest 0.3 s
+        time.sleep(0.3 if compiled else 0.6)
+        compiled.append(True)
+
+    trainer, evaluator = Engine(lambda e, b: None), Engine(evaluate)
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: evaluator.run(range(4)))
+    watchdog = StallWatchdog(tmp_path, step_timeout=0.5, startup_timeout=5.0, exit=ended.append)
+    watchdog.attach(trainer, evaluators=[evaluator])
+    trainer.run(range(2), max_epochs=2)  # each evaluation over 1 s in all, each iteration within its deadline
+    assert ended == []
+    assert len(compiled) == 8
+
+
+def test_the_diagnosis_names_the_handler_the_engine_runs():
+    seen = []
+    engine = Engine(lambda e, b: None)
+    main = threading.get_ident()
+
+    def look(engine):
+        seen.append(running_handler(main))
+
+    engine.add_event_handler(Events.COMPLETED, look)
+    engine.run([0])
+    assert re.fullmatch(r".*look \(.*test_stall\.py:\d+\)", seen[0])
+    assert running_handler(None) == "no handler: the engine is not running on that thread"
+
+
+def test_bad_arguments_are_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=re.escape("`step_timeout` must be a positive number of seconds, got 0.")):
+        StallWatchdog(tmp_path, step_timeout=0)
+    with pytest.raises(ValueError, match=re.escape("`save_timeout` must be a positive number of seconds or None")):
+        StallWatchdog(tmp_path, save_timeout=-1)
+    with pytest.raises(TypeError, match=re.escape("`run_dir` must be a folder path, got int.")):
+        StallWatchdog(3)  # type: ignore[arg-type]
