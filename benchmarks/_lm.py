@@ -47,7 +47,7 @@ class Size:
 
 
 FULL = Size(width=768, blocks=14, heads=12, context=1024, batch=32, steps=100, every=50, eval_batches=4)
-SMOKE = Size(width=64, blocks=2, heads=4, context=64, batch=8, steps=4, every=2, eval_batches=1)
+SMOKE = Size(width=32, blocks=1, heads=2, context=32, batch=4, steps=2, every=2, eval_batches=1)
 VOCAB = 256
 RULES = (("embed", "fsdp"), ("heads", None), ("mlp", None), ("vocab", None))
 
@@ -160,7 +160,7 @@ def ember_side(size: Size, root: Path) -> Side:
     saver.attach(trainer, every)
     Throughput(every=size.every, tokens=lambda b: b["seq"].shape[0] * (b["seq"].shape[1] - 1)).attach(trainer)
     n = sum(x.size for x in jax.tree.leaves(initial.params))
-    return accel.ember_side(trainer, initial, saver, train, size.batch * size.context, [f"{n / 1e6:.1f} M parameters"])
+    return accel.ember_side(trainer, initial, saver, train, size.batch * size.context, [f"{n:,} parameters"])
 
 
 def hand_side(size: Size, root: Path) -> Side:

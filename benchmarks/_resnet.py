@@ -45,7 +45,7 @@ class Size:
 
 
 FULL = Size(image=224, width=64, classes=1000, batch=128, steps=60, every=30, eval_batches=2)
-SMOKE = Size(image=32, width=8, classes=10, batch=8, steps=4, every=2, eval_batches=1)
+SMOKE = Size(image=16, width=4, classes=10, batch=4, steps=2, every=2, eval_batches=1)
 
 
 class BasicBlock(nn.Module):
@@ -119,7 +119,7 @@ def ember_side(size: Size, root: Path) -> Side:
     saver.attach(trainer, every)
     Throughput(every=size.every).attach(trainer)
     n = sum(x.size for x in jax.tree.leaves(host.params))
-    return accel.ember_side(trainer, host, saver, train, size.batch, [f"{n / 1e6:.1f} M parameters"])
+    return accel.ember_side(trainer, host, saver, train, size.batch, [f"{n:,} parameters"])
 
 
 def hand_side(size: Size, root: Path) -> Side:

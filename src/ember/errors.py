@@ -21,7 +21,7 @@ class ConfigError(ValueError):
         ...     load_config({"trainer": {"max_epoch": 3}})
         ... except ConfigError as e:
         ...     print(e)  # doctest: +ELLIPSIS
-        trainer.max_epoch: unknown field; did you mean 'max_epochs'? (allowed: eval_every, max_epochs, ...)
+        trainer.max_epoch: unknown field; did you mean 'max_epochs'? (allowed: compilation_cache, eval_every, ...)
     """
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ember import __version__
+from ember._ledger_file import CATEGORIES
 from ember.cli import ConfigError, load_config, main, train
 from tests.subprocesses import run_python
 
@@ -35,6 +36,7 @@ def test_the_default_run_reaches_97_percent(default_run, capsys):
     assert sorted(p.name for p in default_run.iterdir()) == [
         "checkpoints",
         "config.yaml",
+        "goodput.jsonl",
         "metrics.jsonl",
         "summary.json",
         "tb",
@@ -113,8 +115,18 @@ def test_inspect_and_plot(default_run, capsys):
     assert re.search(r"^    trainer\.data\.position +\d+$", out, flags=re.M), out
     assert "{'dtype'" not in out
     assert main(["plot", str(default_run)]) == 0
+    capsys.readouterr()
     png = default_run / "curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    width = int.from_bytes(png.read_bytes()[16:20], "big")
+    assert width == 4 * 500  # train, learning rate, val, and where the wall time went (goodput.jsonl)
+    assert main(["goodput", str(default_run)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == f"{default_run}: 1 run"
+    assert [line.split()[0] for line in table[2:11]] == [*CATEGORIES, "wall"]
+    assert re.fullmatch(
+        r"goodput: [\d.]+% of [\d.]+ s \(productive training steps over the wall time of every run\)", table[-2]
+    )
 
 
 def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
@@ -123,8 +135,8 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert main(["train", str(bad)]) == 2
     assert capsys.readouterr().err == (
         "ember: error: trainer.max_epoch: unknown field; did you mean 'max_epochs'? "
-        "(allowed: eval_every, max_epochs, max_iters, mesh, placement, precision, remat, rollback_after, rules, seed, "
-        "skip_nonfinite, spike_factor, steps_per_call)\n"
+        "(allowed: compilation_cache, eval_every, max_epochs, max_iters, mesh, placement, precision, remat, "
+        "rollback_after, rules, seed, skip_nonfinite, spike_factor, steps_per_call)\n"
     )
     assert main(["inspect", str(tmp_path / "none")]) == 2
     assert f"No checkpoint at {tmp_path / 'none'}." in capsys.readouterr().err

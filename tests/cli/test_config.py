@@ -11,8 +11,8 @@ from ember.cli import Config, ConfigError, dump_config, load_config
         (
             {"trainer": {"max_epoch": 3}},
             "trainer.max_epoch: unknown field; did you mean 'max_epochs'? "
-            "(allowed: eval_every, max_epochs, max_iters, mesh, placement, precision, remat, rollback_after, rules, "
-            "seed, skip_nonfinite, spike_factor, steps_per_call)",
+            "(allowed: compilation_cache, eval_every, max_epochs, max_iters, mesh, placement, precision, remat, "
+            "rollback_after, rules, seed, skip_nonfinite, spike_factor, steps_per_call)",
         ),
         ({"optimiser": {}}, "optimiser: unknown field; did you mean 'optimizer'? "),
         (
@@ -119,8 +119,8 @@ def test_every_mistake_in_a_config_is_reported_at_once():
         "  optimizer.momentum: expected a number in [0, 1), got 1.5.\n"
         "  data.batch_size: expected a positive int, got 0.\n"
         "  trainer.max_epoch: unknown field; did you mean 'max_epochs'? "
-        "(allowed: eval_every, max_epochs, max_iters, mesh, placement, precision, remat, rollback_after, rules, "
-        "seed, skip_nonfinite, spike_factor, steps_per_call)"
+        "(allowed: compilation_cache, eval_every, max_epochs, max_iters, mesh, placement, precision, remat, "
+        "rollback_after, rules, seed, skip_nonfinite, spike_factor, steps_per_call)"
     )
 
 

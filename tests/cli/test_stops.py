@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 
+from ember._ledger_file import read_records
 from ember.cli import train
 from tests.subprocesses import ROOT
 
@@ -70,6 +71,9 @@ def test_ctrl_c_saves_says_how_to_resume_and_exits_130_then_sigterm_does_the_sam
     assert again, out
     assert int(again.group(1)) > iteration
     assert json.loads((run_dir / "summary.json").read_text())["stopped"] == "SIGTERM"
+    first, second = read_records(run_dir)  # the goodput ledger: both runs; the stop saved, so nothing is trained again
+    assert (first["last_iteration"], second["first_iteration"], second["lost_steps"]) == (iteration, iteration, 0)
+    assert [first["ended"], second["ended"]] == ["completed", "completed"]
 
 
 def test_a_run_ended_by_early_stopping_is_complete_for_the_same_command(tmp_path, capsys):
@@ -131,3 +135,21 @@ def test_a_stalled_run_exits_75_with_its_stacks_in_the_run_folder_and_the_relaun
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"Resuming {tmp_path / 'run'} from step_00000006 (iteration 6)." in again.stdout
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["iterations"] == 10
+
+
+def test_the_persistent_compilation_cache_is_on_and_a_second_run_shows_its_hits(tmp_path):
+    """trainer.compilation_cache: the first run fills the cache, the second one's goodput record counts its hits."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env |= {"PYTHONPATH": str(ROOT), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    args = ["model.name=mlp", "trainer.max_epochs=1", "handlers.progress=false", "handlers.writers=[jsonl]"]
+    cache = tmp_path / "cache"
+    for name in ("a", "b"):
+        command = [sys.executable, "-m", "ember.cli", "train", *args, f"trainer.compilation_cache={cache}"]
+        done = subprocess.run(
+            [*command, "--output", str(tmp_path / name)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=200
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert any(cache.iterdir())
+    (first,), (second,) = read_records(tmp_path / "a"), read_records(tmp_path / "b")
+    assert first["cache_hits"] == 0
+    assert second["cache_hits"] > 0  # (JAX's estimate of the time saved, cache_saved, can be below 0 for tiny programs)

@@ -98,13 +98,13 @@ def test_bad_arguments_are_refused_by_name():
 
 
 def test_the_batch_search_finds_the_same_batch_twice_by_compiling_only():
-    """The largest multiple of 8 whose plan fits: the next multiple does not, and a second search agrees."""
+    """The largest multiple of 32 whose plan fits: the next multiple does not, and a second search agrees."""
     trainer = _trainer()
     budget = trainer.plan({k: np.concatenate([v] * 8) for k, v in BATCH.items()}).peak  # what a batch of 256 needs
-    found = trainer.max_batch(BATCH, memory=budget, multiple_of=8)
-    assert found == trainer.max_batch(BATCH, memory=budget, multiple_of=8)
+    found = trainer.max_batch(BATCH, memory=budget, multiple_of=32)
+    assert found == trainer.max_batch(BATCH, memory=budget, multiple_of=32)
     assert found >= 256
-    grown = {k: jax.ShapeDtypeStruct((found + 8, *v.shape[1:]), v.dtype) for k, v in BATCH.items()}
+    grown = {k: jax.ShapeDtypeStruct((found + 32, *v.shape[1:]), v.dtype) for k, v in BATCH.items()}
     assert trainer.plan(grown, memory=budget).fits is False
     assert trainer.state.iteration == 0
     assert int(trainer.state.train_state.step) == 0

@@ -13,6 +13,7 @@ from ember.cli._config import Config, ConfigError, dump_config, load_config
 from ember.cli._main import main
 
 if TYPE_CHECKING:
+    from ember.cli._goodput import goodput_table
     from ember.cli._inspect import describe_checkpoint
     from ember.cli._lr_find import find_learning_rate
     from ember.cli._plan import plan_run
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 #: Names loaded on first use, and the module each lives in (they import JAX and Flax).
 _LAZY = {
     "describe_checkpoint": "ember.cli._inspect",
+    "goodput_table": "ember.cli._goodput",
     "find_learning_rate": "ember.cli._lr_find",
     "plan_run": "ember.cli._plan",
     "plot_run": "ember.cli._plot",
@@ -46,6 +48,7 @@ __all__ = [
     "describe_checkpoint",
     "dump_config",
     "find_learning_rate",
+    "goodput_table",
     "load_config",
     "main",
     "plan_run",

@@ -80,6 +80,9 @@ class TrainerConfig:
     spike_factor: float | None = None
     #: with ``skip_nonfinite``: roll back to the latest checkpoint after this many skipped steps in a row (null: never).
     rollback_after: int | None = 3
+    #: JAX's persistent compilation cache, so a relaunch does not compile again: ``auto`` (``.jax-cache`` beside the
+    #: run folder), a folder, or null (off). A cache JAX was already given (JAX_COMPILATION_CACHE_DIR) is kept.
+    compilation_cache: str | None = "auto"
     seed: int = 0
     eval_every: int = 1
     #: for ``placement: sharded``: mesh axis -> size, in order (``{fsdp: 2, model: 4}``); sizes multiply to the

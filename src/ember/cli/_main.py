@@ -160,6 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_resume.add_argument("run_dir")
     p_inspect = sub.add_parser("inspect", parents=[common], help="print what a checkpoint holds")
     p_inspect.add_argument("checkpoint", help="a checkpoint folder, or a folder of checkpoints (its latest)")
+    p_goodput = sub.add_parser(
+        "goodput", parents=[common], help="where a run's wall time went over every relaunch, and its goodput"
+    )
+    p_goodput.add_argument("run_dir")
     p_plot = sub.add_parser("plot", parents=[common], help="draw a run's curves into a PNG")
     p_plot.add_argument("run_dir")
     p_plot.add_argument("--output", help="the PNG (default RUN_DIR/curves.png)")
@@ -224,6 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ember.cli._inspect import describe_checkpoint
 
             print(describe_checkpoint(args.checkpoint))
+        elif args.command == "goodput":
+            from ember.cli._goodput import goodput_table
+
+            print(goodput_table(args.run_dir))
         elif args.command == "plot":
             from ember.cli._plot import plot_run
 

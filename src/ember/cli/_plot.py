@@ -8,14 +8,16 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ember._extras import missing
+from ember._ledger_file import CATEGORIES, read_records, totals
 
 
 def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | None = None) -> Path:
     """Draw a run's scalars against the step into a PNG; return its path.
 
     Every scalar in ``run_dir/metrics.jsonl`` gets a line, one panel per name prefix (``train/...``,
-    ``val/...``) and one for learning rates, whose scale is not the loss's (`panels`); the PNG is
-    ``run_dir/curves.png`` unless ``output`` says otherwise.
+    ``val/...``) and one for learning rates, whose scale is not the loss's (`panels`); a run with a goodput ledger
+    (``goodput.jsonl``) gets a last panel of where its wall time went. The PNG is ``run_dir/curves.png`` unless
+    ``output`` says otherwise.
 
     Examples:
         >>> import json, tempfile, pathlib
@@ -38,10 +40,18 @@ def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | N
     if not series:
         raise ValueError(f"{log} holds no scalars to plot.")
     groups = panels(series)
-    fig = Figure(figsize=(5 * len(groups), 3.5), dpi=100)
+    ledger = read_records(run_dir)
+    count = len(groups) + bool(ledger)
+    fig = Figure(figsize=(5 * count, 3.5), dpi=100)
     canvas = FigureCanvasAgg(fig)
+    if ledger:  # where the wall time went, over every relaunch (goodput.jsonl)
+        t = totals(ledger)
+        ax = fig.add_subplot(1, count, count)
+        ax.barh(list(CATEGORIES)[::-1], [t[name] for name in CATEGORIES][::-1])
+        ax.set_xlabel("seconds")
+        ax.set_title(f"goodput {t['productive'] / (t['wall'] or 1.0):.1%} of {t['wall']:.0f} s, {len(ledger)} run(s)")
     for i, (group, names) in enumerate(groups.items(), 1):
-        ax = fig.add_subplot(1, len(groups), i)
+        ax = fig.add_subplot(1, count, i)
         for name in names:
             steps, values = zip(*series[name], strict=True)
             ax.plot(steps, values, label=name, marker="o" if len(steps) < 30 else None)

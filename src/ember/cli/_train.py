@@ -30,6 +30,7 @@ from ember.handlers import (
     Checkpoint,
     EarlyStopping,
     Evaluate,
+    GoodputLedger,
     LRMonitor,
     Preemption,
     ProcessWatchdog,
@@ -141,6 +142,7 @@ def train(
     run_dir = Path(cfg.output)
     new_layout = check_same_run(run_dir, cfg)
     started = time.perf_counter()
+    use_compilation_cache(cfg.trainer.compilation_cache, run_dir)
 
     data, val, sample = build_data(cfg.data)
     steps_per_epoch = cfg.data.epoch_length or _length(data)
@@ -219,6 +221,8 @@ def train(
         rollback = RollbackOnDivergence(latest, after=cfg.trainer.rollback_after)
         rollback.attach(trainer)
         trainer.add_event_handler(Events.ITERATION_COMPLETED, _announcer(rollback, say))
+    if primary:  # where the wall time went, across every relaunch: goodput.jsonl, `ember goodput RUN_DIR`
+        GoodputLedger(run_dir).attach(trainer, evaluators=[evaluator], checkpoints=[latest, best])
     if h.stall is not None:  # a hang ends the run with every thread's stack in the run folder, exit status 75
         StallWatchdog(
             run_dir,
@@ -327,6 +331,14 @@ def _logged_outputs(scaled: bool, guarded: bool) -> Any:
         return {"skipped_steps": out["skipped"], **({"loss_scale": out["loss_scale"]} if scaled else {})}
 
     return logged
+
+
+def use_compilation_cache(setting: str | None, run_dir: Path) -> None:
+    """Turn JAX's persistent compilation cache on as ``trainer.compilation_cache`` says, unless JAX has one already."""
+    if setting is None or jax.config.values.get("jax_compilation_cache_dir"):
+        return
+    folder = run_dir.resolve().parent / ".jax-cache" if setting == "auto" else Path(setting)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
 
 
 def _announcer(rollback: RollbackOnDivergence, say: Any) -> Any:

@@ -5,6 +5,7 @@ from ember.handlers._common import setup_common_training_handlers
 from ember.handlers._early_stopping import EarlyStopping
 from ember.handlers._epoch_outputs import EpochOutputStore
 from ember.handlers._evaluation import Evaluate
+from ember.handlers._goodput import GoodputLedger
 from ember.handlers._handler_times import HandlersTimeProfiler
 from ember.handlers._layers import GradsHistHandler, GradsScalarHandler, WeightsHistHandler, WeightsScalarHandler
 from ember.handlers._loading import load_objects
@@ -34,6 +35,7 @@ __all__ = [
     "EarlyStopping",
     "EpochOutputStore",
     "Evaluate",
+    "GoodputLedger",
     "GradientSpikeMonitor",
     "GradsHistHandler",
     "GradsScalarHandler",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import warnings
 from collections.abc import Callable, Generator, Mapping, MutableMapping
 from typing import Any, Literal
@@ -168,6 +169,8 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
         self._seeded = self.store is None  # a store's earlier checkpoints join the ledger at the first save
         self._before: Any = None  # the ledger before the save in flight, put back if that save fails
         self._saved: Saved | None = None  # the checkpoint written (or resumed from) last, and what it holds
+        #: seconds the calling (training) thread has spent in this handler's saves: copying, waiting on the last write
+        self.blocked = 0.0
 
     # -- saving ----------------------------------------------------------------------------------
 
@@ -178,8 +181,16 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
         COMPLETED`` on a run that ends on a multiple of N, or the EPOCH_COMPLETED a resumed run still owed), it
         rewrites only that checkpoint's manifest when its arrays are the very ones saved (or restored) there and its
         score is the same; when the arrays have changed (a handler lowered the learning rate in between), the new
-        checkpoint replaces that one. A scored save with another score is another candidate for the best.
+        checkpoint replaces that one. A scored save with another score is another candidate for the best. The time
+        the call takes is added to `blocked`.
         """
+        start = time.perf_counter()
+        try:
+            self._save(engine)
+        finally:
+            self.blocked += time.perf_counter() - start
+
+    def _save(self, engine: Engine) -> None:
         transform = self.global_step_transform
         global_step = int(transform(engine, engine.last_event_name)) if transform is not None else None
         metrics: dict[str, float] = {}

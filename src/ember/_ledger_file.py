@@ -1,0 +1,55 @@
+"""The goodput ledger's file: its categories and how its records are read (no JAX: ``ember goodput`` reads it)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+#: The categories a run's wall time is split into, in the order the table shows them.
+CATEGORIES = ("startup", "compilation", "productive", "data", "checkpoint", "evaluation", "lost", "other")
+
+#: The ledger's file in a run folder.
+FILENAME = "goodput.jsonl"
+
+
+def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Each run's last record in ``run_dir/goodput.jsonl``, oldest run first (``[]`` without the file).
+
+    A line cut short (a process killed while writing it) is skipped: that run's earlier line stands.
+
+    Examples:
+        >>> import tempfile
+        >>> from ember._ledger_file import read_records
+        >>> read_records(tempfile.mkdtemp())
+        []
+    """
+    path = Path(run_dir) / FILENAME
+    if not path.exists():
+        return []
+    last: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        last[record["run"]] = record
+    return sorted(last.values(), key=lambda r: r["time"] - r["wall"])
+
+
+def totals(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per category over every run: the steps trained again move from productive time to ``lost``.
+
+    Examples:
+        >>> from ember._ledger_file import totals
+        >>> runs = [{"wall": 10.0, "productive": 8.0, "lost": 0.0, "other": 2.0},
+        ...         {"wall": 5.0, "productive": 4.0, "lost": 2.0, "other": 1.0}]
+        >>> t = totals(runs)
+        >>> t["productive"], t["lost"], t["wall"]
+        (10.0, 2.0, 15.0)
+    """
+    out = {name: float(sum(r.get(name, 0.0) for r in records)) for name in CATEGORIES}
+    out["productive"] -= out["lost"]
+    out["wall"] = float(sum(r["wall"] for r in records))
+    return out

@@ -1,0 +1,52 @@
+"""`ember goodput`: where a run's wall time went over its whole life, from its ``goodput.jsonl``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ember._ledger_file import CATEGORIES, FILENAME, read_records, totals
+
+
+def goodput_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Each run's last record in ``run_dir/goodput.jsonl``, oldest first; a ``FileNotFoundError`` without one."""
+    if not (Path(run_dir) / FILENAME).exists():
+        raise FileNotFoundError(f"No goodput.jsonl in {run_dir}; ember train writes one (GoodputLedger in a script).")
+    return read_records(run_dir)
+
+
+def goodput_table(run_dir: str | os.PathLike[str]) -> str:
+    """The table ``ember goodput RUN_DIR`` prints: seconds and shares per category, the goodput, each run.
+
+    Examples:
+        >>> import json, tempfile, pathlib
+        >>> from ember.cli import goodput_table
+        >>> run = pathlib.Path(tempfile.mkdtemp())
+        >>> record = {"run": "a", "time": 100.0, "wall": 10.0, "startup": 1.0, "compilation": 1.0, "productive": 7.0,
+        ...           "data": 0.5, "checkpoint": 0.2, "evaluation": 0.2, "lost": 0.0, "other": 0.1, "cache_hits": 0,
+        ...           "cache_saved": 0.0, "first_iteration": 0, "last_iteration": 50, "steps": 50, "lost_steps": 0,
+        ...           "ended": "completed"}
+        >>> _ = (run / "goodput.jsonl").write_text(json.dumps(record) + chr(10))
+        >>> print(goodput_table(run).splitlines()[-2])
+        goodput: 70.0% of 10.0 s (productive training steps over the wall time of every run)
+    """
+    records = goodput_records(run_dir)
+    t = totals(records)
+    wall = t["wall"] or 1.0
+    lines = [f"{'category':<12}{'seconds':>10}{'share':>9}"]
+    lines += [f"{name:<12}{t[name]:>10.2f}{t[name] / wall:>9.1%}" for name in CATEGORIES]
+    lines.append(f"{'wall':<12}{t['wall']:>10.2f}{1:>9.1%}")
+    lines.append("runs:")
+    for i, r in enumerate(records, 1):
+        lost = f", {r['lost_steps']} steps trained again" if r.get("lost_steps") else ""
+        lines.append(
+            f"  {i}. iterations {r['first_iteration']}-{r['last_iteration']}, {r['wall']:.1f} s, {r['ended']}{lost}"
+        )
+    hits, saved = sum(r.get("cache_hits", 0) for r in records), sum(r.get("cache_saved", 0.0) for r in records)
+    lines.append(
+        f"goodput: {t['productive'] / wall:.1%} of {t['wall']:.1f} s (productive training steps over the wall time "
+        "of every run)"
+    )
+    lines.append(f"persistent compilation cache: {hits} hits, {saved:.1f} s of compilation saved")
+    return "\n".join([f"{run_dir}: {len(records)} run{'s' if len(records) != 1 else ''}", *lines])

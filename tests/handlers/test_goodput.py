@@ -1,0 +1,87 @@
+"""GoodputLedger: where the wall time went, by category, across a killed run and its relaunch."""
+
+import re
+
+import pytest
+
+from ember import Engine, Events
+from ember._ledger_file import CATEGORIES, read_records, totals
+from ember.cli import goodput_table, main
+from tests.subprocesses import ROOT, run_python
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_each_category_gets_exactly_its_time_and_they_add_up_to_the_wall_time(tmp_path):
+    """An injected clock: 3 s of start-up, a 5 s first step, 1 s steps, 0.25 s per batch, 2 s per evaluation."""
+    from ember.handlers import GoodputLedger
+
+    clock = Clock()
+
+    class Batches:
+        def __len__(self):
+            return 4
+
+        def __iter__(self):
+            for i in range(4):
+                clock.now += 0.25
+                yield i
+
+    def step(engine, batch):
+        clock.now += 5.0 if engine.state.iteration == 1 else 1.0
+
+    trainer, evaluator = Engine(step), Engine(lambda e, b: None)
+
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: evaluator.run([0]))
+    evaluator.add_event_handler(Events.ITERATION_COMPLETED, lambda: setattr(clock, "now", clock.now + 2.0))
+    ledger = GoodputLedger(tmp_path, clock=clock, started=0.0)
+    ledger.attach(trainer, evaluators=[evaluator])
+    clock.now = 3.0
+    trainer.run(Batches(), max_epochs=2)
+    record = read_records(tmp_path)[-1]
+    assert {k: record[k] for k in CATEGORIES} == {
+        "startup": 3.0,
+        "compilation": 5.0,
+        "productive": 7.0,
+        "data": 2.0,
+        "checkpoint": 0.0,
+        "evaluation": 4.0,
+        "lost": 0.0,
+        "other": 0.0,
+    }
+    assert (record["wall"], record["steps"], record["ended"]) == (21.0, 8, "completed")
+
+
+def test_a_killed_run_and_its_relaunch_count_the_steps_trained_again_as_lost(tmp_path):
+    killed = run_python([str(ROOT / "tests" / "handlers" / "goodput_script.py"), str(tmp_path), "kill"])
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    again = run_python([str(ROOT / "tests" / "handlers" / "goodput_script.py"), str(tmp_path)])
+    assert again.returncode == 0, again.stderr[-2000:]
+    first, second = read_records(tmp_path)
+    assert (first["first_iteration"], first["last_iteration"], first["ended"]) == (0, 8, "running")
+    resumed = second["first_iteration"]  # the checkpoint of 6, or of 3 if the kill came before 6 was on disk
+    assert resumed in (3, 6)
+    assert (second["last_iteration"], second["ended"]) == (12, "completed")
+    assert second["lost_steps"] == 8 - resumed  # trained before the kill, and again after it
+    assert second["lost"] == pytest.approx((8 - resumed) * first["productive"] / first["steps"])
+    for record in (first, second):  # each run's categories add up to its wall time
+        assert sum(record[k] for k in CATEGORIES if k != "lost") == pytest.approx(record["wall"], rel=0.01)
+    assert second["checkpoint"] > 0  # the resumed run saved at 9 and 12
+    t = totals([first, second])
+    assert sum(t[k] for k in CATEGORIES) == pytest.approx(t["wall"], rel=0.01)
+    table = goodput_table(tmp_path)
+    assert "  1. iterations 0-8, " in table
+    assert re.search(rf"  2\. iterations {resumed}-12, [\d.]+ s, completed, {8 - resumed} steps trained again", table)
+
+
+def test_ember_goodput_prints_the_table_or_says_there_is_none(tmp_path, capsys):
+    assert main(["goodput", str(tmp_path)]) == 2
+    assert "No goodput.jsonl in" in capsys.readouterr().err
