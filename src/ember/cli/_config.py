@@ -1,4 +1,4 @@
-"""The `ember train` configuration: typed sections, loaded from YAML with errors that say where and what."""
+"""The `ember train` configuration, loaded from YAML (the sections: `_schema`) with errors that say where and what."""
 
 from __future__ import annotations
 
@@ -10,148 +10,11 @@ import os
 import types
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
+from ember.cli._schema import Config
 from ember.errors import ConfigError
-
-
-@dataclass
-class ModelConfig:
-    """The model: a registered name (``cnn``, ``mlp``) or an import path ``package.module:Class``."""
-
-    name: str = "cnn"
-    args: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class OptimizerConfig:
-    """An optax optimizer with a schedule and the usual transforms."""
-
-    name: Literal["adamw", "adam", "sgd", "lamb"] = "adamw"
-    learning_rate: float = 3e-3
-    schedule: Literal["constant", "cosine", "warmup_cosine"] = "cosine"
-    warmup_steps: int = 0
-    weight_decay: float = 1e-4
-    clip_norm: float | None = 1.0
-    momentum: float = 0.9
-
-
-@dataclass
-class DataConfig:
-    """The data: ``digits``, or your own from a folder of ``.npy`` files (``npy``) or a function (``grain``).
-
-    ``digits`` is scikit-learn's 1,797 handwritten 8x8 digits, shipped with it; ``npy`` reads ``x.npy`` and
-    ``y.npy`` from disk as needed, so they may be larger than memory; ``grain`` calls your function for
-    your own Grain pipeline.
-    """
-
-    name: Literal["digits", "npy", "grain"] = "digits"
-    #: ``npy``: the folder holding ``x.npy`` and ``y.npy``; ``grain``: ``package.module:function``, called
-    #: with ``batch_size`` and ``seed``, returning ``(train, val)`` iterables of ``{"x": ..., "y": ...}`` batches.
-    path: str | None = None
-    batch_size: int = 64
-    #: ``digits`` and ``npy``: the part of the examples held out for validation.
-    val_fraction: float = 0.2
-    seed: int = 0
-    #: ``npy``: Grain worker processes that read the records (0: this process reads them).
-    worker_count: int = 0
-    #: ``grain``: batches per epoch, for training data without a ``len()``.
-    epoch_length: int | None = None
-
-
-@dataclass
-class TrainerConfig:
-    """How long and where to train."""
-
-    max_epochs: int = 15
-    max_iters: int | None = None
-    steps_per_call: int = 1
-    placement: Literal["auto", "single", "data_parallel", "pmap", "fsdp", "sharded"] = "auto"
-    #: Lightning's names (``create_trainer(precision=)``): float32; bfloat16 compute with float32 parameters;
-    #: everything in bfloat16; float16 compute with float32 parameters and dynamic loss scaling.
-    precision: Literal["32-true", "bf16-mixed", "bf16-true", "16-mixed"] = "32-true"
-    #: recompute the forward pass in the backward by JAX's checkpoint policy name (``create_trainer(remat=)``).
-    remat: Literal["full", "dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable"] | None = None
-    #: skip an update whose loss or gradients are not finite, inside the step (``create_trainer(skip_nonfinite=)``).
-    skip_nonfinite: bool = False
-    #: with ``skip_nonfinite``: skip an update whose loss or gradient norm exceeds this times its running average.
-    spike_factor: float | None = None
-    #: with ``skip_nonfinite``: roll back to the latest checkpoint after this many skipped steps in a row (null: never).
-    rollback_after: int | None = 3
-    #: JAX's persistent compilation cache, so a relaunch does not compile again: ``auto`` (``.jax-cache`` beside the
-    #: run folder), a folder, or null (off). A cache JAX was already given (JAX_COMPILATION_CACHE_DIR) is kept.
-    compilation_cache: str | None = "auto"
-    seed: int = 0
-    eval_every: int = 1
-    #: for ``placement: sharded``: mesh axis -> size, in order (``{fsdp: 2, model: 4}``); sizes multiply to the
-    #: device count. An axis named ``fsdp`` gets the automatic FSDP rule.
-    mesh: dict[str, int] | None = None
-    #: for ``fsdp`` and ``sharded``: ``[regex, axis or null, ...]`` per rule, matched on parameter paths.
-    rules: list[list[str | None]] = field(default_factory=list)
-
-
-@dataclass
-class CheckpointConfig:
-    """Latest and best checkpoints (best by the validation metric of early stopping)."""
-
-    keep_latest: int = 2
-    keep_best: int = 1
-    every_iters: int | None = None
-
-
-@dataclass
-class EarlyStoppingConfig:
-    """Stop when the validation metric has not improved for ``patience`` evaluations."""
-
-    patience: int = 5
-    metric: Literal["accuracy", "loss"] = "accuracy"
-    threshold: float = 0.0  # the least change that counts as an improvement (Ignite's name)
-
-
-@dataclass
-class StallConfig:
-    """End a run that stops making progress with its stacks on disk and exit status 75 (``StallWatchdog``)."""
-
-    step_timeout: float = 600.0  # seconds an iteration (or an evaluation's iteration) may take
-    startup_timeout: float = 1800.0  # seconds until the first iteration completes (compilation included)
-    save_timeout: float | None = None  # seconds a background checkpoint write may take
-
-
-@dataclass
-class HandlersConfig:
-    """What runs beside training."""
-
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    early_stopping: EarlyStoppingConfig | None = field(default_factory=EarlyStoppingConfig)
-    progress: bool = True
-    # WRITERS' names (ember.writers), written out so that checking a config imports no JAX; a test holds them equal
-    writers: list[Literal["console", "tensorboard", "jsonl", "csv", "wandb", "mlflow"]] = field(
-        default_factory=lambda: ["tensorboard", "jsonl"]
-    )
-    log_every: int = 50
-    #: a StallWatchdog (``{}`` for its defaults); ``null``: none.
-    stall: StallConfig | None = None
-
-
-@dataclass
-class Config:
-    """Everything ``ember train`` needs; every field has a default (the embedded digits run).
-
-    Examples:
-        >>> from ember.cli import Config
-        >>> Config().model.name, Config().trainer.max_epochs
-        ('cnn', 15)
-    """
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    handlers: HandlersConfig = field(default_factory=HandlersConfig)
-    output: str = "runs/digits"
-
 
 _POSITIVE = frozenset(
     {"batch_size", "max_epochs", "max_iters", "steps_per_call", "eval_every", "keep_latest", "keep_best"}

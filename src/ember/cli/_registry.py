@@ -13,15 +13,8 @@ import optax
 from flax import linen as nn
 
 from ember._extras import missing, require
-from ember.cli._config import (
-    ConfigError,
-    DataConfig,
-    ModelConfig,
-    OptimizerConfig,
-    TrainerConfig,
-    config_error,
-    suggest,
-)
+from ember.cli._config import ConfigError, config_error, suggest
+from ember.cli._schema import DataConfig, ModelConfig, OptimizerConfig, TrainerConfig
 
 
 class DigitsCNN(nn.Module):

@@ -6,7 +6,7 @@ import contextlib
 import os
 import time
 import warnings
-from collections.abc import Callable, Generator, Mapping, MutableMapping
+from collections.abc import Callable, Generator, Mapping, MutableMapping, Sequence
 from typing import Any, Literal
 
 import jax
@@ -362,3 +362,11 @@ def _where(save_handler: Any) -> tuple[Any, CheckpointStore | None]:
         "`save_handler` must be a folder, a CheckpointStore, a DiskSaver, or a callable "
         f"(checkpoint, filename, metadata) such as a BaseSaveHandler; got {type(save_handler).__name__}."
     )
+
+
+def checkpoints_given(checkpoints: Sequence[Any]) -> list[Checkpoint]:
+    """``checkpoints`` as a list, a ``TypeError`` naming the first that is not a `Checkpoint` (a watcher's argument)."""
+    for c in checkpoints:
+        if not isinstance(c, Checkpoint):
+            raise TypeError(f"`checkpoints` must hold ember.handlers.Checkpoint objects, got {type(c).__name__}.")
+    return list(checkpoints)

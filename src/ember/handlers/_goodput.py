@@ -12,7 +12,7 @@ from typing import Any
 
 from ember._ledger_file import CATEGORIES, FILENAME, read_records
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
-from ember.handlers._checkpoint import Checkpoint
+from ember.handlers._checkpoint import Checkpoint, checkpoints_given
 
 
 def _process_start(clock: Callable[[], float]) -> float:
@@ -110,14 +110,12 @@ class GoodputLedger:
             self._t["lost"] = self._lost_steps * per_step  # time an earlier run spent on steps trained again
         self._write()
 
-    def _get_batch(self) -> None:
+    def _mark_now(self) -> None:
+        """Where the batch fetch or the step being timed began."""
         self._mark = self.clock()
 
     def _got_batch(self) -> None:
         self._t["data"] += self.clock() - self._mark
-
-    def _iteration_started(self) -> None:
-        self._mark = self.clock()
 
     def _iteration_done(self, engine: Engine) -> None:
         now = self.clock()
@@ -196,16 +194,13 @@ class GoodputLedger:
             >>> from ember.handlers import GoodputLedger
             >>> handle = GoodputLedger(tempfile.mkdtemp()).attach(Engine(lambda e, b: b))
         """
-        for c in checkpoints:
-            if not isinstance(c, Checkpoint):
-                raise TypeError(f"`checkpoints` must hold ember.handlers.Checkpoint objects, got {type(c).__name__}.")
-        self._checkpoints = list(checkpoints)
+        self._checkpoints = checkpoints_given(checkpoints)
         _listen(self)
         with collect_handles() as made:
             trainer.add_event_handler(Events.STARTED, self._started)
-            trainer.add_event_handler(Events.GET_BATCH_STARTED, self._get_batch)
+            trainer.add_event_handler(Events.GET_BATCH_STARTED, self._mark_now)
             trainer.add_event_handler(Events.GET_BATCH_COMPLETED, self._got_batch)
-            trainer.add_event_handler(Events.ITERATION_STARTED, self._iteration_started)
+            trainer.add_event_handler(Events.ITERATION_STARTED, self._mark_now)
             trainer.add_event_handler(Events.ITERATION_COMPLETED, self._iteration_done)
             trainer.add_event_handler(Events.COMPLETED, self._completed)
             trainer.add_event_handler(Events.EXCEPTION_RAISED, self._failed)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
-from ember.handlers._checkpoint import Checkpoint
+from ember.handlers._checkpoint import Checkpoint, checkpoints_given
 from ember.handlers._watchdog import EXIT_CODE
 
 
@@ -220,10 +220,7 @@ class StallWatchdog:
             >>> from ember.handlers import StallWatchdog
             >>> handle = StallWatchdog(tempfile.mkdtemp()).attach(Engine(lambda e, b: b))
         """
-        for c in checkpoints:
-            if not isinstance(c, Checkpoint):
-                raise TypeError(f"`checkpoints` must hold ember.handlers.Checkpoint objects, got {type(c).__name__}.")
-        self._engine, self._checkpoints = trainer, list(checkpoints)
+        self._engine, self._checkpoints = trainer, checkpoints_given(checkpoints)
         with collect_handles() as made:
             trainer.add_event_handler(Events.STARTED, self._started)
             trainer.add_event_handler(Events.ITERATION_COMPLETED, self._iteration)
