@@ -13,6 +13,8 @@ Measured, each the median of ``--repeats`` runs:
   and writing its bytes raw with NumPy (``ndarray.tofile`` + fsync) into the same folder (target: at
   least 0.7 x raw bandwidth);
 - ``restore``: ``CheckpointStore.restore(target=...)``, verified (CRC-32) and rebuilt into the structure;
+- ``fast tier``: a save into a ``TieredStore``'s fast tier (``--fast``, ``/dev/shm`` by default) that is not due in
+  the durable tier: the training thread blocked, and the call to on disk, against the durable store's above;
 - ``training slowdown``: a trainer taking Adam steps on the same state, with the ``Checkpoint`` handler
   saving in the background every ``--every`` steps, against the same run without it (target: at most 5%),
   with the default host copy and with ``device_snapshot=True``. With ``--batch 0`` (the default) the
@@ -21,7 +23,7 @@ Measured, each the median of ``--repeats`` runs:
   6 x B x parameters FLOPs), a step the size of a real model's on an accelerator.
 
 Run: ``python benchmarks/checkpoint.py [--params N] [--repeats R] [--steps S] [--every E] [--batch B]
-[--dir PATH]``; ``--quick`` uses a small state (a smoke run, not a measurement).
+[--dir PATH] [--fast PATH]``; ``--quick`` uses a small state (a smoke run, not a measurement).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import optax
 from _runs import timed_runs
 
 from ember import Events
-from ember.checkpoint import CheckpointStore
+from ember.checkpoint import CheckpointStore, TieredStore
 from ember.handlers import Checkpoint
 from ember.training import TrainState, create_trainer
 
@@ -96,11 +98,16 @@ def fresh(tree: Any) -> Any:
     return jax.block_until_ready(jax.tree.map(jnp.copy, tree))
 
 
-def measure_store(state: TrainState, root: Path, repeats: int) -> dict[str, list[float]]:
+def measure_store(state: TrainState, root: Path, fast: Path, repeats: int) -> dict[str, list[float]]:
     tree = {"trainer": state}
-    out: dict[str, list[float]] = {k: [] for k in ("d2h", "blocked", "write", "raw", "restore", "snap", "snap_write")}
+    measures = ("d2h", "blocked", "write", "raw", "restore", "snap", "snap_write", "fast", "fast_write")
+    out: dict[str, list[float]] = {k: [] for k in measures}
     buffers = [np.empty(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
-    stores = {"host": CheckpointStore(root / "store"), "snap": CheckpointStore(root / "snap", device_snapshot=True)}
+    stores: dict[str, CheckpointStore] = {
+        "host": CheckpointStore(root / "store"),
+        "snap": CheckpointStore(root / "snap", device_snapshot=True),
+        "fast": TieredStore(fast, root / "tiered", durable_every=1_000_000),  # every save: the fast tier only
+    }
     for store in stores.values():  # allocates the host buffers and compiles the device copy, as a first save does
         store.save_in_background(fresh(tree), step=0)
         store.delete(store.wait())  # type: ignore[arg-type]
@@ -111,9 +118,9 @@ def measure_store(state: TrainState, root: Path, repeats: int) -> dict[str, list
             source = fresh(tree)
             start = time.perf_counter()
             store.save_in_background(source, step=r)
-            out["blocked" if key == "host" else "snap"].append(time.perf_counter() - start)
+            out["blocked" if key == "host" else key].append(time.perf_counter() - start)
             store.wait()
-            out["write" if key == "host" else "snap_write"].append(time.perf_counter() - start)
+            out["write" if key == "host" else f"{key}_write"].append(time.perf_counter() - start)
         raw_dir = root / f"raw_{r}"
         raw_dir.mkdir()
         source = fresh(tree)  # the raw write fetches the state from the device too, as a save does
@@ -170,11 +177,15 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=25)
     parser.add_argument("--batch", type=int, default=0, help="rows per step through every matrix (0: one row)")
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temporary folder)")
+    parser.add_argument("--fast", type=Path, default=None, help="the fast tier's folder (default: in /dev/shm)")
     parser.add_argument("--quick", action="store_true", help="a small state: a smoke run, not a measurement")
     args = parser.parse_args()
     if args.quick:
         args.params, args.repeats, args.steps, args.every = 2_000_000, 1, 4, 2
     root = Path(tempfile.mkdtemp(dir=args.dir, prefix="ember-bench-"))
+    shm = Path("/dev/shm")
+    in_memory = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    fast = Path(tempfile.mkdtemp(dir=args.fast or in_memory or root, prefix="ember-bench-fast-"))
     try:
         state = make_state(args.params)
         n = sum(x.size for x in jax.tree.leaves(state.params))
@@ -182,7 +193,7 @@ def main() -> None:
         dev = jax.devices()[0]
         print(f"python {platform.python_version()}, jax {jax.__version__} on {dev.platform} ({dev.device_kind})")
         print(f"train state: {n / 1e6:.1f} M float32 parameters with Adam, {size / 1e9:.2f} GB; folder {root}")
-        store = measure_store(state, root, args.repeats)
+        store = measure_store(state, root, fast, args.repeats)
         med = {k: statistics.median(v) for k, v in store.items()}
         gbps = {k: size / med[k] / 1e9 for k in ("write", "raw", "restore")}
         print(f"  d2h copy            {med['d2h']:8.3f} s")
@@ -193,6 +204,10 @@ def main() -> None:
         )
         print(f"  restore (verified)  {med['restore']:8.3f} s  {gbps['restore']:.2f} GB/s")
         print(f"  device_snapshot=True: blocked {med['snap']:.3f} s, call to on disk {med['snap_write']:.3f} s")
+        print(
+            f"  fast tier ({fast.parent}): blocked {med['fast']:.3f} s ({med['fast'] / med['blocked']:.2f} x the "
+            f"durable save's), call to on disk {med['fast_write']:.3f} s ({med['fast_write'] / med['write']:.2f} x)"
+        )
         ratios, step_times = measure_training(state, root, args.steps, args.every, args.repeats, args.batch)
         print(
             f"  training (batch {args.batch}, {statistics.median(step_times):.3f} s/step), a background save "
@@ -203,6 +218,7 @@ def main() -> None:
             print(f"    {label:<22} {statistics.median(r):.3f} x (median; range {min(r):.3f}-{max(r):.3f})")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(fast, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ def test_checkpoint_benchmark_runs_and_reports_every_measure():
         "x raw",
         "restore (verified)",
         "device_snapshot=True: blocked",
+        "fast tier (",
+        "x the durable save's), call to on disk",
         "time over the time without",
         "host copy (default)",
     ):

@@ -20,6 +20,7 @@ CHECKED = {
     "ignite_save_resume.py",
     "flax_nnx_mnist.py",
     "grain_from_disk.py",
+    "survive_at_scale.py",
 }
 
 
@@ -129,3 +130,25 @@ def test_the_sharded_transformer_splits_its_kernels_by_their_logical_names():
     perplexities = [float(line.split()[-1]) for line in lines if line.startswith("epoch ")]
     assert len(perplexities) == 2
     assert perplexities[1] < perplexities[0] < 256
+
+
+def test_the_run_that_survives_rolls_back_twice_and_resumes_from_either_tier():
+    """On 8 simulated devices: two rollbacks, the last save in both tiers, relaunches from the fast and durable tier.
+
+    The Running at scale page shows the same program.
+    """
+    script = EXAMPLES["survive_at_scale.py"].read_text()
+    page = (EXAMPLES["survive_at_scale.py"].parents[1] / "docs" / "concepts" / "scale.md").read_text()
+    block = page.split("<!-- not run: 8 simulated devices", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert script.split('"""\n\n', 1)[1] == block
+    lines = _output("survive_at_scale.py").splitlines()
+    assert lines[:4] == [
+        "8 devices; trained 24 iterations",
+        "rolled back to iteration 4, past iterations (5, 9)",
+        "rolled back to iteration 16, past iterations (17, 21)",
+        "fast tier: [20, 22, 24] durable: [24]",
+    ]
+    assert re.fullmatch(
+        r"goodput: \d+\.\d% of \d+\.\d s \(productive training steps over the wall time of every run\)", lines[4]
+    )
+    assert lines[5:] == ["relaunched: from iteration 24, fast tier", "fast tier wiped: from iteration 24, durable tier"]

@@ -303,3 +303,22 @@ def test_every_single_byte_flip_in_a_data_file_is_found_by_its_checksum(tmp_path
             store.restore(checkpoint=info)
     data.write_bytes(clean)
     assert store.restore(checkpoint=info)[0]["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_bfloat16_and_float8_arrays_round_trip(tmp_path):
+    """Arrays of ml_dtypes' types (a bf16-true train state, float8) save and restore with their dtype and values."""
+    import ml_dtypes
+
+    tree = {
+        "h": np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16),
+        "f8": np.full(4, 0.5, ml_dtypes.float8_e4m3fn),
+        "scalar": jnp.asarray(1.5, jnp.bfloat16),
+    }
+    store = CheckpointStore(tmp_path)
+    store.save_in_background(tree, step=1)
+    store.wait()
+    restored, info = store.restore(target=tree)
+    assert info.manifest["tree"]["h"] == {"shape": [2, 3], "dtype": "bfloat16"}
+    for key, value in tree.items():
+        assert restored[key].dtype == np.asarray(value).dtype, key
+        np.testing.assert_array_equal(np.asarray(restored[key], np.float32), np.asarray(value, np.float32))

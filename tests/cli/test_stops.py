@@ -20,10 +20,10 @@ LONG_RUN = [
 ]
 
 
-def signalled_run(run_dir, sig, wait_for):
+def signalled_run(run_dir, sig, wait_for, *extra):
     """``ember train`` on a long run; ``sig`` once a line starting with ``wait_for`` is printed. (status, out, err)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ember.cli", "train", "--output", str(run_dir), *LONG_RUN],
+        [sys.executable, "-m", "ember.cli", "train", "--output", str(run_dir), *LONG_RUN, *extra],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
@@ -153,3 +153,23 @@ def test_the_persistent_compilation_cache_is_on_and_a_second_run_shows_its_hits(
     (first,), (second,) = read_records(tmp_path / "a"), read_records(tmp_path / "b")
     assert first["cache_hits"] == 0
     assert second["cache_hits"] > 0  # (JAX's estimate of the time saved, cache_saved, can be below 0 for tiny programs)
+
+
+def newest_step(folder):
+    """The step of the newest checkpoint committed in ``folder`` (read only)."""
+    steps = [json.loads(m.read_text())["step"] for m in folder.glob("step_*/manifest.json")]
+    return max(steps, default=0)
+
+
+def test_a_fast_dir_tier_is_what_a_killed_run_resumes_from(tmp_path):
+    """handlers.checkpoint.fast_dir: SIGKILLed in its third epoch, the run resumes from the fast tier's newest step."""
+    extra = [f"handlers.checkpoint.fast_dir={tmp_path / 'shm'}", "handlers.checkpoint.every_iters=3"]
+    extra.append("handlers.checkpoint.durable_every=4")
+    run_dir = tmp_path / "run"
+    status, _, err = signalled_run(run_dir, signal.SIGKILL, "epoch   2", *extra)
+    assert status == -signal.SIGKILL, err[-3000:]
+    fast = newest_step(tmp_path / "shm" / "run" / "process-0-of-1")
+    durable = newest_step(run_dir / "checkpoints" / "latest")
+    assert fast >= durable >= 22  # every 4th save is durable too: iterations 12, 22 (the first epoch ends), 33, 44
+    status, out, err = signalled_run(run_dir, signal.SIGKILL, "Resuming", *extra)
+    assert f"Resuming {run_dir} from step_{fast:08d} (iteration {fast}).\n" in out, (out, err[-3000:])

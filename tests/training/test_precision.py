@@ -187,6 +187,28 @@ def test_16_mixed_resumes_bit_exact_with_its_loss_scale(tmp_path):
     assert (float(b.loss_scale.scale), int(b.guard.skipped)) == (8192.0, 2)
 
 
+def test_bf16_true_resumes_bit_exact_through_a_background_checkpoint(tmp_path):
+    """A bfloat16 train state (parameters and Adam moments) is saved and restored as it was.
+
+    Six steps straight equal three, a checkpoint written in the background, a new trainer restored from it, and three
+    more.
+    """
+    data = [BATCH] * 6
+    straight = create_trainer(_state(), xent_loss, precision="bf16-true")
+    straight.run(data)
+    first = create_trainer(_state(), xent_loss, precision="bf16-true")
+    Checkpoint({"trainer": first}, tmp_path, n_saved=None).attach(first, Events.ITERATION_COMPLETED(once=3))
+    first.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate(final=False))
+    first.run(data)
+    resumed = create_trainer(_state(), xent_loss, precision="bf16-true")
+    assert Checkpoint({"trainer": resumed}, tmp_path).resume().step == 3
+    resumed.run(data)
+    a, b = straight.tree_state_dict(), resumed.tree_state_dict()
+    assert {np.asarray(b[name]).dtype.name for name in b if name.startswith("params")} == {"bfloat16"}
+    for name in a:
+        assert np.array_equal(np.asarray(a[name]), np.asarray(b[name])), name
+
+
 def test_an_unknown_policy_is_refused_by_name():
     with pytest.raises(
         ValueError,

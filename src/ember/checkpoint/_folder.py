@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jax
+import numpy as np
 from flax import serialization, traverse_util
 
 from ember.checkpoint._atomic import remove
@@ -24,6 +25,7 @@ from ember.checkpoint._manifest import (
     read_manifest,
     wrong_store,
 )
+from ember.checkpoint._order import check_mode, check_retention, newer, preferred
 from ember.checkpoint._snapshot import flat_leaves
 
 DATA = "state.msgpack"
@@ -78,8 +80,8 @@ class CheckpointFolder:
         check_retention(keep_latest, keep_best, keep_every, mode)
         if keep_best is not None and metric is None:
             raise ValueError("`keep_best` needs `metric`, the name of the score to rank checkpoints by.")
-        if (keep_latest is None and keep_best is None and keep_every is None) or jax.process_index() != 0:
-            return []  # no policy: keep everything; and only process 0 deletes
+        if (keep_latest is None and keep_best is None and keep_every is None) or not self._writes_manifests():
+            return []  # no policy: keep everything; and only the process that writes deletes
         mine = [c for c in self.checkpoints() if c.path.name.startswith(prefix)]
         kept: set[Path] = set()
         if keep_latest:  # the newest steps: two checkpoints of one step count once
@@ -117,6 +119,41 @@ class CheckpointFolder:
         remove(self.root / checkpoint)
 
     # -- finding ---------------------------------------------------------------------------------
+
+    def _writes_manifests(self) -> bool:
+        """Whether this process writes, renames and deletes in this folder (process 0 of a multi-process run)."""
+        return jax.process_index() == 0
+
+    def find(self, name: str) -> CheckpointInfo | None:
+        """The valid checkpoint named ``name``, or ``None`` (there is none, or it is damaged).
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save({"w": np.zeros(1)}, step=7)
+            >>> store.find("step_00000007").step, store.find("step_00000008")
+            (7, None)
+        """
+        path = self.root / name
+        if not path.is_dir():
+            return None
+        try:
+            return self.verify(path)
+        except ValueError:  # CorruptCheckpointError too: a save of that name moves it aside
+            return None
+
+    def holds(self, info: CheckpointInfo) -> bool:
+        """Whether ``info`` is a checkpoint in this store's folder (rather than one read from elsewhere).
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> store.holds(store.save({"w": np.zeros(1)}, step=1))
+            True
+        """
+        return info.path.parent == self.root
 
     def _candidates(self) -> list[Path]:
         return sorted(
@@ -185,7 +222,7 @@ class CheckpointFolder:
             n += 1
             moved = self.root / f"{CORRUPT_PREFIX}{path.name}.{n}"
         warnings.warn(f"{why} It was moved aside to {moved.name!r} and skipped.", UserWarning, stacklevel=3)
-        if jax.process_index() == 0 and path.exists():
+        if self._writes_manifests() and path.exists():
             os.replace(path, moved)
 
     def checkpoints(self) -> list[CheckpointInfo]:
@@ -207,7 +244,7 @@ class CheckpointFolder:
                 self._verified[key] = known[key] if key in known else self.verify(path)
             except ValueError:
                 continue
-        return sorted(self._verified.values(), key=_newer)
+        return sorted(self._verified.values(), key=newer)
 
     def ranked(self, metric: str | None = None, mode: Literal["min", "max"] = "max") -> list[CheckpointInfo]:
         """Valid checkpoints, preferred first: newest step first, or best by ``metric`` first (``mode``).
@@ -224,8 +261,7 @@ class CheckpointFolder:
             >>> [c.step for c in store.ranked()], [c.step for c in store.ranked("acc")]
             ([3, 2, 1], [2, 3, 1])
         """
-        if mode not in ("min", "max"):
-            raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
+        check_mode(mode)
         found = []
         for path in self._candidates():
             try:
@@ -236,12 +272,7 @@ class CheckpointFolder:
                 raise ValueError(f"Checkpoint {str(path)!r} cannot be restored: {why}.") from None
             except ValueError as why:
                 warnings.warn(f"Skipping checkpoint {path.name!r}: {why}.", UserWarning, stacklevel=3)
-        newest_first = sorted(found, key=_newer, reverse=True)
-        if metric is None:
-            return newest_first
-        sign = 1.0 if mode == "max" else -1.0
-        scored = [c for c in newest_first if metric in c.metrics]
-        return sorted(scored, key=lambda c: (sign * c.metrics[metric], c.step), reverse=True)
+        return preferred(found, metric, mode)
 
     def latest(self) -> CheckpointInfo | None:
         """The valid checkpoint with the highest step, or ``None``; invalid ones are skipped with a warning.
@@ -318,6 +349,15 @@ class CheckpointFolder:
     def _read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
         if target is not None:
             check_structure(info.manifest["tree"], flat_leaves(target))
+        buf = self._data(info)
+        if on_verified is not None:
+            on_verified()
+        leaves = parsed(buf, info.path / DATA)
+        nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
+        return nested if target is None else serialization.from_state_dict(target, nested)
+
+    def _data(self, info: CheckpointInfo) -> np.ndarray:
+        """The bytes of the checkpoint's data file, once their size and CRC-32 match the manifest."""
         try:
             with open(info.path / DATA, "rb") as f:
                 buf, crc = read_file(f)
@@ -327,45 +367,20 @@ class CheckpointFolder:
             raise corrupt(info.path, DATA, wrong_size(len(buf), info.manifest["files"][DATA]["bytes"]))
         if crc != info.manifest["files"][DATA].get("crc32"):
             raise corrupt(info.path, DATA, f"does not match the checksum in {MANIFEST}")
-        if on_verified is not None:
-            on_verified()
-        try:
-            leaves = parse_leaves(buf)
-        except Exception as e:  # intact bytes that do not parse: not damage, so nothing is moved aside
-            raise ValueError(
-                f"{info.path / DATA} matches its checksum but cannot be parsed ({type(e).__name__}: {e}); was it "
-                "written by another version of ember?"
-            ) from e
-        nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
-        return nested if target is None else serialization.from_state_dict(target, nested)
+        return buf
+
+
+def parsed(buf: np.ndarray, path: Path) -> dict[str, Any]:
+    """The leaves in ``buf`` (read from ``path``, intact); a ``ValueError`` saying so if they do not parse."""
+    try:
+        return parse_leaves(buf)
+    except Exception as e:  # intact bytes that do not parse: not damage, so nothing is moved aside
+        raise ValueError(
+            f"{path} matches its checksum but cannot be parsed ({type(e).__name__}: {e}); was it "
+            "written by another version of ember?"
+        ) from e
 
 
 def _written(path: Path) -> tuple[Any, ...]:
     """The folder's name with the modification time and size of each of its files."""
     return (path.name, *sorted((p.name, st.st_mtime_ns, st.st_size) for p in path.iterdir() for st in [p.stat()]))
-
-
-def _newer(c: CheckpointInfo) -> tuple[int, float, str]:
-    """The order of checkpoints in time: by step, then (two of one step: a resumed run saved it again) write time."""
-    wall_time = c.manifest.get("wall_time")
-    return c.step, wall_time if isinstance(wall_time, float) else 0.0, c.path.name
-
-
-def check_retention(keep_latest: object, keep_best: object, keep_every: object, mode: object) -> None:
-    """Raise unless the counts are positive ints (or None) and ``mode`` is "min" or "max".
-
-    [`CheckpointFolder.prune`][ember.checkpoint.CheckpointFolder.prune] checks its policies so; a handler that prunes
-    later checks them when it is built, so a bad value fails before training starts.
-
-    Examples:
-        >>> from ember.checkpoint import check_retention
-        >>> check_retention(keep_latest=0, keep_best=None, keep_every=None, mode="max")
-        Traceback (most recent call last):
-        ...
-        ValueError: `keep_latest` must be a positive int or None, got 0.
-    """
-    for label, value in (("keep_latest", keep_latest), ("keep_best", keep_best), ("keep_every", keep_every)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"`{label}` must be a positive int or None, got {value!r}.")
-    if mode not in ("min", "max"):
-        raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")

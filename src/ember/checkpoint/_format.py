@@ -22,6 +22,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
+import ml_dtypes  # noqa: F401  # pyright: ignore[reportUnusedImport]  # NumPy knows bfloat16 by name once imported
 import msgpack
 import numpy as np
 
@@ -93,9 +94,10 @@ def write_leaves(f: IO[bytes], leaves: list[tuple[str, Any]]) -> tuple[int, str]
     for path, value in leaves:
         if isinstance(value, np.ndarray):
             array = value if value.flags.c_contiguous else np.ascontiguousarray(value)  # keeps 0-d arrays 0-d
-            put(_pack([path, "array", array.dtype.str, list(array.shape)]))
-            # the ignore below: a contiguous NumPy array exposes the buffer protocol
-            data = memoryview(array).cast("B") if array.size else memoryview(b"")  # type: ignore[arg-type]
+            put(_pack([path, "array", dtype_text(array.dtype), list(array.shape)]))
+            # as bytes: a view, no copy (ml_dtypes' arrays, bfloat16's, have no buffer of their own to cast); the
+            # ignore below: a contiguous NumPy array exposes the buffer protocol
+            data = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")  # type: ignore[arg-type]
             if len(data) >= 2**32:
                 raise ValueError(f"Leaf {path!r} holds {len(data)} bytes; one leaf may hold at most 4 GiB.")
             put(bytes([_BIN32]) + struct.pack(">I", len(data)))
@@ -104,6 +106,21 @@ def write_leaves(f: IO[bytes], leaves: list[tuple[str, Any]]) -> tuple[int, str]
             put(_pack([path, "value", None, None]))
             put(_pack(value))
     return written, crc.hexdigest()
+
+
+def dtype_text(dtype: np.dtype[Any]) -> str:
+    """How the data file names ``dtype``: NumPy's code (``<f4``), or the name of one of JAX's extra dtypes.
+
+    bfloat16 and the float8 types are NumPy "void" types to NumPy's codes (``<V2``), which would read back as raw
+    bytes; their names (``bfloat16``) read back as themselves.
+
+    Examples:
+        >>> import ml_dtypes, numpy as np
+        >>> from ember.checkpoint._format import dtype_text
+        >>> dtype_text(np.dtype(np.float32)), dtype_text(np.dtype(ml_dtypes.bfloat16))
+        ('<f4', 'bfloat16')
+    """
+    return dtype.name if dtype.kind == "V" and not dtype.name.startswith("void") else dtype.str
 
 
 def read_file(f: io.BufferedIOBase) -> tuple[np.ndarray, str]:

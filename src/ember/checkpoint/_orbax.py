@@ -169,9 +169,6 @@ class OrbaxStore(CheckpointStore):
             raise problem
         return CheckpointInfo(self.root / name, manifest["step"], manifest["metrics"], manifest)
 
-    def _writes_manifests(self) -> bool:
-        return jax.process_index() == 0
-
     def _check_kind(self, path: Path, manifest: dict[str, Any]) -> None:
         if ITEM not in manifest["files"]:
             raise wrong_store(manifest, type(self).__name__)
@@ -220,7 +217,7 @@ class OrbaxStore(CheckpointStore):
             >>> from ember.checkpoint import OrbaxStore
             >>> OrbaxStore(tempfile.mkdtemp()).close()
         """
-        self.wait()
+        super().close()
         self._checkpointer.close()
 
 

@@ -167,9 +167,8 @@ class CheckpointStore(Amending, CheckpointFolder):
             )
         return self._writer.submit(*task)
 
-    def _writes_manifests(self) -> bool:
-        """Whether this process writes the manifests (process 0 of a multi-process run)."""
-        return jax.process_index() == 0
+    def _writes_manifests(self) -> bool:  # the folder's (Amending only declares it)
+        return CheckpointFolder._writes_manifests(self)
 
     #: Whether every process takes part in a save (orbax) or only process 0 writes (this store).
     collective_saves = False
@@ -220,6 +219,40 @@ class CheckpointStore(Amending, CheckpointFolder):
             if pending.done():
                 self._pending = None
         return info
+
+    def close(self) -> None:
+        """Wait for a write in flight (raising its error) and stop the writer thread; a later save starts another.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save_in_background({"w": np.zeros(1)}, step=1)
+            >>> store.close(); store.latest().step
+            1
+        """
+        try:
+            self.wait()
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown()
+                self._writer = None
+
+    def finish(self) -> CheckpointInfo | None:
+        """Make every save so far as safe as this store makes any: here, wait for the write in flight.
+
+        A [`Checkpoint`][ember.handlers.Checkpoint] calls it when its run completes; a
+        [`TieredStore`][ember.checkpoint.TieredStore] copies its last save into the durable tier there.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save_in_background({"w": np.zeros(1)}, step=1)
+            >>> store.finish().step
+            1
+        """
+        return self.wait()
 
     @property
     def writing(self) -> bool:

@@ -18,7 +18,7 @@ from ember.errors import ConfigError
 
 _POSITIVE = frozenset(
     {"batch_size", "max_epochs", "max_iters", "steps_per_call", "eval_every", "keep_latest", "keep_best"}
-    | {"every_iters", "patience", "log_every", "epoch_length", "rollback_after"}
+    | {"every_iters", "patience", "log_every", "epoch_length", "rollback_after", "durable_every"}
 )
 
 #: Number fields with a range: field name -> (what is expected, the test).

@@ -88,6 +88,11 @@ class CheckpointConfig:
     keep_latest: int = 2
     keep_best: int = 1
     every_iters: int | None = None
+    #: a folder on fast local storage (``/dev/shm``, a node's NVMe): every latest checkpoint is written there, into
+    #: ``<fast_dir>/<run folder's name>``, and every ``durable_every``-th one and the last also into the run folder
+    #: (``ember.checkpoint.TieredStore``); null: the run folder only.
+    fast_dir: str | None = None
+    durable_every: int = 5
 
 
 @dataclass

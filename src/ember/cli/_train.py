@@ -25,9 +25,9 @@ from ember.cli._registry import (
     build_schedule,
     check_labels,
 )
+from ember.cli._run_checkpoints import attach_checkpoints
 from ember.cli._run_record import check_same_run, closing_line, saved_summary
 from ember.handlers import (
-    Checkpoint,
     EarlyStopping,
     Evaluate,
     GoodputLedger,
@@ -39,7 +39,6 @@ from ember.handlers import (
     ScalarLogger,
     StallWatchdog,
     TerminateOnNan,
-    global_step_from_engine,
 )
 from ember.metrics import Accuracy, Loss, RunningAverage
 from ember.training import Sharded, TrainState, create_evaluator, create_trainer
@@ -195,20 +194,7 @@ def train(
         )
         stopper.attach(evaluator)
         to_save["early_stopping"] = stopper
-    best = Checkpoint(
-        to_save,
-        run_dir / "checkpoints" / "best",
-        n_saved=h.checkpoint.keep_best,
-        score_function=lambda e: e.state.metrics["accuracy"],
-        score_name="val_accuracy",
-        global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED),  # the trainer's step
-    )
-    best.attach(evaluator, Events.COMPLETED)
-    latest = Checkpoint(to_save, run_dir / "checkpoints" / "latest", n_saved=h.checkpoint.keep_latest)
-    every = Events.EPOCH_COMPLETED | Events.COMPLETED
-    if h.checkpoint.every_iters:
-        every = every | Events.ITERATION_COMPLETED(every=h.checkpoint.every_iters)
-    latest.attach(trainer, every)
+    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, evaluator)
     preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
     preemption.attach(trainer, [evaluator])
     # a skipped step (an overflow under 16-mixed, skip_nonfinite) is the guard's to handle, not a diverged run

@@ -66,7 +66,12 @@ class CheckpointFiles:
         best = self._ledger.best()
         if best is None:
             raise RuntimeError(f"No checkpoint could be written to {store.root}.")
-        return store.verify(store.root / best.filename)
+        info = store.find(best.filename)
+        if info is None:
+            raise RuntimeError(
+                f"The checkpoint {best.filename!r} is not in {store.root}, although it was just written."
+            )
+        return info
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for a background save to be on disk (raising its error); return it, or ``None`` if none was in flight.
@@ -121,7 +126,7 @@ class CheckpointFiles:
         if not isinstance(reader, CheckpointReader):
             raise TypeError(f"`reader` must be a CheckpointReader, got {type(reader).__name__}.")
         info = reader.load(self.to_save)
-        if info is not None and info.path.parent == store.root:  # saving this step again amends it
+        if info is not None and store.holds(info):  # saving this step again amends it
             trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
             states = info.manifest.get("metadata", {}).get("state_dicts", {})
             self._saved = Saved.of(info.step, info.path.name, trees, states, dict(info.metrics))
@@ -178,14 +183,7 @@ class CheckpointFiles:
 
     def _is_checkpoint(self, name: str) -> bool:
         """Whether a valid checkpoint is named ``name`` (a damaged one the store moves aside as it writes)."""
-        store = self._store("a save")
-        if not (store.root / name).exists():
-            return False
-        try:
-            store.verify(store.root / name)
-        except ValueError:  # CorruptCheckpointError too
-            return False
-        return True
+        return self._store("a save").find(name) is not None
 
     def _check(self) -> None:  # every iteration: no context manager unless a write is in flight
         if self.store is not None and self.store.writing:
@@ -193,8 +191,13 @@ class CheckpointFiles:
                 self.store.raise_if_failed()
 
     def _finish(self, engine: Engine) -> None:
-        if self.background and engine.outer_engine is None:
+        """At COMPLETED: the saves are on disk, and the store has made them as safe as it makes any (``finish``)."""
+        if engine.outer_engine is not None or self.store is None:
+            return
+        if self.background:
             self._wait()
+        with self._failures():
+            self.store.finish()
 
     def _watch(self, engine: Engine) -> None:
         """Surface background errors each iteration; finish writing at COMPLETED (after a save there)."""

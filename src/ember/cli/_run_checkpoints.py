@@ -1,0 +1,39 @@
+"""The checkpoints of an `ember train` run: the best by validation accuracy, and the latest (in one tier or two)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ember import Engine, Events
+from ember.checkpoint import CheckpointStore, TieredStore
+from ember.cli._schema import CheckpointConfig
+from ember.handlers import Checkpoint, global_step_from_engine
+
+
+def attach_checkpoints(
+    config: CheckpointConfig, run_dir: Path, to_save: dict[str, Any], trainer: Engine, evaluator: Engine
+) -> tuple[Checkpoint, Checkpoint]:
+    """Attach ``checkpoints/best`` (each evaluation) and ``checkpoints/latest`` (each epoch, ``every_iters``, the end).
+
+    With ``fast_dir``, the latest go through a `TieredStore` whose durable tier is ``checkpoints/latest`` and whose
+    fast tier is ``<fast_dir>/<run folder's name>``. Returns ``(best, latest)``.
+    """
+    best = Checkpoint(
+        to_save,
+        run_dir / "checkpoints" / "best",
+        n_saved=config.keep_best,
+        score_function=lambda e: e.state.metrics["accuracy"],
+        score_name="val_accuracy",
+        global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED),  # the trainer's step
+    )
+    best.attach(evaluator, Events.COMPLETED)
+    latest_dir: Path | CheckpointStore = run_dir / "checkpoints" / "latest"
+    if config.fast_dir is not None:  # every save into local storage, every k-th and the last into the run folder too
+        latest_dir = TieredStore(Path(config.fast_dir) / run_dir.name, latest_dir, durable_every=config.durable_every)
+    latest = Checkpoint(to_save, latest_dir, n_saved=config.keep_latest)
+    every = Events.EPOCH_COMPLETED | Events.COMPLETED
+    if config.every_iters:
+        every = every | Events.ITERATION_COMPLETED(every=config.every_iters)
+    latest.attach(trainer, every)
+    return best, latest

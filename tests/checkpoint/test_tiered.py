@@ -1,0 +1,215 @@
+"""TieredStore: every save into the fast tier, every k-th and the last into the durable one; restore across both."""
+
+import shutil
+import warnings
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from ember import Events
+from ember.checkpoint import CheckpointStore, OrbaxStore, TieredStore
+from ember.data import ArrayDataset
+from ember.handlers import Checkpoint
+from ember.training import TrainState, create_trainer
+from tests.training.models import LinenNet, batches, classification_loss
+
+
+def steps(store):
+    return [c.step for c in store.checkpoints()]
+
+
+def filled(step):
+    return {"w": np.full((2, 3), float(step), np.float32), "n": step}
+
+
+def test_every_save_goes_fast_and_every_kth_durable(tmp_path):
+    """Saves 1..7 with durable_every=3: the fast tier keeps its newest 2, the durable tier has saves 3 and 6."""
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=3)
+    for step in range(1, 8):
+        store.save(filled(step), step=step, metrics={"loss": 1.0 / step})
+    assert steps(store.fast) == [6, 7]
+    assert steps(store.durable) == [3, 6]
+    assert [(c.step, c.path.parent.name) for c in store.checkpoints()] == [
+        (3, "durable"),
+        (6, "process-0-of-1"),
+        (7, "process-0-of-1"),
+    ]
+    assert store.fast.root == tmp_path / "fast" / "process-0-of-1"
+    tree, info = store.restore(target=filled(0))
+    assert (info.step, info.path.parent.name, tree["n"]) == (7, "process-0-of-1", 7)
+    np.testing.assert_array_equal(tree["w"], np.full((2, 3), 7.0, np.float32))
+    assert store.best("loss", mode="min").step == 7
+    assert store.finish().path == tmp_path / "durable" / "step_00000007"  # the last save: into the durable tier
+    assert steps(store.durable) == [3, 6, 7]
+    assert store.finish() is None  # nothing left to copy
+
+
+def test_background_saves_go_to_both_tiers_and_then_runs_after_both(tmp_path):
+    """In the background, as a Checkpoint saves: both tiers are on disk when `then` runs."""
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=2)
+    seen = []
+    for step in (1, 2):
+        store.save_in_background(
+            filled(step), step=step, then=lambda s=step: seen.append((s, steps(store.fast), steps(store.durable)))
+        )
+    info = store.wait()
+    assert info is not None
+    assert info.path == tmp_path / "durable" / "step_00000002"
+    assert seen == [(1, [1], []), (2, [1, 2], [2])]
+    store.amend_in_background("step_00000002", metrics={"acc": 0.5})
+    assert store.wait().metrics == {"acc": 0.5}
+    assert store.fast.find("step_00000002").metrics == store.durable.find("step_00000002").metrics == {"acc": 0.5}
+
+
+def test_a_wiped_fast_tier_restores_from_the_durable_one(tmp_path):
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=3)
+    for step in range(1, 6):
+        store.save(filled(step), step=step)
+    shutil.rmtree(tmp_path / "fast")  # the node was replaced
+    again = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=3)
+    tree, info = again.restore(target=filled(0))
+    assert (info.step, info.path.parent.name, tree["n"]) == (3, "durable", 3)
+
+
+def test_a_damaged_fast_checkpoint_is_set_aside_and_the_next_one_read(tmp_path):
+    """A bit flipped in the newest fast checkpoint: moved aside with a warning, and the next newest is restored."""
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=2, keep_fast=3)
+    for step in range(1, 5):
+        store.save(filled(step), step=step)
+    data = store.fast.root / "step_00000004" / "state.msgpack"
+    raw = bytearray(data.read_bytes())
+    raw[-3] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.warns(UserWarning, match=r"step_00000004.*is corrupt: its state.msgpack does not match the checksum"):
+        tree, info = store.restore(target=filled(0))
+    assert (info.step, info.path.parent.name) == (4, "durable")  # the same step, from the durable tier
+    assert tree["n"] == 4
+    assert sorted(p.name for p in store.fast.root.iterdir()) == [
+        "corrupt-step_00000004",
+        "step_00000002",
+        "step_00000003",
+    ]
+
+
+def test_retention_never_empties_the_durable_tier(tmp_path):
+    """Deleting the durable tier's newest waits until it has a newer one; others go at once."""
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=2)
+    for step in (1, 2):
+        store.save(filled(step), step=step)
+    store.delete("step_00000002")
+    assert (steps(store.fast), steps(store.durable)) == ([1], [2])
+    store.save(filled(3), step=3)
+    store.save(filled(4), step=4)  # durable: now step 2 goes
+    assert (steps(store.fast), steps(store.durable)) == ([3, 4], [4])
+
+
+def test_a_save_replacing_a_durable_checkpoint_goes_durable(tmp_path):
+    """The same step saved again with new arrays replaces its durable copy too, whatever the count."""
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=2)
+    store.save(filled(1), step=1)
+    store.save(filled(2), step=2)
+    store.save(filled(20), step=2, replaces="step_00000002")  # the third save, not due, but it replaces one
+    tree, _ = store.durable.restore()
+    assert tree["n"] == 20
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"^`durable_every` must be a positive int, got 0\.$"):
+        TieredStore(tmp_path / "f", tmp_path / "d", durable_every=0)
+    with pytest.raises(ValueError, match=r"^`keep_fast` must be a positive int, got True\.$"):
+        TieredStore(tmp_path / "f", tmp_path / "d", keep_fast=True)
+    with pytest.raises(TypeError, match=r"^`fast` must be a folder \(a str or a path\), got int\.$"):
+        TieredStore(3, tmp_path / "d")  # type: ignore[arg-type]  # the error under test
+    inner = TieredStore(tmp_path / "f", tmp_path / "d")
+    with pytest.raises(TypeError, match=r"^`durable` must be a folder, a CheckpointStore or an OrbaxStore, got Tiered"):
+        TieredStore(tmp_path / "g", inner)
+    with pytest.raises(ValueError, match=r"^`fast` and `durable` must be separate folders, neither inside the other"):
+        TieredStore(tmp_path / "d" / "fast", tmp_path / "d")
+
+
+def test_relative_folders_are_fixed_when_the_store_is_made(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = TieredStore("fast", "durable", durable_every=1)
+    monkeypatch.chdir("/")
+    assert store.save(filled(1), step=1).path == tmp_path / "durable" / "step_00000001"
+    assert store.fast.find("step_00000001").path == tmp_path / "fast" / "process-0-of-1" / "step_00000001"
+
+
+def test_a_full_fast_tier_fails_the_save_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    """ENOSPC in the fast tier: the save raises it, naming the checkpoint; no temporary folder is left."""
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=1)
+    store.save(filled(1), step=1)
+    import ember.checkpoint._store as written
+
+    def full(f, leaves):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(written, "write_leaves", full)
+    with pytest.raises(
+        OSError, match=r"No space left on device \(could not write checkpoint 'step_00000002' in .*fast"
+    ):
+        store.save(filled(2), step=2)
+    assert sorted(p.name for p in store.fast.root.iterdir()) == ["step_00000001"]
+    assert steps(store) == [1]
+
+
+def test_an_orbax_durable_tier_gets_the_last_save_on_the_devices(tmp_path):
+    durable = OrbaxStore(tmp_path / "durable")
+    store = TieredStore(tmp_path / "fast", durable, durable_every=5)
+    tree = {"w": jax.numpy.arange(6.0).reshape(2, 3)}
+    store.save(tree, step=1)
+    assert store.finish().step == 1
+    restored, _ = durable.restore(target={"w": jax.numpy.zeros((2, 3))})
+    np.testing.assert_array_equal(restored["w"], np.arange(6.0).reshape(2, 3))
+    store.close()
+
+
+def trainer_on(seed=0):
+    state = TrainState.from_linen(LinenNet(), batches(1)[0]["x"][:2], optax.adam(1e-2), seed=seed, rngs=("dropout",))
+    return create_trainer(state, classification_loss)
+
+
+def digits_data():
+    arrays = {k: np.concatenate([b[k] for b in batches(4)]) for k in ("x", "y")}
+    return ArrayDataset(arrays, batch_size=16, shuffle=True, seed=1, drop_remainder=True)
+
+
+def test_a_checkpoint_handler_saves_every_iteration_and_resumes_from_the_fast_tier(tmp_path):
+    """n_saved=1, background writes, a save every iteration: the last save ends in both tiers; a new trainer resumes.
+
+    It resumes from the fast tier, with the same train state, bit for bit.
+    """
+    trainer = trainer_on()
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=3)
+    saver = Checkpoint({"trainer": trainer}, store, n_saved=1)
+    saver.attach(trainer, Events.ITERATION_COMPLETED)
+    trainer.run(digits_data(), max_epochs=2)  # 8 iterations: durable saves at 3 and 6, the last (8) at COMPLETED
+    assert (steps(store.fast), steps(store.durable)) == ([8], [8])
+    again = trainer_on(seed=5)
+    info = Checkpoint({"trainer": again}, TieredStore(tmp_path / "fast", tmp_path / "durable")).resume()
+    assert (info.step, info.path.parent.name, again.state.iteration) == (8, "process-0-of-1", 8)
+    for a, b in zip(jax.tree.leaves(trainer.state.train_state), jax.tree.leaves(again.state.train_state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_checkpoint_store_is_untouched_by_finish(tmp_path):
+    store = CheckpointStore(tmp_path)
+    store.save(filled(1), step=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert store.finish() is None
+    assert steps(store) == [1]
+
+
+def test_the_count_of_saves_goes_on_across_relaunches(tmp_path):
+    """Two saves, a relaunch, one save: the third since the durable tier's newest goes durable (durable_every=3)."""
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=3)
+    store.save(filled(1), step=1)
+    store.save(filled(2), step=2)
+    again = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=3)
+    again.save(filled(3), step=3)
+    assert steps(again.durable) == [3]
+    again.save(filled(4), step=4)
+    assert TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=3)._since == 1
