@@ -10,7 +10,8 @@ from typing import Any
 from ember.engine._events import EventEnum, FilteredEvent
 from ember.engine._handlers import EventHandlers
 from ember.engine._handles import RemovableEventHandle
-from ember.engine._loop import INTERRUPT, PAUSE
+from ember.engine._loop import INTERRUPT, PAUSE, RunLoop
+from ember.engine._resume import Resume
 from ember.engine._runs import RunSetup
 from ember.engine._state import State
 
@@ -27,7 +28,7 @@ class _Driving(threading.local):
 _driving = _Driving()
 
 
-class Engine(EventHandlers, RunSetup):
+class Engine(EventHandlers, RunSetup, Resume, RunLoop):
     """Runs ``process_fn(engine, batch)`` over data, firing [`Events`][ember.engine.Events] to registered handlers.
 
     The engine owns the loop and the counters (Python ints in `state`); the process function owns the work. Handlers
@@ -81,7 +82,10 @@ class Engine(EventHandlers, RunSetup):
             ) from None
         except ValueError:  # no signature to inspect: trust it
             pass
-        RunSetup.__init__(self, process_fn)
+        # the parts, each with its own state: the loop (state, signals, progress, data position, one dispatch per
+        # event), what a checkpoint of the run holds besides (user keys, attached states), the handler registry
+        RunLoop.__init__(self, process_fn)
+        Resume.__init__(self)
         EventHandlers.__init__(self)
 
     def track_state(self, name: str, obj: Any) -> Callable[[], None]:
@@ -133,8 +137,7 @@ class Engine(EventHandlers, RunSetup):
             50
         """
         self.logger.info("Terminate signaled. Engine will stop after current iteration is finished.")
-        self.should_terminate = "skip_completed" if skip_completed else True
-        self._stop_final = bool(final)
+        self._signals.set_terminate("skip_completed" if skip_completed else True, final=final)
 
     def terminate_epoch(self, skip_epoch_completed: bool = False) -> None:
         """End the current epoch once the current event's handlers have run; the next epoch follows.
@@ -181,12 +184,10 @@ class Engine(EventHandlers, RunSetup):
                 "and resume runs, or call terminate() to end the run."
             )
         self.logger.info("interrupt signaled. Engine will interrupt the run after current iteration is finished.")
-        self._interrupt = True
-        self._signal = True
+        self._signals.set_interrupt(True)
 
     def _request_pause(self) -> None:
-        self._pause = True
-        self._signal = True
+        self._signals.set_pause(True)
 
     # -- running ---------------------------------------------------------------------------------
 

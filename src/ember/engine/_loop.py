@@ -1,8 +1,11 @@
 """The run loop: a generator that fires events in Ignite's order and suspends on interrupt.
 
 The loop is written for speed. Deciding whether to fire costs one attribute test per event when an
-event has no handlers; flags set by ``terminate``/``terminate_epoch``/``interrupt`` are folded into
-one ``_signal`` bool checked after each event; nothing is formatted or logged per iteration.
+event has no handlers; the requests of ``terminate``/``terminate_epoch``/``interrupt`` are folded into
+one bool (`Signals.any`) checked after each event; nothing is formatted or logged per iteration.
+
+Its state is in parts of their own: `Signals` (what handlers asked for), `Progress` (where the run stands in
+its epochs), `DataPosition` (where it stands in its data), one `Dispatch` per event, and the `State` users read.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 from ember.engine._dispatch import Dispatch
 from ember.engine._events import EventEnum, Events
 from ember.engine._position import DataPosition
+from ember.engine._progress import Progress
+from ember.engine._signals import Signals
 from ember.engine._state import State
 
 #: What the run generator yields to its driver.
@@ -38,29 +43,34 @@ class _TerminateEpoch(Exception):
 
 
 class RunLoop:
-    """The engine's run loop; `Engine` adds the public API on top."""
+    """The engine's run loop over its parts; `Engine` adds the public API on top."""
+
+    _gen: RunGen | None  # a run suspended by interrupt() or iterate()
 
     def __init__(self, process_fn: Callable[[Any, Any], Any]) -> None:
         self._process_fn = process_fn
         self.state = State()
         self.last_event_name: EventEnum | str | None = None
         self.logger = logging.getLogger(f"ember.engine._engine.{type(self).__name__}")
-        self._terminate: bool | str = False
-        self._terminate_epoch = False
-        self._skip_epoch_completed = False
-        self._interrupt = False
-        self._pause = False
-        self._signal = False
-        self._dispatch: dict[EventEnum | str, Dispatch] = {e: Dispatch() for e in Events}
-        self._gen: RunGen | None = None  # a run suspended by interrupt() or iterate()
+        self._signals = Signals()  # what handlers asked for
+        self._progress = Progress()  # where the run stands in its epochs
         self._data = DataPosition()  # the data as given, its live iterator, a position not yet live
-        self._epoch_open = False  # an epoch has started and not yet completed
-        self._epoch_pos = 0  # iterations done in the current epoch
-        self._exhausted = False
-        self._epoch_owed = False  # mark_epoch_incomplete() was called in the last EPOCH_COMPLETED
+        self._dispatch: dict[EventEnum | str, Dispatch] = {e: Dispatch() for e in Events}
+        self._gen = None
         self._running = False
-        self._loaded = False  # the position came from load_state_dict, and no run has started since
-        self._stop_final = True  # the terminate() in effect ends the run for a relaunch too (False: Preemption's)
+
+    def _suspended(self) -> bool:
+        """Whether a run is in progress: suspended by ``interrupt()`` or ``iterate()``, or running."""
+        return self._gen is not None
+
+    def _drop_run(self) -> None:
+        """Forget the run in progress (a new run starts, or a position was loaded)."""
+        self._gen = None
+
+    def _start_gen(self) -> None:
+        """Make the run's generator, unless a run is in progress."""
+        if self._gen is None:
+            self._gen = self._run_gen()
 
     def _reset_filters(self) -> None:
         for d in self._dispatch.values():
@@ -77,17 +87,11 @@ class RunLoop:
 
         Setting it to ``True`` from a handler stops the run as ``terminate()`` does; it is cleared when a run starts.
         """
-        return self._terminate
+        return self._signals.terminate
 
     @should_terminate.setter
     def should_terminate(self, value: bool | str) -> None:
-        self._terminate = value
-        self._stop_final = True
-        self._update_signal()
-
-    def _ended_by_decision(self) -> bool:
-        """The run was stopped by a final ``terminate()``: a run loaded from its state is complete."""
-        return bool(self._terminate) and self._stop_final
+        self._signals.set_terminate(value)
 
     @property
     def should_terminate_single_epoch(self) -> bool | str:
@@ -95,48 +99,35 @@ class RunLoop:
 
         Setting it from a handler ends the epoch as ``terminate_epoch()`` does; it is cleared once the epoch ends.
         """
-        return "skip_epoch_completed" if self._skip_epoch_completed else self._terminate_epoch
+        return self._signals.epoch_request
 
     @should_terminate_single_epoch.setter
     def should_terminate_single_epoch(self, value: bool | str) -> None:
-        self._terminate_epoch = bool(value)
-        self._skip_epoch_completed = value == "skip_epoch_completed"
-        self._update_signal()
-
-    def _update_signal(self) -> None:
-        self._signal = bool(self._terminate or self._terminate_epoch or self._interrupt or self._pause)
-
-    def _clear_signals(self) -> None:
-        self._terminate, self._stop_final = False, True
-        self._terminate_epoch = self._skip_epoch_completed = False
-        self._interrupt = self._pause = self._signal = False
+        self._signals.set_terminate_epoch(value)
 
     def _pause_point(self) -> RunGen:
-        if self._pause:
-            self._pause = False
-            self._update_signal()
+        if self._signals.pause:
+            self._signals.set_pause(False)
             yield PAUSE
 
     def _on_signal(self, event: EventEnum) -> RunGen:
-        """Act on flags set by the handlers of ``event``, after all of them have run."""
+        """Act on the requests the handlers of ``event`` made, after all of them have run."""
+        signals = self._signals
         yield from self._pause_point()
-        if self._terminate:
+        if signals.terminate:
             raise _Terminate
-        if self._terminate_epoch:
+        if signals.terminate_epoch:
             if event in _NO_TERMINATE_EPOCH:
-                self._terminate_epoch = self._skip_epoch_completed = False
-                self._update_signal()
+                signals.end_epoch_request()
                 raise RuntimeError(
                     f"terminate_epoch() was called from a {event!r} handler, before the epoch has any "
                     "iteration to end; call it from an iteration or batch event, or call terminate()."
                 )
             if event not in _EPOCH_ALREADY_ENDED:
                 raise _TerminateEpoch
-            self._terminate_epoch = self._skip_epoch_completed = False  # the epoch is over already
-            self._update_signal()
-        if self._interrupt:
-            self._interrupt = False
-            self._update_signal()
+            signals.end_epoch_request()  # the epoch is over already
+        if signals.interrupt:
+            signals.set_interrupt(False)
             self._fire(Events.INTERRUPT, self.state.iteration)
             yield INTERRUPT
 
@@ -148,58 +139,39 @@ class RunLoop:
 
     # -- the run ---------------------------------------------------------------------------------
 
-    def _epoch_completion_pending(self) -> bool:
-        """The current epoch's last iteration ran, but a terminate() kept EPOCH_COMPLETED from firing."""
-        length = self.state.epoch_length
-        return self._epoch_open and length is not None and self._epoch_pos >= length
-
-    def _is_done(self) -> bool:
-        st = self.state
-        if st.max_iters is not None and st.iteration >= st.max_iters:
-            return True
-        if st.max_epochs is None:
-            return False
-        if st.epoch - self._epoch_open >= st.max_epochs:
-            return True
-        if self._epoch_completion_pending():
-            return False  # the epoch still owes its EPOCH_COMPLETED
-        return st.epoch_length is not None and st.iteration >= st.epoch_length * st.max_epochs
-
     def _run_gen(self) -> RunGen:
-        st = self.state
-        self._clear_signals()
-        self._exhausted = False
+        st, signals, progress = self.state, self._signals, self._progress
+        signals.clear()
+        progress.exhausted = False
         st.times = {"EPOCH_COMPLETED": None, "COMPLETED": None}
         run_start = time.perf_counter()
         try:
             try:
                 self._fire(Events.STARTED, st.epoch)
-                if self._signal:
+                if signals.any:
                     yield from self._on_signal(Events.STARTED)
-                while not self._exhausted and not self._is_done():
+                while not progress.exhausted and not progress.done(st):
                     epoch_start = time.perf_counter()
-                    if not self._epoch_open:
+                    if not progress.epoch_open:
                         st.epoch += 1
-                        self._epoch_open = True
-                        self._epoch_owed = False
-                        self._epoch_pos = 0
+                        progress.start_epoch()
                         self._fire(Events.EPOCH_STARTED, st.epoch)
-                        if self._signal:
+                        if signals.any:
                             yield from self._on_signal(Events.EPOCH_STARTED)
                     completed = yield from self._run_epoch()
-                    self._epoch_open = False
+                    progress.epoch_open = False
                     st.times["EPOCH_COMPLETED"] = time.perf_counter() - epoch_start
                     if completed:
                         self._fire(Events.EPOCH_COMPLETED, st.epoch)
                         st.times["EPOCH_COMPLETED"] = time.perf_counter() - epoch_start
-                        if self._signal:
+                        if signals.any:
                             yield from self._on_signal(Events.EPOCH_COMPLETED)
                     self.logger.info("Epoch[%d] Complete. Time taken: %s", st.epoch, _hms(st.times["EPOCH_COMPLETED"]))
             except _Terminate:
                 self._fire(Events.TERMINATE, st.epoch)
                 yield from self._pause_point()
             st.times["COMPLETED"] = time.perf_counter() - run_start
-            if self._terminate != "skip_completed":
+            if signals.terminate != "skip_completed":
                 self._fire(Events.COMPLETED, st.epoch)
                 st.times["COMPLETED"] = time.perf_counter() - run_start
                 yield from self._pause_point()
@@ -214,18 +186,18 @@ class RunLoop:
 
     def _run_epoch(self) -> Generator[Signal, None, bool]:
         """Run one epoch (or its rest); return whether EPOCH_COMPLETED should fire."""
-        st = self.state
+        st, signals, progress = self.state, self._signals, self._progress
         d = self._dispatch
         gbs, gbc = d[Events.GET_BATCH_STARTED], d[Events.GET_BATCH_COMPLETED]
         its, itc = d[Events.ITERATION_STARTED], d[Events.ITERATION_COMPLETED]
         process = self._process_fn
         length = st.epoch_length
-        if self._epoch_completion_pending():
+        if progress.completion_pending(st):
             return True  # continued after a terminate() at the epoch's last iteration
         data = self._data
         if data.live is None and st.dataloader is not None:
-            data.open(st.dataloader, iteration=st.iteration, epoch=st.epoch, epoch_pos=self._epoch_pos)
-        pos = self._epoch_pos
+            data.open(st.dataloader, iteration=st.iteration, epoch=st.epoch, epoch_pos=progress.epoch_pos)
+        pos = progress.epoch_pos
         try:
             while True:
                 st.batch = None
@@ -233,7 +205,7 @@ class RunLoop:
                     self.last_event_name = Events.GET_BATCH_STARTED
                     if gbs.regs:
                         gbs.fire(self, st.iteration)
-                    if self._signal:
+                    if signals.any:
                         yield from self._on_signal(Events.GET_BATCH_STARTED)
                     try:
                         st.batch = next(data.live)
@@ -248,38 +220,37 @@ class RunLoop:
                     self.last_event_name = Events.GET_BATCH_COMPLETED
                     if gbc.regs:
                         gbc.fire(self, st.iteration)
-                    if self._signal:
+                    if signals.any:
                         yield from self._on_signal(Events.GET_BATCH_COMPLETED)
                 else:
                     st.output = None
                 pos += 1
-                self._epoch_pos = pos
+                progress.epoch_pos = pos
                 st.iteration += 1
                 self.last_event_name = Events.ITERATION_STARTED
                 if its.regs:
                     its.fire(self, st.iteration)
-                if self._signal:
+                if signals.any:
                     yield from self._on_signal(Events.ITERATION_STARTED)
                 st.output = process(self, st.batch)
                 self.last_event_name = Events.ITERATION_COMPLETED
                 if itc.regs:
                     itc.fire(self, st.iteration)
-                if self._signal:
+                if signals.any:
                     yield from self._on_signal(Events.ITERATION_COMPLETED)
                 if pos == length:
                     return True
                 if st.max_iters is not None and st.iteration >= st.max_iters:
-                    self.should_terminate = True  # Ignite's way to end at max_iters (TERMINATE fires)
-                    self._stop_final = False  # the limit ended it, not a decision: state_dict() says nothing
+                    # Ignite's way to end at max_iters (TERMINATE fires); the limit ended it, not a decision, so
+                    # state_dict() says nothing of it
+                    signals.set_terminate(True, final=False)
                     raise _Terminate
         except _TerminateEpoch:
-            skip = self._skip_epoch_completed
-            self._terminate_epoch = self._skip_epoch_completed = False
-            self._update_signal()
+            skip = signals.end_epoch_request()
             self._fire(Events.TERMINATE_SINGLE_EPOCH, st.epoch)
             if st.dataloader is not None:
                 self._data.fresh_pass(st.dataloader, st.iteration)
-            if self._signal:
+            if signals.any:
                 yield from self._on_signal(Events.TERMINATE_SINGLE_EPOCH)
             return not skip
 
@@ -302,10 +273,10 @@ class RunLoop:
                     UserWarning,
                     stacklevel=2,
                 )
-                self._exhausted = True
+                self._progress.exhausted = True
                 return False
             self._fire(Events.DATALOADER_STOP_ITERATION, st.iteration)
-            if self._signal:
+            if self._signals.any:
                 yield from self._on_signal(Events.DATALOADER_STOP_ITERATION)
             loader: Iterable[Any] = st.dataloader  # type: ignore[assignment]  # only called when there is data
             it = self._data.fresh_pass(loader, st.iteration)

@@ -6,8 +6,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ember._protocols import Stateful
-from ember.engine._events import Events
-from ember.engine._loop import RunLoop
+from ember.engine._events import EventEnum, Events
+from ember.engine._position import DataPosition
+from ember.engine._progress import Progress
+from ember.engine._signals import Signals
 from ember.engine._state import State
 
 
@@ -133,8 +135,12 @@ class AttachedStates:
                 self._waiting[name] = state
 
 
-class ResumableLoop(RunLoop):
-    """The run loop, plus saving and restoring its position (Ignite's ``Serializable``); ``Engine`` inherits it.
+class Resume:
+    """Saving and restoring a run's position (Ignite's ``Serializable``): the engine's ``state_dict`` and its load.
+
+    Its own parts are the user keys and the attached states; it reads and writes the run loop's (the state, the
+    signals, the progress, the data position). ``Engine`` is made of it, the run loop, the run setup and the handler
+    registry.
 
     Examples:
         >>> from ember import Engine
@@ -144,8 +150,17 @@ class ResumableLoop(RunLoop):
         (2, 6)
     """
 
-    def __init__(self, process_fn: Callable[[Any, Any], Any]) -> None:
-        super().__init__(process_fn)
+    # the run loop's parts (`RunLoop`)
+    state: State
+    last_event_name: EventEnum | str | None
+    _signals: Signals
+    _progress: Progress
+    _data: DataPosition
+    _running: bool
+    _reset_filters: Callable[[], None]
+    _drop_run: Callable[[], None]
+
+    def __init__(self) -> None:
         self._state_dict_user_keys: list[str] = []
         self._states = AttachedStates()
 
@@ -177,9 +192,9 @@ class ResumableLoop(RunLoop):
             {'epoch_length': 3, 'iteration': 6, 'max_epochs': 2}
         """
         out = engine_state_dict(self.state, self._state_dict_user_keys, self._data.saved())
-        if self._ended_by_decision():
+        if self._signals.ended_by_decision:
             out["terminated"] = True  # a relaunch that loads this has nothing left to run
-        if self._epoch_completion_pending() or self._epoch_owed:
+        if self._progress.completion_pending(self.state) or self._progress.epoch_owed:
             out["epoch_completed"] = False  # resumed, the run fires this epoch's EPOCH_COMPLETED first
         attached = self._states.state_dict()
         if attached:
@@ -209,7 +224,7 @@ class ResumableLoop(RunLoop):
             raise RuntimeError(
                 f"mark_epoch_incomplete() is for EPOCH_COMPLETED handlers; it was called at {self.last_event_name!r}."
             )
-        self._epoch_owed = True
+        self._progress.epoch_owed = True
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a position saved by [`state_dict`][ember.engine.Engine.state_dict]; the next `run` continues from it.
@@ -235,15 +250,8 @@ class ResumableLoop(RunLoop):
         self._data.release()  # a live iterator's workers stop; the loaded position replaces its own
         self._data.load(load_engine_state(self.state, state_dict, self._state_dict_user_keys))
         self._states.load_state_dict(state_dict.get("attached", {}))
-        self._loaded, self._epoch_owed = True, False
-        self._terminate, self._stop_final = state_dict.get("terminated") is True, True  # should_terminate says so
-        self._update_signal()
-        st = self.state
-        length = st.epoch_length
-        full, pos = divmod(st.iteration, length) if length else (0, 0)
-        if state_dict.get("epoch_completed") is False and length and pos == 0 and full > 0:
-            full, pos = full - 1, length  # the last epoch's EPOCH_COMPLETED is still owed
-        self._epoch_open, self._epoch_pos = pos > 0, pos
-        st.epoch = full + (pos > 0)
-        self._gen = None
+        self._signals.set_terminate(state_dict.get("terminated") is True)  # should_terminate says so
+        completed = state_dict.get("epoch_completed")
+        self._progress.place(self.state, epoch_completed=completed if isinstance(completed, bool) else None)
+        self._drop_run()
         self._reset_filters()

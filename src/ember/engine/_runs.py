@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from ember.engine._resume import ResumableLoop
+from ember.engine._position import DataPosition
+from ember.engine._progress import Progress
+from ember.engine._signals import Signals
+from ember.engine._state import State
 from ember.engine._validate import (
     already_complete,
     check_mode,
@@ -18,8 +22,23 @@ from ember.engine._validate import (
 )
 
 
-class RunSetup(ResumableLoop):
-    """Reconciles ``run()``'s arguments with the run in progress; `Engine` adds the public API on top."""
+class RunSetup:
+    """Reconciles ``run()``'s arguments with the run in progress: start a new run, continue one, or switch data.
+
+    It has no state of its own: it sets up the run loop's parts (`RunLoop`) for the generator that runs.
+    """
+
+    # the run loop's parts and steps (`RunLoop`)
+    state: State
+    logger: logging.Logger
+    _signals: Signals
+    _progress: Progress
+    _data: DataPosition
+    _running: bool
+    _reset_filters: Callable[[], None]
+    _suspended: Callable[[], bool]
+    _drop_run: Callable[[], None]
+    _start_gen: Callable[[], None]
 
     def _wrap_data(self, data: Iterable[Any]) -> Iterable[Any]:
         """Hook for subclasses: what the engine iterates for ``data`` (a trainer puts it on device)."""
@@ -61,22 +80,22 @@ class RunSetup(ResumableLoop):
         check_mode(st, max_epochs, max_iters)
         if st.max_epochs is not None or st.max_iters is not None:  # a run exists: apply what the caller changes
             self._update_limits(max_epochs, max_iters, epoch_length)
-        if self._loaded and self._terminate:  # loaded from a run a handler ended (early stopping, a time limit)
+        progress = self._progress
+        if progress.loaded and self._signals.terminate:  # loaded from a run a handler ended (early stopping, ...)
             warnings.warn(ended_by_terminate(st), UserWarning, stacklevel=3)
             return False
         if st.max_epochs is None and st.max_iters is None:
             self._start_new_run(data, max_epochs, max_iters, epoch_length)
-        elif self._gen is None and self._is_done():
-            if self._loaded:
+        elif not self._suspended() and progress.done(st):
+            if progress.loaded:
                 warnings.warn(already_complete(st), UserWarning, stacklevel=3)
                 return False
             self._start_new_run(data, max_epochs, max_iters, epoch_length)
         else:
             self._continue_run(data)
             self._log_resume()
-        self._loaded = False
-        if self._gen is None:
-            self._gen = self._run_gen()
+        progress.loaded = False
+        self._start_gen()
         return True
 
     def _log_resume(self) -> None:
@@ -100,12 +119,11 @@ class RunSetup(ResumableLoop):
             max_epochs = 1
         st.iteration = st.epoch = 0
         st.max_epochs, st.max_iters, st.epoch_length = max_epochs, max_iters, epoch_length
-        self._epoch_owed = False
         self._data.release()
         st.dataloader = None if data is None else self._wrap_data(data)
         self._data.start(data)
-        self._gen = None
-        self._epoch_open, self._epoch_pos = False, 0
+        self._drop_run()
+        self._progress.restart()
         self._reset_filters()
         limit = f"max_iters={max_iters}" if max_iters is not None else f"max_epochs={max_epochs}"
         self.logger.info("Engine run starting with %s.", limit)
