@@ -192,6 +192,13 @@ def test_a_checkpoint_handler_saves_every_iteration_and_resumes_from_the_fast_ti
     assert (info.step, info.path.parent.name, again.state.iteration) == (8, "process-0-of-1", 8)
     for a, b in zip(jax.tree.leaves(trainer.state.train_state), jax.tree.leaves(again.state.train_state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert saver.last_checkpoint == tmp_path / "fast" / "process-0-of-1" / "step_00000008"  # where it is
+    third = trainer_on(seed=6)
+    assert Checkpoint.load_objects({"trainer": third}, saver.last_checkpoint).step == 8  # Ignite's way to load it
+    np.testing.assert_array_equal(
+        np.asarray(third.state.train_state.params["Dense_0"]["kernel"]),
+        np.asarray(trainer.state.train_state.params["Dense_0"]["kernel"]),
+    )
 
 
 def test_a_checkpoint_store_is_untouched_by_finish(tmp_path):

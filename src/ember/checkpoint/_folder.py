@@ -143,6 +143,18 @@ class CheckpointFolder:
         except ValueError:  # CorruptCheckpointError too: a save of that name moves it aside
             return None
 
+    def path_of(self, name: str) -> Path:
+        """The folder checkpoint ``name`` is (or, while it is written, will be) in.
+
+        Examples:
+            >>> import tempfile
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> store.path_of("step_00000003") == store.root / "step_00000003"
+            True
+        """
+        return self.root / name
+
     def holds(self, info: CheckpointInfo) -> bool:
         """Whether ``info`` is a checkpoint in this store's folder (rather than one read from elsewhere).
 

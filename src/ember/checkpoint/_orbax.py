@@ -22,6 +22,7 @@ from ember.checkpoint._files import checksum_problem, list_files, record, size_p
 from ember.checkpoint._info import file_records
 from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, new_manifest, write_manifest, wrong_store
 from ember.checkpoint._notice import committed, describe, rebuilt
+from ember.checkpoint._shards import ShardStore
 from ember.checkpoint._snapshot import flat_leaves
 from ember.checkpoint._store import CheckpointInfo, CheckpointStore, Prepared, naming
 
@@ -269,6 +270,8 @@ logging.getLogger("absl").addFilter(_QUIET)
 def open_store(root: str | os.PathLike[str]) -> CheckpointStore:
     """The store for a folder: an ``OrbaxStore`` if orbax wrote its checkpoints, else a ``CheckpointStore``.
 
+    One process's folder of a [`TieredStore`][ember.checkpoint.TieredStore]'s fast tier is read as that tier reads it.
+
     Readers, ``ember inspect`` and the ``Checkpoint`` handler open a folder given by path this way.
 
     Examples:
@@ -280,5 +283,17 @@ def open_store(root: str | os.PathLike[str]) -> CheckpointStore:
         ('CheckpointStore', 1)
     """
     path = Path(root)
-    orbax = path.is_dir() and any((c / ITEM).is_dir() and (c / MANIFEST).exists() for c in path.iterdir())
-    return OrbaxStore(path) if orbax else CheckpointStore(path)
+    if path.is_dir() and any((c / ITEM).is_dir() and (c / MANIFEST).exists() for c in path.iterdir()):
+        return OrbaxStore(path)
+    one = next((c / MANIFEST for c in path.iterdir() if (c / MANIFEST).is_file()), None) if path.is_dir() else None
+    if one is not None and _has_layout(one):
+        return ShardStore(path)  # one process's folder of a TieredStore's fast tier
+    return CheckpointStore(path)
+
+
+def _has_layout(manifest: Path) -> bool:
+    """Whether ``manifest`` is a fast tier's (it records the shards' layout)."""
+    try:
+        return "layout" in json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return False

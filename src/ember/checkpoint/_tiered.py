@@ -166,6 +166,9 @@ class TieredStore(TieredReading, CheckpointStore):
         self._pending = self._submit(self._settle, durable, then)
         return self._pending
 
+    def _writing(self, name: str) -> bool:
+        return self._last is not None and self._last.name == name and self.writing
+
     def _due(self, replaces: str | None) -> bool:
         """Whether the save being made goes into the durable tier too; count it (the fast tier's manifest says)."""
         self._since += 1

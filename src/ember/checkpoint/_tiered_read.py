@@ -27,6 +27,7 @@ class TieredReading:
     root: Path
     fast: ShardStore
     durable: CheckpointStore
+    _writing: Callable[[str], bool]  # whether the newest save, still in flight, is ``name``
 
     def checkpoints(self) -> list[CheckpointInfo]:
         """Every valid checkpoint of both tiers, oldest step first; of a step in both, the fast tier's.
@@ -162,6 +163,20 @@ class TieredReading:
             'process-0-of-1'
         """
         return self.fast.find(name) or self.durable.find(name)
+
+    def path_of(self, name: str) -> Path:
+        """The fast tier's folder of checkpoint ``name`` if that tier holds it (or is writing it), else the durable's.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp())
+            >>> _ = store.save({"w": np.zeros(1)}, step=7)
+            >>> store.path_of("step_00000007").parent == store.fast.root
+            True
+        """
+        fast = self.fast.root / name
+        return fast if fast.is_dir() or self._writing(name) else self.durable.path_of(name)
 
     def holds(self, info: CheckpointInfo) -> bool:
         """Whether ``info`` is a checkpoint of either tier.

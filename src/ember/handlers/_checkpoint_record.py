@@ -51,7 +51,7 @@ class CheckpointRecord:
         best = self._ledger.best()
         if best is None:
             return None
-        return self.store.root / best.filename if self.store is not None else best.filename
+        return self.store.path_of(best.filename) if self.store is not None else best.filename
 
     @staticmethod
     def setup_filename_pattern(
