@@ -73,24 +73,44 @@ def test_a_wiped_fast_tier_restores_from_the_durable_one(tmp_path):
     assert (info.step, info.path.parent.name, tree["n"]) == (3, "durable", 3)
 
 
-def test_a_damaged_fast_checkpoint_is_set_aside_and_the_next_one_read(tmp_path):
-    """A bit flipped in the newest fast checkpoint: moved aside with a warning, and the next newest is restored."""
-    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=2, keep_fast=3)
-    for step in range(1, 5):
-        store.save(filled(step), step=step)
-    data = store.fast.root / "step_00000004" / "state.msgpack"
+def flip(data):
     raw = bytearray(data.read_bytes())
     raw[-3] ^= 0xFF
     data.write_bytes(bytes(raw))
-    with pytest.warns(UserWarning, match=r"step_00000004.*is corrupt: its state.msgpack does not match the checksum"):
+
+
+def truncate(data):
+    data.write_bytes(data.read_bytes()[:-10])
+
+
+MOVED = ["corrupt-step_00000004", "step_00000002", "step_00000003"]  # set aside, never deleted
+DAMAGE = {
+    "altered": (flip, r"its state\.msgpack does not match the checksum in manifest\.json", MOVED),
+    "truncated": (truncate, r"its state\.msgpack holds \d+ bytes, the manifest says \d+ \(truncated\)", MOVED),
+    "deleted": (lambda data: data.unlink(), r"its state\.msgpack is missing", MOVED),
+    "manifest deleted": (  # no manifest: not a checkpoint (a write that never finished), skipped and left
+        lambda data: (data.parent / "manifest.json").unlink(),
+        r"Skipping checkpoint 'step_00000004': it has no manifest",
+        ["step_00000002", "step_00000003", "step_00000004"],
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_fast_checkpoint_is_skipped_and_the_same_step_read_from_the_durable_tier(tmp_path, damage):
+    """The newest fast checkpoint altered, truncated, or a file of it deleted: the same step from the durable tier.
+
+    A warning names it; a damaged one is moved aside (never deleted).
+    """
+    harm, warning, left = DAMAGE[damage]
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=2, keep_fast=3)
+    for step in range(1, 5):
+        store.save(filled(step), step=step)
+    harm(store.fast.root / "step_00000004" / "state.msgpack")
+    with pytest.warns(UserWarning, match=warning):
         tree, info = store.restore(target=filled(0))
-    assert (info.step, info.path.parent.name) == (4, "durable")  # the same step, from the durable tier
-    assert tree["n"] == 4
-    assert sorted(p.name for p in store.fast.root.iterdir()) == [
-        "corrupt-step_00000004",
-        "step_00000002",
-        "step_00000003",
-    ]
+    assert (info.step, info.path.parent.name, tree["n"]) == (4, "durable", 4)
+    assert sorted(p.name for p in store.fast.root.iterdir()) == left
 
 
 def test_retention_never_empties_the_durable_tier(tmp_path):
