@@ -165,17 +165,25 @@ def test_16_mixed_grows_the_scale_after_a_period_of_finite_steps():
     assert [scale for scale, *_ in seen] == [4.0, 4.0, 4.0, 8.0, 8.0, 8.0, 16.0]
 
 
+def _straight_and_resumed(tmp_path, precision, data, stop):
+    """A run straight over ``data``, and a new trainer resumed from the checkpoint of a run stopped at ``stop``.
+
+    Returns ``(straight, resumed, info)``; ``resumed`` has not trained on yet.
+    """
+    straight = create_trainer(_state(), xent_loss, precision=precision)
+    straight.run(data)
+    first = create_trainer(_state(), xent_loss, precision=precision)
+    Checkpoint({"trainer": first}, tmp_path, n_saved=None).attach(first, Events.ITERATION_COMPLETED(once=stop))
+    first.add_event_handler(Events.ITERATION_COMPLETED(once=stop), lambda e: e.terminate(final=False))
+    first.run(data)
+    resumed = create_trainer(_state(), xent_loss, precision=precision)
+    return straight, resumed, Checkpoint({"trainer": resumed}, tmp_path).resume()
+
+
 def test_16_mixed_resumes_bit_exact_with_its_loss_scale(tmp_path):
     """Ten steps straight equal five, a checkpoint, a new trainer restored from it, and five more."""
     data = _poisoned(10, at=(3, 7))
-    straight = create_trainer(_state(), xent_loss, precision="16-mixed")
-    straight.run(data)
-    first = create_trainer(_state(), xent_loss, precision="16-mixed")
-    Checkpoint({"trainer": first}, tmp_path, n_saved=None).attach(first, Events.ITERATION_COMPLETED(once=5))
-    first.add_event_handler(Events.ITERATION_COMPLETED(once=5), lambda e: e.terminate(final=False))
-    first.run(data)
-    resumed = create_trainer(_state(), xent_loss, precision="16-mixed")
-    Checkpoint({"trainer": resumed}, tmp_path).resume()
+    straight, resumed, _ = _straight_and_resumed(tmp_path, "16-mixed", data, stop=5)
     assert float(resumed.state.train_state.loss_scale.scale) == 16384.0
     resumed.run(data)
     a, b = straight.tree_state_dict(), resumed.tree_state_dict()
@@ -194,14 +202,8 @@ def test_bf16_true_resumes_bit_exact_through_a_background_checkpoint(tmp_path):
     more.
     """
     data = [BATCH] * 6
-    straight = create_trainer(_state(), xent_loss, precision="bf16-true")
-    straight.run(data)
-    first = create_trainer(_state(), xent_loss, precision="bf16-true")
-    Checkpoint({"trainer": first}, tmp_path, n_saved=None).attach(first, Events.ITERATION_COMPLETED(once=3))
-    first.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate(final=False))
-    first.run(data)
-    resumed = create_trainer(_state(), xent_loss, precision="bf16-true")
-    assert Checkpoint({"trainer": resumed}, tmp_path).resume().step == 3
+    straight, resumed, info = _straight_and_resumed(tmp_path, "bf16-true", data, stop=3)
+    assert info.step == 3
     resumed.run(data)
     a, b = straight.tree_state_dict(), resumed.tree_state_dict()
     assert {np.asarray(b[name]).dtype.name for name in b if name.startswith("params")} == {"bfloat16"}

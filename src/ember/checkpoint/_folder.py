@@ -356,7 +356,11 @@ class CheckpointFolder:
                 return self._read(info, target, on_verified), info
             except CorruptCheckpointError as why:
                 self.set_aside(info.path, why)
-        raise FileNotFoundError(f"No valid checkpoint in {self.root}.")
+        raise FileNotFoundError(f"No valid checkpoint in {self._places()}.")
+
+    def _places(self) -> str:
+        """Where this store's checkpoints are, as its errors name it."""
+        return str(self.root)
 
     def _read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
         if target is not None:

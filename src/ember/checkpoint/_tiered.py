@@ -15,7 +15,6 @@ import jax
 import numpy as np
 
 from ember.checkpoint._info import CheckpointInfo
-from ember.checkpoint._manifest import new_manifest
 from ember.checkpoint._orbax import open_store
 from ember.checkpoint._order import newer
 from ember.checkpoint._shards import NotHere, ShardStore
@@ -261,10 +260,16 @@ class TieredStore(TieredReading, CheckpointStore):
         self.fast.close()
         self.durable.close()
 
-    def amend(
-        self, name: str, *, metrics: Mapping[str, float] | None = None, metadata: Mapping[str, Any] | None = None
+    def _amend(
+        self,
+        previous: Future[CheckpointInfo] | None,
+        name: str,
+        metrics: Mapping[str, float] | None,
+        metadata: Mapping[str, Any] | None,
     ) -> CheckpointInfo:
-        """Rewrite checkpoint ``name``'s manifest in each tier that holds it (see ``CheckpointStore.amend``).
+        """Rewrite checkpoint ``name``'s manifest in each tier that holds it, once ``previous`` is on disk.
+
+        ``amend`` and ``amend_in_background`` (the store's) call it, in the caller's thread or on the writer's.
 
         Examples:
             >>> import tempfile, numpy as np
@@ -274,49 +279,6 @@ class TieredStore(TieredReading, CheckpointStore):
             >>> store.amend("step_00000003", metrics={"loss": 0.5}).metrics, store.fast.latest().metrics
             ({'loss': 0.5}, {'loss': 0.5})
         """
-        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here
-        previous = self._pending
-        self.wait()
-        return self._amend(previous, name, metrics, metadata)
-
-    def amend_in_background(
-        self,
-        name: str,
-        *,
-        metrics: Mapping[str, float] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        then: Callable[[], object] | None = None,
-    ) -> Future[CheckpointInfo]:
-        """[`amend`][ember.checkpoint.TieredStore.amend] on the writer thread, after the saves in flight.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import TieredStore
-            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp())
-            >>> _ = store.save_in_background({"w": np.ones(2)}, step=3)
-            >>> _ = store.amend_in_background("step_00000003", metrics={"loss": 0.5})
-            >>> store.wait().metrics
-            {'loss': 0.5}
-        """
-        new_manifest(0, metrics, metadata)
-        previous = self._pending
-
-        def amend() -> CheckpointInfo:
-            info = self._amend(previous, name, metrics, metadata)
-            if then is not None:
-                then()
-            return info
-
-        self._pending = self._submit(amend)
-        return self._pending
-
-    def _amend(
-        self,
-        previous: Future[CheckpointInfo] | None,
-        name: str,
-        metrics: Mapping[str, float] | None,
-        metadata: Mapping[str, Any] | None,
-    ) -> CheckpointInfo:
         if previous is not None:
             previous.result()  # on disk in both tiers (or its error is this one's)
         found = [tier for tier in (self.fast, self.durable) if (tier.root / name).is_dir()]

@@ -78,17 +78,11 @@ class TieredReading:
                 listed.append(durable[c.path.name])
         return listed
 
-    def restore(
-        self,
-        target: Any = None,
-        checkpoint: CheckpointInfo | None = None,
-        *,
-        on_verified: Callable[[], object] | None = None,
-    ) -> tuple[Any, CheckpointInfo]:
-        """Read a checkpoint of either tier (by default the newest that reads back whole), as ``restore`` reads one.
+    def _read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
+        """Read ``info`` through the tier that holds it; ``restore`` (the folder's) goes down the ranked list.
 
-        A fast checkpoint that some process cannot give (damaged, gone, saved with another layout) is skipped with a
-        warning, on every process, and the next is read: the same step or an older one from the durable tier.
+        A fast checkpoint that some process cannot give (damaged, gone, saved with another layout) raises, on every
+        process, and the next is read: the same step or an older one from the durable tier.
 
         Examples:
             >>> import tempfile, shutil, numpy as np
@@ -101,18 +95,11 @@ class TieredReading:
             >>> TieredStore(fast, store.durable.root).restore()[1].step
             2
         """
-        if checkpoint is not None:
-            return self._read_from(checkpoint, target, on_verified), checkpoint
-        for info in self.ranked():
-            try:
-                return self._read_from(info, target, on_verified), info
-            except CorruptCheckpointError as why:
-                self.set_aside(info.path, why)
-        raise FileNotFoundError(f"No valid checkpoint in {self.fast.root} or {self.root}.")
-
-    def _read_from(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
         tier = self.fast if self.fast.holds(info) else self.durable
         return tier.restore(target, info, on_verified=on_verified)[0]
+
+    def _places(self) -> str:
+        return f"{self.fast.root} or {self.root}"
 
     def verify(self, path: str | os.PathLike[str], *, full: bool = False) -> CheckpointInfo:
         """The info of the checkpoint in folder ``path``, of whichever tier holds it (see ``CheckpointFolder.verify``).
