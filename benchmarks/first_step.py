@@ -13,7 +13,12 @@ interpreter's own start) in the same loop: ``ember --version``, a config typo, a
 (``python -X importtime`` shows what each imports; none imports JAX); and, for scale, the whole default digits run
 (``ember train``, 15 epochs, from launch to exit), the figure the CLI page quotes.
 
-Run: ``python benchmarks/first_step.py [--repeats N] [--cli]``; results in ``docs/benchmarks.md``.
+With ``--cache``, what JAX's persistent compilation cache (``trainer.compilation_cache``, on by default in ``ember
+train``) costs and saves: a one-epoch digits run from launch to exit with the cache off, with an empty cache (the
+first run of a folder: it writes each entry) and with the cache a first run filled (a relaunch: it reads them),
+alternating, in fresh processes (the cache's folder is a process's, fixed by its first compilation).
+
+Run: ``python benchmarks/first_step.py [--repeats N] [--cli | --cache]``; results in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 
 def shared() -> tuple[object, object, object]:
@@ -98,6 +104,31 @@ def launch(side: str) -> float:
     return float(out.stdout.split()[-1]) - start
 
 
+def timed_commands(
+    commands: dict[str, Callable[[], list[str]]], repeats: int, *, env: dict[str, str] | None = None, check: bool = True
+) -> dict[str, list[float]]:
+    """Seconds from launch to exit of ``python <commands[name]()>`` for each name, ``repeats`` times, alternating."""
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for r in range(repeats):
+        for name in list(commands) if r % 2 == 0 else list(reversed(commands)):
+            args = commands[name]()
+            start = time.perf_counter()
+            subprocess.run([sys.executable, *args], env=env, capture_output=True, check=check, timeout=300)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def report(title: str, times: dict[str, list[float]], reference: str, against: Callable[[float, float], str]) -> None:
+    """Print each command's median, range, and ``against(median, the reference's median)``."""
+    ref = statistics.median(times[reference])
+    print(title)
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(
+            f"{name:20s} median {median:.2f} s (min {min(values):.2f}, max {max(values):.2f}), {against(median, ref)}"
+        )
+
+
 def cli_answers(repeats: int) -> None:
     """Seconds for the ``ember`` command's quick answers, against a bare interpreter's start, alternating."""
     import tempfile
@@ -112,28 +143,51 @@ def cli_answers(repeats: int) -> None:
         "a finished run": ["-m", "ember.cli", "train", "--output", run, *quick],
         "the digits run": ["-m", "ember.cli", "train", "handlers.progress=false", "--output"],  # a new folder each
     }
-    times: dict[str, list[float]] = {name: [] for name in commands}
-    for r in range(repeats):
-        for name in list(commands) if r % 2 == 0 else list(reversed(commands)):
-            args = commands[name] + ([tempfile.mkdtemp()] if name == "the digits run" else [])
-            start = time.perf_counter()
-            subprocess.run([sys.executable, *args], capture_output=True, check=False, timeout=300)
-            times[name].append(time.perf_counter() - start)
-    bare = statistics.median(times["python -c pass"])
-    print(f"{repeats} repeats, seconds from launch to exit")
-    for name, values in times.items():
-        median = statistics.median(values)
-        print(f"{name:16s} median {median:.2f} s (min {min(values):.2f}, max {max(values):.2f}), {median / bare:.1f}x")
+    times = timed_commands(
+        {
+            name: lambda a=args, n=name: a + ([tempfile.mkdtemp()] if n == "the digits run" else [])
+            for name, args in commands.items()
+        },
+        repeats,
+        check=False,
+    )
+    report(f"{repeats} repeats, seconds from launch to exit", times, "python -c pass", lambda m, ref: f"{m / ref:.1f}x")
+
+
+def cache_costs(repeats: int) -> None:
+    """Seconds of a one-epoch ``ember train`` with the compilation cache off, empty, and filled, alternating."""
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    quick = ["-m", "ember.cli", "train", "trainer.max_epochs=1", "handlers.progress=false", "--output"]
+    filled = tempfile.mkdtemp()
+    fill = [sys.executable, *quick, tempfile.mkdtemp(), f"trainer.compilation_cache={filled}"]
+    subprocess.run(fill, env=env, capture_output=True, check=True, timeout=300)
+    caches = {"off": lambda: "null", "empty (a first run)": tempfile.mkdtemp, "filled (a relaunch)": lambda: filled}
+    times = timed_commands(
+        {
+            name: lambda c=cache: [*quick, tempfile.mkdtemp(), f"trainer.compilation_cache={c()}"]
+            for name, cache in caches.items()
+        },
+        repeats,
+        env=env,
+    )
+    title = f"{repeats} repeats, seconds from launch to exit of a one-epoch digits run, by compilation cache"
+    report(title, times, "off", lambda m, ref: f"{m - ref:+.2f} s")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--cli", action="store_true", help="the ember command's answers without training")
+    parser.add_argument("--cache", action="store_true", help="what the persistent compilation cache costs and saves")
     parser.add_argument("--side", choices=["ember", "hand"], help=argparse.SUPPRESS)  # a child process
     args = parser.parse_args(argv)
     if args.cli:
         cli_answers(args.repeats)
+        return
+    if args.cache:
+        cache_costs(args.repeats)
         return
     if args.side is not None:
         ember_side() if args.side == "ember" else hand_side()

@@ -63,7 +63,10 @@ from ember.cli._registry import build_model, build_optimizer, build_schedule, lo
 
 
 def config(epochs: int, output: Path) -> dict[str, Any]:
-    return {"trainer": {"max_epochs": epochs}, "handlers": {"early_stopping": None}, "output": str(output)}
+    # JAX's persistent compilation cache off: it is the process's, and would serve the other sides' compilations too
+    # (its cost is measured by first_step.py --cache, in processes of their own)
+    trainer = {"max_epochs": epochs, "compilation_cache": None}
+    return {"trainer": trainer, "handlers": {"early_stopping": None}, "output": str(output)}
 
 
 @dataclass(frozen=True)

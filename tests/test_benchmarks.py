@@ -206,8 +206,28 @@ def test_first_step_benchmark_times_the_commands_quick_answers():
     assert names == ["python -c pass", "ember --version", "a config typo", "a finished run", "the digits run"], out
 
 
+def test_first_step_benchmark_times_the_compilation_cache_off_empty_and_filled():
+    """--cache, one repeat: a one-epoch run with the cache off, empty and filled, each against the run without."""
+    out = run_benchmark("first_step.py", "--cache", "--repeats", "1", timeout=300)
+    names = [
+        m.group(1).strip()
+        for m in re.finditer(r"^(.+?) +median [\d.]+ s \(min [\d.]+, max [\d.]+\), [+-][\d.]+ s$", out, re.M)
+    ]
+    assert names == ["off", "empty (a first run)", "filled (a relaunch)"], out
+
+
 def test_orbax_checks_benchmark_runs_and_reports_both_rows():
     """A small tree: the save and the restore rows, each with both sides and the ratio; no timing asserted."""
     out = run_benchmark("orbax_checks.py", "--mb", "8", "--repeats", "2", timeout=300)
     rows = [line.split()[0] for line in out.splitlines() if "ember / orbax" in line]
     assert rows == ["save", "restore"]
+
+
+def test_handler_costs_benchmark_runs_and_reports_each_part():
+    """`ember train` whole and without each part named (2 epochs, 1 repeat): a row per part, no timing asserted."""
+    out = run_benchmark(
+        "handler_costs.py", "--epochs", "2", "--repeats", "1", "--parts", "nan_guard,stall", timeout=300
+    )
+    rows = [line.split(" | ")[0] for line in out.splitlines()[2:]]
+    assert rows == ["all", "nan_guard", "stall", "together (every default part, the stall watchdog aside)"]
+    assert "TerminateOnNan on the loss" in out

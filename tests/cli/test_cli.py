@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -65,9 +66,15 @@ def test_running_the_same_command_again_finds_nothing_left_without_importing_jax
 
 
 def test_a_finished_run_whose_last_checkpoint_is_gone_is_not_taken_for_finished(tmp_path, capsys):
-    """The files must agree: a summary without its last checkpoint sends the relaunch through training again."""
+    """The files must agree: a summary without its last checkpoint sends the relaunch through training again.
+
+    No checkpoint writer thread outlives a run (a notebook trains many in one process).
+    """
     args = ["train", "--output", str(tmp_path), "trainer.max_epochs=1", "handlers.progress=false"]
+    writers = lambda: sorted(t.name for t in threading.enumerate() if t.name.startswith("ember-checkpoint"))  # noqa: E731
+    before = writers()
     assert main([*args, "handlers.writers=[jsonl]"]) == 0
+    assert writers() == before
     latest = tmp_path / "checkpoints" / "latest"
     assert sorted(p.name for p in latest.iterdir()) == ["step_00000022"]
     shutil.rmtree(latest / "step_00000022")
@@ -77,6 +84,7 @@ def test_a_finished_run_whose_last_checkpoint_is_gone_is_not_taken_for_finished(
     assert "already complete" not in out
     assert re.search(r"^epoch   1  iteration    22  val accuracy 0\.\d{4}", out, re.M), out
     assert sorted(p.name for p in latest.iterdir()) == ["step_00000022"]
+    assert writers() == before
 
 
 def test_a_changed_config_is_refused_and_a_finished_run_keeps_its_record(tmp_path, capsys):

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,19 +139,26 @@ def test_a_stalled_run_exits_75_with_its_stacks_in_the_run_folder_and_the_relaun
 
 
 def test_the_persistent_compilation_cache_is_on_and_a_second_run_shows_its_hits(tmp_path):
-    """trainer.compilation_cache: the first run fills the cache, the second one's goodput record counts its hits."""
+    """compilation_cache: auto is the user's cache folder: a run in a folder removed after it fills it, no warning.
+
+    The second run's goodput record counts the first run's entries as hits.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env |= {"PYTHONPATH": str(ROOT), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    env |= {"XDG_CACHE_HOME": str(tmp_path / "user-cache")}
     args = ["model.name=mlp", "trainer.max_epochs=1", "handlers.progress=false", "handlers.writers=[jsonl]"]
-    cache = tmp_path / "cache"
-    for name in ("a", "b"):
-        command = [sys.executable, "-m", "ember.cli", "train", *args, f"trainer.compilation_cache={cache}"]
-        done = subprocess.run(
-            [*command, "--output", str(tmp_path / name)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=200
-        )
+    runs = {}
+    for name in ("temporary", "b"):
+        command = [sys.executable, "-m", "ember.cli", "train", *args, "--output", str(tmp_path / name / "run")]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=200, check=False)
         assert done.returncode == 0, done.stderr[-3000:]
-    assert any(cache.iterdir())
-    (first,), (second,) = read_records(tmp_path / "a"), read_records(tmp_path / "b")
+        assert "compilation cache" not in done.stderr, done.stderr[-3000:]
+        runs[name] = read_records(tmp_path / name / "run")
+        shutil.rmtree(tmp_path / "temporary", ignore_errors=True)  # a run in a temporary folder, removed after it
+    assert sorted(p.name for p in (tmp_path / "user-cache").iterdir()) == ["ember"]
+    assert any((tmp_path / "user-cache" / "ember" / "jax").iterdir())
+    assert not list(tmp_path.glob("**/.jax-cache"))
+    ((first,), (second,)) = runs["temporary"], runs["b"]
     assert first["cache_hits"] == 0
     assert second["cache_hits"] > 0  # (JAX's estimate of the time saved, cache_saved, can be below 0 for tiny programs)
 

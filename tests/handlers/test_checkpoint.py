@@ -400,3 +400,31 @@ def test_ignites_disk_saver_and_model_checkpoint(tmp_path):
         DiskSaver(tmp_path / "missing", create_dir=False)
     with pytest.raises(TypeError, match=r"ModelCheckpoint saves what it is given: add it with"):
         ModelCheckpoint(tmp_path / "other")(trainer)
+
+
+class CountedState:
+    """A stateful object that counts how often a checkpoint collects its state."""
+
+    def __init__(self):
+        self.collected = 0
+
+    def state_dict(self):
+        self.collected += 1
+        return {"collected": self.collected}
+
+    def load_state_dict(self, state):
+        self.collected = state["collected"]
+
+
+def test_a_best_checkpoint_that_does_not_improve_collects_nothing(tmp_path):
+    """Retention decides first: only the admitted saves (scores 0.5, 0.6, 0.7 of 0.5, 0.4, 0.6, 0.6, 0.7) collect."""
+    scores = iter([0.5, 0.4, 0.6, 0.6, 0.7])
+    engine, counted = Engine(lambda e, b: b), CountedState()
+    saver = Checkpoint({"counted": counted}, tmp_path, n_saved=1, score_function=lambda e: next(scores))
+    saver.attach(engine, Events.EPOCH_COMPLETED)
+    engine.run([0], max_epochs=5)
+    saver.wait()
+    assert counted.collected == 3
+    assert [(c.step, c.manifest["metadata"]["state_dicts"]["counted"]) for c in saver.store.checkpoints()] == [
+        (5, {"collected": 3})
+    ]

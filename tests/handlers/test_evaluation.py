@@ -1,11 +1,14 @@
 import io
 import json
+import logging
 import re
 
+import jax
 import numpy as np
 import pytest
 
 from ember import Engine, Events
+from ember.data import ArrayDataset
 from ember.handlers import (
     EarlyStopping,
     Evaluate,
@@ -14,6 +17,7 @@ from ember.handlers import (
     setup_common_training_handlers,
 )
 from ember.metrics import Average
+from ember.training import create_evaluator
 from ember.writers import JsonlWriter
 from tests.handlers.trainers import DATA, evaluator, trainer
 
@@ -96,6 +100,8 @@ def test_evaluate_arguments():
         Evaluate([], [])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=re.escape("`writer` must be an ember.writers.Writer or None, got str.")):
         Evaluate(Engine(lambda e, b: b), [], writer="log")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=re.escape("`precompile` must be True or False, got 'yes'.")):
+        Evaluate(Engine(lambda e, b: b), [], precompile="yes")  # type: ignore[arg-type]
 
 
 def test_evaluate_covers_every_example_as_numpy_over_the_whole_set_does():
@@ -189,3 +195,63 @@ def test_common_training_handlers_take_ignites_sampler_output_names_and_pbar_cho
     ]
     with pytest.raises(TypeError, match=re.escape("got ['filename_prefix'], which only apply to the checkpoint")):
         setup_common_training_handlers(prefixed, filename_prefix="training")
+
+
+def compiled_by_thread(caplog, run):
+    """``run()`` under JAX's compile log: the thread name of each XLA compilation it made, in order."""
+    jax.config.update("jax_log_compiles", True)  # for every thread (the context manager's setting is the thread's)
+    try:
+        with caplog.at_level(logging.WARNING, logger="jax"):
+            run()
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    done = [r for r in caplog.records if r.getMessage().startswith("Finished XLA compilation of jit(")]
+    return [r.threadName.rsplit("_", 1)[0] for r in done]
+
+
+@pytest.mark.parametrize("data", ["array_dataset", "list"])
+def test_evaluate_compiles_the_evaluators_step_in_the_background_as_the_trainer_starts(
+    caplog, fresh_compilations, data
+):
+    """The eval step compiles on a thread of its own while the trainer compiles; the first evaluation compiles nothing.
+
+    The metrics are those of an evaluator that compiled for itself.
+    """
+    arrays = {"x": np.concatenate([b["x"] for b in DATA]), "y": np.concatenate([b["y"] for b in DATA])}
+    val = ArrayDataset(arrays, batch_size=8) if data == "array_dataset" else DATA
+    results = {}
+    for precompile in (True, False):
+        t = trainer()
+        ev = evaluator(t)
+        Average(output_transform=lambda o: o["correct"]).attach(ev, "accuracy")
+        evaluate = Evaluate(ev, val, precompile=precompile)
+        evaluate.attach(t, Events.EPOCH_COMPLETED)
+        caplog.clear()
+        threads = compiled_by_thread(caplog, lambda t=t: t.run(DATA, max_epochs=2))
+        results[precompile] = (threads, [m["accuracy"] for _, m in evaluate.history])
+    (ahead, with_it), (_, without) = results[True], results[False]
+    assert sorted(ahead) == ["MainThread", "ember-precompile"]  # the train step, the eval step: each once
+    assert with_it == without
+
+
+def test_evaluate_compiles_nothing_ahead_for_data_it_cannot_peek(caplog, fresh_compilations):
+    """An iterator (or a Grain loader) cannot be looked into without moving it: the first evaluation compiles."""
+    t = trainer()
+    ev = evaluator(t)
+    Average(output_transform=lambda o: o["correct"]).attach(ev, "accuracy")
+
+    class Batches:
+        def __iter__(self):
+            return iter(DATA)
+
+    Evaluate(ev, Batches()).attach(t, Events.EPOCH_COMPLETED)
+    assert compiled_by_thread(caplog, lambda: t.run(DATA, max_epochs=1)) == ["MainThread", "MainThread"]
+
+
+def test_precompile_says_where_the_run_compiles_for_itself():
+    """A trainer, a batch that would be padded over the devices, debug=True: the future's result is False."""
+    t = trainer()
+    assert t.precompile(DATA[0]).result() is False
+    debug = create_evaluator(t, lambda model, batch: model(batch["x"]), debug=True)
+    assert debug.precompile(DATA[0]).result() is False
+    assert evaluator(t).precompile(DATA[0]).result() is True

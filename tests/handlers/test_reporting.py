@@ -284,3 +284,34 @@ def test_per_layer_gradient_and_weight_norms_and_histograms(tmp_path):
     plain.run(DATA[:1])
     with pytest.raises(KeyError, match=re.escape("create_trainer(..., extras=('grad_norms',))")):
         GradsScalarHandler(Remember())(plain)
+
+
+def test_lr_monitor_hands_the_rate_to_the_writer_unread_and_last_reads_it():
+    """The scheduled rate goes to the writer's thread as a value on the host's CPU device; ``last`` is its float."""
+    rows = []
+
+    class Raw(Writer):
+        def write_scalars(self, step, values):
+            rows.append((step, {k: type(v).__name__ for k, v in values.items()}, float(values["lr"])))
+
+    t = trainer()
+    monitor = LRMonitor(Raw(), schedule=SCHEDULE)
+    monitor.attach(t, Events.ITERATION_COMPLETED(every=3))
+    assert monitor.last is None
+    t.run(DATA, max_epochs=2)
+    monitor.writer.flush()
+    assert [(step, kinds) for step, kinds, _ in rows] == [(3, {"lr": "float"}), (6, {"lr": "float"})]
+    assert [round(lr, 6) for *_, lr in rows] == [0.0875, 0.06875]
+    assert round(monitor.last, 6) == 0.06875
+
+
+def test_lr_monitor_takes_a_schedule_with_python_branches():
+    """A schedule of plain Python (a branch on the step, a float returned) is written as it is."""
+    rows = Remember()
+    t = trainer()
+    monitor = LRMonitor(rows, schedule=lambda step: 0.1 if step < 4 else 0.01)
+    monitor.attach(t, Events.ITERATION_COMPLETED(every=3))
+    t.run(DATA, max_epochs=2)
+    monitor.writer.flush()
+    assert rows.rows == [(3, {"lr": 0.1}), (6, {"lr": 0.01})]
+    assert monitor.last == 0.01

@@ -69,8 +69,9 @@ class TrainerConfig:
     spike_factor: float | None = None
     #: with ``skip_nonfinite``: roll back to the latest checkpoint after this many skipped steps in a row (null: never).
     rollback_after: int | None = 3
-    #: JAX's persistent compilation cache, so a relaunch does not compile again: ``auto`` (``.jax-cache`` beside the
-    #: run folder), a folder, or null (off). A cache JAX was already given (JAX_COMPILATION_CACHE_DIR) is kept.
+    #: JAX's persistent compilation cache, so a relaunch does not compile again: ``auto`` (the user's cache folder,
+    #: ``$XDG_CACHE_HOME/ember/jax`` or ``~/.cache/ember/jax``), a folder, or null (off). A cache JAX was already
+    #: given (JAX_COMPILATION_CACHE_DIR) is kept.
     compilation_cache: str | None = "auto"
     seed: int = 0
     eval_every: int = 1

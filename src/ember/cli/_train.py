@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import sys
 import time
@@ -141,7 +142,7 @@ def train(
     run_dir = Path(cfg.output)
     new_layout = check_same_run(run_dir, cfg)
     started = time.perf_counter()
-    use_compilation_cache(cfg.trainer.compilation_cache, run_dir)
+    use_compilation_cache(cfg.trainer.compilation_cache)
 
     data, val, sample = build_data(cfg.data)
     steps_per_epoch = cfg.data.epoch_length or _length(data)
@@ -238,6 +239,7 @@ def train(
     if info is not None and _finished(trainer, cfg):
         say(f"{run_dir}: this run is already complete; nothing to do.")
         writer.close()
+        _close_stores(best, latest)
         previous = saved_summary(run_dir)
         if previous is not None:  # the record of the run stays as the run left it
             say(closing_line(previous))
@@ -250,6 +252,7 @@ def train(
         else:
             trainer.run(data, max_epochs=cfg.trainer.max_epochs, epoch_length=cfg.data.epoch_length)
     writer.close()
+    _close_stores(best, latest)  # their writer threads end with the run (a notebook runs many)
     if jax.process_count() > 1:  # process 0 has written every checkpoint: all read the same best
         multihost_utils.sync_global_devices("ember train: checkpoints written")
     best_info = best.store.best("val_accuracy") if best.store is not None else None
@@ -277,6 +280,12 @@ def train(
     say(closing_line(summary))
     jax.block_until_ready(trainer.state.train_state)
     return summary
+
+
+def _close_stores(*savers: Any) -> None:
+    for saver in savers:
+        if saver.store is not None:
+            saver.store.close()
 
 
 def _length(data: Any) -> int | None:
@@ -319,12 +328,29 @@ def _logged_outputs(scaled: bool, guarded: bool) -> Any:
     return logged
 
 
-def use_compilation_cache(setting: str | None, run_dir: Path) -> None:
-    """Turn JAX's persistent compilation cache on as ``trainer.compilation_cache`` says, unless JAX has one already."""
+def use_compilation_cache(setting: str | None) -> None:
+    """Turn JAX's persistent compilation cache on as ``trainer.compilation_cache`` says, unless JAX has one already.
+
+    ``auto`` is the user's cache folder (``$XDG_CACHE_HOME/ember/jax``, else ``~/.cache/ember/jax``): it outlives any
+    run folder, a temporary one included (JAX keeps writing to the folder it was given for the rest of the process,
+    so a folder removed with its run would fail every later write), and a relaunch from anywhere finds its entries.
+    """
     if setting is None or jax.config.values.get("jax_compilation_cache_dir"):
         return
-    folder = run_dir.resolve().parent / ".jax-cache" if setting == "auto" else Path(setting)
+    folder = user_cache_folder() if setting == "auto" else Path(setting).resolve()
     jax.config.update("jax_compilation_cache_dir", str(folder))
+
+
+def user_cache_folder() -> Path:
+    """Where ``trainer.compilation_cache: auto`` keeps JAX's compiled programs: the user's cache folder, for ember.
+
+    Examples:
+        >>> from ember.cli._train import user_cache_folder
+        >>> user_cache_folder().parts[-2:]
+        ('ember', 'jax')
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser().resolve() / "ember" / "jax"
 
 
 def _announcer(rollback: RollbackOnDivergence, say: Any) -> Any:

@@ -113,6 +113,20 @@ class ArrayDataset:
         self._next_epoch, self._epoch = None, epoch
         return _Pass(self, epoch)
 
+    def peek(self) -> Any:
+        """The first batch of the next pass, without starting it: the pass counter and any position stay as they are.
+
+        Examples:
+            >>> import numpy as np
+            >>> from ember.data import ArrayDataset
+            >>> data = ArrayDataset(np.arange(6), batch_size=4, shuffle=True, seed=0)
+            >>> first = data.peek()
+            >>> first.tolist() == next(iter(data)).tolist()
+            True
+        """
+        epoch = self._next_epoch if self._next_epoch is not None else self._epoch + 1
+        return self._batch(0, self._order(epoch))
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` start pass ``epoch`` from its first batch (torch's ``sampler.set_epoch``).
 

@@ -50,7 +50,7 @@ class RemovableEventHandle:
         (True, Events.STARTED)
     """
 
-    __slots__ = ("_done", "_regs", "engine", "event", "handler")
+    __slots__ = ("_done", "_regs", "_undo", "engine", "event", "handler")
 
     event: EventEnum | FilteredEvent | EventsList | str | None
     engine: Callable[[], EventHandlers | None]
@@ -69,6 +69,7 @@ class RemovableEventHandle:
         self._regs: list[tuple[weakref.ref[EventHandlers], weakref.ref[Registration]]] = [
             (self.engine, weakref.ref(r)) for r in regs
         ]
+        self._undo: list[Callable[[], None]] = []  # what else remove() undoes (work folded into a compiled step)
         self._done = False
 
     def remove(self) -> None:
@@ -82,6 +83,8 @@ class RemovableEventHandle:
                 reg.users -= 1
                 if reg.users <= 0:
                     engine._dispatch_of(reg.event).remove(reg)
+        for undo in self._undo:
+            undo()
 
     @property
     def active(self) -> bool:
@@ -111,11 +114,12 @@ class RemovableEventHandle:
             False
         """
         copy = object.__new__(RemovableEventHandle)
-        copy.event, copy.handler, copy.engine, copy._regs, copy._done = (
+        copy.event, copy.handler, copy.engine, copy._regs, copy._undo, copy._done = (
             self.event,
             self.handler,
             self.engine,
             list(self._regs),
+            [],  # the first owner's handle undoes the rest
             False,
         )
         for _, ref in self._regs:
@@ -145,6 +149,27 @@ class HandleCollection:
 
     def __init__(self) -> None:
         self.handles: list[RemovableEventHandle] = []
+        self.undos: list[Callable[[], None]] = []
+
+    def on_remove(self, undo: Callable[[], None]) -> None:
+        """Have the block's handle (and every enclosing block's) also call ``undo`` when it is removed.
+
+        For what an ``attach`` does besides registering handlers: a check folded into a training engine's compiled
+        step is taken out again by the same ``remove()``.
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> from ember.engine import collect_handles
+            >>> undone = []
+            >>> with collect_handles() as made:
+            ...     _ = Engine(lambda e, b: b).add_event_handler(Events.STARTED, print)
+            ...     made.on_remove(lambda: undone.append(True))
+            >>> made.handle.remove(); undone
+            [True]
+        """
+        stack: list[HandleCollection] = _collecting.__dict__.get("stack", [])
+        for made in (*stack[: stack.index(self)], self) if self in stack else (self,):
+            made.undos.append(undo)
 
     @property
     def handle(self) -> RemovableEventHandle:
@@ -160,6 +185,7 @@ class HandleCollection:
         else:
             joined.event, joined.handler, joined.engine = None, _nothing, _nothing
         joined._regs = [pair for h in self.handles for pair in h._regs]
+        joined._undo = [*(u for h in self.handles for u in h._undo), *self.undos]
         joined._done = False
         return joined
 
@@ -172,7 +198,8 @@ def collect_handles() -> Generator[HandleCollection, None, None]:
     """Collect every handler registered in the block, on any engine, into one removable handle.
 
     A handler whose ``attach`` registers several functions (or on several engines) returns ``made.handle``, so
-    that one ``remove()`` undoes the whole ``attach``. Blocks nest: an outer block collects what inner ones did.
+    that one ``remove()`` undoes the whole ``attach``; ``made.on_remove(undo)`` adds what else the attach must undo
+    (a check folded into a trainer's compiled step). Blocks nest: an outer block collects what inner ones did.
 
     Examples:
         >>> from ember import Engine, Events

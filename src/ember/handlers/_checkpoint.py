@@ -201,23 +201,25 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
             global_step = engine.state.iteration if global_step is None else global_step
             priority = global_step
         step = engine.state.iteration if global_step is None else global_step
+        if self.store is None:
+            self._call_handler(step, global_step, priority, *self._collect())
+        else:
+            self._save_to_store(engine, step, global_step, priority, metrics)
+
+    def _collect(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What a checkpoint of now holds: every object's state dict, and the arrays of the tree-stateful ones."""
         states = {k: obj.state_dict() for k, obj in self.to_save.items() if isinstance(obj, Stateful)}
         trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
-        if self.store is None:
-            self._call_handler(step, global_step, priority, states, trees)
-        else:
-            self._save_to_store(engine, step, global_step, priority, metrics, states, trees)
+        return states, trees
 
     def _save_to_store(
-        self,
-        engine: Engine,
-        step: int,
-        global_step: int | None,
-        priority: float,
-        metrics: dict[str, float],
-        states: dict[str, Any],
-        trees: dict[str, Any],
+        self, engine: Engine, step: int, global_step: int | None, priority: float, metrics: dict[str, float]
     ) -> None:
+        """Save into the store if retention admits it.
+
+        The state dicts are collected only then: a best checkpoint that did not improve costs the training thread
+        no copy.
+        """
         assert self.store is not None
         outer = engine.outer_engine  # an evaluator's run inside a trainer's: the trainer's run ends the writing
         for watched in (engine,) if outer is None else (engine, outer):
@@ -226,9 +228,10 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
         default = f"{self._prefix}step_{step:08d}" + (f"-{self.score_name}={priority:.4f}" if metrics else "")
         name = self._name(global_step, priority, default=default)
         saved = self._saved if self._saved is not None and self._saved.step == step else None
-        if saved is not None and saved.metrics == metrics and saved.holds(trees):
-            if saved.states != self._with_self(states):
-                self._amend(saved, self._with_self(states))
+        collected = self._collect() if saved is not None else None
+        if saved is not None and collected is not None and saved.metrics == metrics and saved.holds(collected[1]):
+            if saved.states != self._with_self(collected[0]):
+                self._amend(saved, self._with_self(collected[0]))
             return
         replaces = saved.name if saved is not None and not metrics else None  # a new score is a new best candidate
         if self.store.writing:
@@ -238,6 +241,7 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
             replaces = name  # a checkpoint of this step from before (a relaunch): this one takes its place
         if not self._ledger.admits(step, priority, replacing=replaces):
             return
+        states, trees = collected if collected is not None else self._collect()
         self._before = self._ledger.snapshot()
         gone = [e.filename for e in self._ledger.add(name, step, priority) if e.filename not in (name, replaces)]
         if replaces is not None and replaces != name:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
@@ -15,13 +16,19 @@ class Evaluate:
 
     Metrics are written at the trainer's iteration, so validation curves line up with training ones.
     The evaluator's own handlers (early stopping, a best-checkpoint saver on its COMPLETED) run as usual.
-    `history` keeps ``(trainer iteration, metrics)`` of every evaluation.
+    `history` keeps ``(trainer iteration, metrics)`` of every evaluation. When the trainer starts, an evaluator
+    from [`create_evaluator`][ember.training.create_evaluator] compiles its step on a thread of its own
+    ([`precompile`][ember.training.TrainingEngine.precompile]) while the trainer compiles and trains, so the first
+    evaluation does not wait for XLA; it needs the data's first batch without iterating it (an
+    [`ArrayDataset`][ember.data.ArrayDataset]'s ``peek()``, or a list's first item); other data compiles at the first
+    evaluation, as does everything with ``precompile=False``.
 
     Args:
         evaluator: the engine to run (from [`create_evaluator`][ember.training.create_evaluator]).
         data: validation data, iterated from the start at every evaluation.
         writer: where the metrics go (wrapped in an ``AsyncWriter``); ``None`` to write nothing.
         tag: the label in front of every metric name.
+        precompile: compile the evaluator's step in the background when the trainer starts.
 
     Examples:
         >>> from ember import Engine, Events
@@ -34,16 +41,41 @@ class Evaluate:
         [(2, {'last': 3.0}), (4, {'last': 3.0})]
     """
 
-    def __init__(self, evaluator: Engine, data: Iterable[Any], *, writer: Writer | None = None, tag: str = "val"):
+    def __init__(
+        self,
+        evaluator: Engine,
+        data: Iterable[Any],
+        *,
+        writer: Writer | None = None,
+        tag: str = "val",
+        precompile: bool = True,
+    ):
         if not isinstance(evaluator, Engine):
             raise TypeError(f"`evaluator` must be an ember Engine, got {type(evaluator).__name__}.")
         if writer is not None and not isinstance(writer, Writer):
             raise TypeError(f"`writer` must be an ember.writers.Writer or None, got {type(writer).__name__}.")
+        if not isinstance(precompile, bool):
+            raise TypeError(f"`precompile` must be True or False, got {precompile!r}.")
         self.evaluator, self.data, self.writer, self.tag = evaluator, data, writer, tag
         self.history: list[tuple[int, dict[str, Any]]] = []
+        self._ahead: Future[bool] | None = None  # the evaluator's step compiling in the background
+        self._precompiled = not precompile
+
+    def _start_compiling(self) -> None:
+        """At the trainer's STARTED: compile the evaluator's step on a thread of its own, once."""
+        precompile: Callable[..., Future[bool]] | None = getattr(self.evaluator, "precompile", None)
+        if self._precompiled or not callable(precompile):
+            return
+        self._precompiled = True
+        batch = _first_batch(self.data)
+        if batch is not None:
+            self._ahead = precompile(batch, background=True)
 
     def __call__(self, trainer: Engine) -> None:
         """Evaluate now; write and remember the metrics."""
+        if self._ahead is not None:  # done long ago, in practice; a failure shows again in the run, in context
+            ahead, self._ahead = self._ahead, None
+            ahead.exception()
         self.evaluator.run(self.data)
         self.history.append((trainer.state.iteration, dict(self.evaluator.state.metrics)))
         if self.writer is not None:
@@ -63,7 +95,18 @@ class Evaluate:
             >>> handle = Evaluate(evaluator, [1, 2]).attach(trainer, Events.EPOCH_COMPLETED(every=2))
         """
         with collect_handles() as made:
+            trainer.add_event_handler(Events.STARTED, self._start_compiling)
             trainer.add_event_handler(event, self)
             if self.writer is not None:
                 self.writer = as_async(self.writer, trainer)
         return made.handle
+
+
+def _first_batch(data: Iterable[Any]) -> Any:
+    """The first batch of ``data`` if it can be had without iterating (which would move a dataset on), else ``None``."""
+    peek = getattr(data, "peek", None)
+    if callable(peek):
+        return peek()
+    if isinstance(data, Sequence) and len(data) > 0:
+        return data[0]
+    return None

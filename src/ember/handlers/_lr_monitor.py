@@ -16,11 +16,13 @@ from ember.writers import Writer
 class LRMonitor:
     """Writes the learning rate the last step used, under ``tag``, at the trainer's iteration.
 
-    With ``schedule`` (the optax schedule the optimizer uses) the rate is ``schedule(iteration - 1)``
-    evaluated on the host CPU, no accelerator involved. Without it the rate is the step's own
-    ``output["lr"]`` (``create_trainer(..., extras=("lr",))`` computes it in the step, from an
-    ``optax.inject_hyperparams`` state or the schedule), a device scalar converted on the writer's
-    thread. Either way the training loop never waits. `last` holds the last value written.
+    With ``schedule`` (the optax schedule the optimizer uses) the rate is ``schedule(iteration - 1)`` evaluated on the
+    host's CPU device, no accelerator involved, and handed to the writer unread: on a CPU backend that device also
+    runs the steps, so reading the rate on the training thread would wait for the steps in flight; the writer's
+    thread reads it. Without ``schedule`` the rate is the step's own ``output["lr"]`` (``create_trainer(...,
+    extras=("lr",))`` computes it in the step, from an ``optax.inject_hyperparams`` state or the schedule), a device
+    scalar converted on the writer's thread. Either way the training loop never waits. `last` is the last value
+    written, as a host float (reading it waits for that value).
 
     Args:
         writer: where the rate goes (wrapped in an ``AsyncWriter``).
@@ -54,15 +56,19 @@ class LRMonitor:
         if isinstance(steps_per_update, bool) or not isinstance(steps_per_update, int) or steps_per_update < 1:
             raise ValueError(f"`steps_per_update` must be a positive int, got {steps_per_update!r}.")
         self.writer, self.schedule, self.tag, self.steps_per_update = writer, schedule, tag, steps_per_update
-        self.last: Any = None
+        self._last: Any = None
+
+    @property
+    def last(self) -> float | None:
+        """The last rate written, as a host float (``None`` before the first)."""
+        return None if self._last is None else float(np.asarray(self._last))
 
     def rate(self, engine: Engine) -> Any:
-        """The learning rate of ``engine``'s last step (a host float, or a device scalar copy)."""
+        """The learning rate of ``engine``'s last step: a host float, or a scalar on a device, not awaited."""
         if self.schedule is not None:
             step = (engine.state.iteration - 1) // self.steps_per_update
-            cpu = jax.local_devices(backend="cpu")[0]
-            with jax.default_device(cpu), jax.transfer_guard("allow"):  # a host computation, not a device read
-                return float(np.asarray(self.schedule(step)))
+            with jax.default_device(jax.local_devices(backend="cpu")[0]):  # the host's CPU, never an accelerator
+                return self.schedule(step)  # dispatched, not awaited (JAX's eager ops are compiled once per process)
         output = engine.state.output
         if not isinstance(output, Mapping) or "lr" not in output:
             raise ValueError(
@@ -73,8 +79,8 @@ class LRMonitor:
 
     def __call__(self, engine: Engine) -> None:
         """Write the rate at the engine's iteration."""
-        self.last = self.rate(engine)
-        self.writer.write_scalars(engine.state.iteration, {self.tag: self.last})
+        self._last = self.rate(engine)
+        self.writer.write_scalars(engine.state.iteration, {self.tag: self._last})
 
     def attach(self, engine: Engine, event: Events | FilteredEvent | EventsList | None = None) -> RemovableEventHandle:
         """Write on ``event`` (every 100 iterations by default).

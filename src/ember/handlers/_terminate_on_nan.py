@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ember._protocols import FusingEngine
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.errors import NonFiniteError
 from ember.handlers._late import OneStepLate
@@ -32,12 +33,13 @@ def _numeric_leaves(tree: Any) -> list[Any]:
 class TerminateOnNan:
     """Stops the engine (or raises ``NonFiniteError``) once an output holds a NaN or an infinity.
 
-    The finiteness of ``output_transform(engine.state.output)`` is computed on device each iteration and
-    read **one iteration late**: the flag of iteration ``i`` is read at iteration ``i + 1``, when its copy
-    to the host has long finished, so the check never stalls the step. A NaN at iteration ``i`` therefore
-    stops the run after iteration ``i + 1`` (``action="terminate"``) or raises there (``"raise"``); the
-    flag of the last iteration is read at EPOCH_COMPLETED and COMPLETED. `nan_iteration` records
-    where the value went bad.
+    The finiteness of ``output_transform(engine.state.output)`` is computed on device each iteration (inside the
+    compiled step of a training engine that folds updates into it, as it does for metrics; as a call of its own
+    elsewhere, or when ``output_transform`` cannot be traced) and read **one iteration late**: the flag of iteration
+    ``i`` is read at iteration ``i + 1``, when its copy to the host has long finished, so the check never stalls the
+    step. A NaN at iteration ``i`` therefore stops the run after iteration ``i + 1`` (``action="terminate"``) or raises
+    there (``"raise"``); the flag of the last iteration is read at EPOCH_COMPLETED and COMPLETED. `nan_iteration`
+    records where the value went bad.
 
     Args:
         output_transform: picks what to check from the output (everything by default; float leaves only:
@@ -68,15 +70,16 @@ class TerminateOnNan:
         self.output_transform, self.action = output_transform, action
         self.nan_iteration: int | None = None
         self._late = OneStepLate()
+        self._watch: _FiniteWatch | None = None  # the check inside the engine's compiled step, when it takes it
 
     def __call__(self, engine: Engine) -> None:
-        """Compute this iteration's flag; act on the previous one."""
-        self._act(
-            engine,
-            self._late.push(
-                engine.state.iteration, _all_finite(_numeric_leaves(self.output_transform(engine.state.output)))
-            ),
-        )
+        """Take this iteration's flag (computed in the step, or now); act on the previous one."""
+        watch = self._watch
+        if watch is not None and watch.traced:
+            flag = watch.flag
+        else:
+            flag = _all_finite(_numeric_leaves(self.output_transform(engine.state.output)))
+        self._act(engine, self._late.push(engine.state.iteration, flag))
 
     def _act(self, engine: Engine, read: tuple[int, Any] | None) -> None:
         if read is None or bool(read[1]) or self.nan_iteration is not None:
@@ -94,6 +97,8 @@ class TerminateOnNan:
     def _started(self) -> None:
         self.nan_iteration = None
         self._late.drain()
+        if self._watch is not None:
+            self._watch.reset()
 
     def attach(self, engine: Engine) -> RemovableEventHandle:
         """Check every iteration; read the last flag at EPOCH_COMPLETED and COMPLETED.
@@ -107,4 +112,50 @@ class TerminateOnNan:
             engine.add_event_handler(Events.STARTED, self._started)
             engine.add_event_handler(Events.EPOCH_COMPLETED | Events.COMPLETED, self._drain)
             engine.add_event_handler(Events.ITERATION_COMPLETED, self)
+            if isinstance(engine, FusingEngine):  # a training engine: the check runs inside its compiled step
+                watch = _FiniteWatch(self.output_transform)
+                undo = engine.fuse_metric(
+                    watch, reset=Events.STARTED, compute=Events.ITERATION_COMPLETED, per_step=True
+                )
+                if undo is not None:  # else refused (Pmap, debug=True): the check stays a call of its own
+                    self._watch = watch
+                    made.on_remove(undo)
         return made.handle
+
+
+class _FiniteWatch:
+    """The finiteness check as a training engine's compiled step runs it: a count of the non-finite steps of the run.
+
+    It follows the contract of a fused metric (``state``, ``fused_update``, ``published_value``, ``set_state``); the
+    value it publishes each step is whether every step of the run so far was finite. An ``output_transform`` that
+    cannot be traced (it reads a host number) leaves the count alone and ``traced`` false: the handler then checks
+    each output itself.
+    """
+
+    fusable = True
+    publishes_per_step = True
+
+    def __init__(self, output_transform: Callable[[Any], Any]) -> None:
+        self.output_transform = output_transform
+        self.traced = True
+        self.flag: Any = None  # the last step's published flag, on device
+        self.state: Any = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.state, self.flag = np.zeros((), np.int32), None
+
+    def fused_update(self, state: Any, output: Any) -> Any:
+        try:
+            picked = self.output_transform(output)
+        except jax.errors.JAXTypeError:  # needs host values: the handler computes the flag per iteration instead
+            self.traced = False
+            return state
+        self.traced = True
+        return state + jnp.logical_not(_all_finite(_numeric_leaves(picked))).astype(jnp.int32)
+
+    def published_value(self, state: Any) -> Any:
+        return state == 0
+
+    def set_state(self, state: Any, published: Any = None) -> None:
+        self.state, self.flag = state, published

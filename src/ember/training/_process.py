@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
@@ -16,7 +17,7 @@ from ember.training._feed import StepGroups
 from ember.training._padding import merge_device_axis, with_mask
 from ember.training._placement import Placement
 from ember.training._step_output import StepOutput
-from ember.training._training_engine import TrainingEngine
+from ember.training._training_engine import TrainingEngine, auto_prefetch
 
 
 class TrainProcess:
@@ -139,6 +140,42 @@ class EvalProcess:
             fn = self.compiled[fusion.version, padded] = fn if self.debug else self.placement.compile_eval(fn)
         return fn
 
+    def precompile(self, engine: TrainingEngine, batch: Any) -> Callable[[], bool] | None:
+        """How to compile the eval step for ``batch`` as the first call of a run will, or ``None`` where it cannot.
+
+        The shapes and placements (the train state's, the fused metrics', the batch's as the run will place it) are
+        taken now, on the calling thread; the returned function compiles from them alone, on any thread, and the
+        first real call then finds the program in JAX's caches. ``None``: a per-device placement, a batch the run
+        would pad or one the data masks, a placement that wraps its compiled call, or ``debug``.
+        """
+        placement, train_state = self.placement, (engine if self.source is None else self.source).state.train_state
+        leaves = jax.tree.leaves(train_state)
+        if self.debug or not leaves or placement.per_device or isinstance(batch, Masked):
+            return None
+        if any(np.shape(x)[:1] and np.shape(x)[0] % placement.n_devices for x in jax.tree.leaves(batch)):
+            return None  # a batch the run pads to split over the devices: its own program, compiled in the run
+        ahead = engine._prefetch if engine._prefetch is not None else auto_prefetch(batch, placement)
+        placed = (placement.put_batch if ahead else placement.prepare_batch)(batch)
+        fusion, state_shapes = engine._fusion, jax.tree.map(_shape_of, train_state)
+        args: Any = state_shapes
+        if fusion.metrics:  # `FusedMetrics.call` places a run's fresh states as the state's first leaf is placed
+            sharding = leaves[0].sharding
+            states = jax.tree.map(lambda x: _shape_of(x, sharding), tuple(m.state for m in fusion.metrics))
+            args = (state_shapes, states)
+        shapes = (args, jax.tree.map(_shape_of, placed))
+        if self.spec is None:  # the batch check runs as the step is traced
+            self.spec = BatchSpec(batch, allow_short=True, per_device=False)
+        fn = self.compile_for(engine, padded=False)
+        lower = getattr(fn, "lower", None)  # a placement that awaits each call wraps the jitted step: not lowered
+        if lower is None:
+            return None
+
+        def compile_now() -> bool:
+            lower(*shapes).compile()
+            return True
+
+        return compile_now
+
     def __call__(self, engine: TrainingEngine, batch: Any) -> Any:
         padded = engine._padded is not None and engine._padded.padded.popleft()
         if self.spec_data is not engine.state.dataloader:  # each run's data: its own shapes
@@ -152,6 +189,16 @@ class EvalProcess:
         fn = self.compile_for(engine, padded)
         out = engine._fusion.call(fn, train_state, batch)[1] if engine._fusion.metrics else fn(train_state, batch)
         return merge_device_axis(out) if self.placement.per_device else out
+
+
+def _shape_of(x: Any, sharding: Any = None) -> Any:
+    """``x`` as a compiled call sees it: shape, dtype, and the sharding it is placed with.
+
+    That is ``sharding`` if given, else a device array's own; a host array has none (the call places it).
+    """
+    if sharding is None and isinstance(x, jax.Array):
+        sharding = x.sharding
+    return jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x), sharding=sharding)
 
 
 def _checked(step: Callable[..., Any], check: Callable[[Any], None]) -> Callable[..., Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -145,6 +146,40 @@ class TrainingEngine(Engine):
             ['Average']
         """
         return tuple(self._fusion.metrics)
+
+    def precompile(self, batch: Any, *, background: bool = False) -> Future[bool]:
+        """Compile this evaluator's step for batches like ``batch`` now, so its next run's first call does not wait.
+
+        What the compilation needs (the shapes and placements of the train state, the fused metrics' states and the
+        batch as the run will place it) is taken at the call; the compilation itself runs then, or with
+        ``background=True`` on a thread of its own while the caller goes on (the trainer's first epoch, say: XLA
+        compiles the two programs on two cores). Do not run this engine before the future is done
+        ([`Evaluate`][ember.handlers.Evaluate] starts it when the trainer starts and waits for it before evaluating).
+        The future's result is ``False`` where the run will compile for itself instead: a trainer, a per-device
+        placement (``Pmap``), a batch the run pads to split over the devices, a placement that wraps its compiled
+        call, ``debug=True``.
+
+        Examples:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.training import TrainState, create_evaluator
+            >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))
+            >>> evaluator = create_evaluator(state, lambda model, batch: model(batch))
+            >>> evaluator.precompile(jnp.ones(4), background=True).result()
+            True
+        """
+        prepare = getattr(self._process_fn, "precompile", None)
+        compile_now = prepare(self, batch) if prepare is not None else None
+        done: Future[bool] = Future()
+        if compile_now is None:
+            done.set_result(False)
+            return done
+        if not background:
+            done.set_result(compile_now())
+            return done
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-precompile")
+        future = pool.submit(compile_now)
+        pool.shutdown(wait=False)  # its thread ends with its one task
+        return future
 
     def tree_state_dict(self) -> dict[str, Any]:
         """The arrays a checkpoint saves for this engine: its train state as ``{path: array}`` (on device).
