@@ -9,7 +9,13 @@ of the parts' shares is the handlers' cost together, against the 2% target of ``
 persistent compilation cache is off in every variant: its folder is the process's, fixed by the first run, so it
 cannot be left out of one run in a process; ``first_step.py --cache`` measures it in processes of their own.
 
-Run: ``python benchmarks/handler_costs.py [--repeats N] [--epochs E] [--parts a,b]``; results in
+On this 2-core machine a run's wall time moves by a few percent from run to run, more than most parts cost, so
+``--cpu`` measures what does not move: the CPU time each handler takes on the training thread (``time.thread_time``
+around every handler call, which leaves out its waits for the device) and each background thread's CPU time, over
+the later epochs of one run, in microseconds per step. On a CPU backend the steps run on the same two cores, so a
+handler's CPU time is the time it takes from the steps.
+
+Run: ``python benchmarks/handler_costs.py [--repeats N] [--epochs E] [--parts a,b] [--cpu]``; results in
 ``docs/benchmarks.md``.
 """
 
@@ -99,12 +105,89 @@ def run(epochs: int, part: str | None) -> Callable[[], Timing]:
     return lambda: timed_in_folder(work)
 
 
+def cpu_per_handler(epochs: int) -> None:
+    """One run's CPU microseconds per step: each handler on the training thread, each other thread, in later epochs."""
+    import collections
+    import os
+    import threading
+    import time
+
+    import ember.engine._dispatch as dispatch
+
+    spent: collections.Counter[str] = collections.Counter()
+    counting = [False]
+    make_call = dispatch._make_call
+
+    def timed_call(handler: Any, *args: Any) -> Any:
+        call = make_call(handler, *args)
+        name = getattr(handler, "__qualname__", None) or type(handler).__name__
+
+        def timed(*given: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return call(*given)
+            finally:
+                if counting[0] and threading.current_thread() is threading.main_thread():
+                    spent[name] += time.thread_time() - start
+
+        return timed
+
+    def threads() -> collections.Counter[str]:
+        names = {t.native_id: t.name.split("_")[0] for t in threading.enumerate()}
+        cpu: collections.Counter[str] = collections.Counter()
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(FileNotFoundError), open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            cpu[names.get(int(tid), f"native {comm}")] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu
+
+    def mark(clock: EpochClock) -> None:
+        if len(clock.ends) == 1:  # the first epoch is done: count from here
+            counting[0], before[0] = True, threads()
+
+    class Marking(EpochLines):
+        def write(self, s: str) -> int:
+            written = super().write(s)
+            mark(self.clock)
+            return written
+
+    before: list[collections.Counter[str]] = [collections.Counter()]
+    with mock.patch.object(dispatch, "_make_call", timed_call):
+        run(1, None)()  # warm-up: imports, library compilations
+        folder_clock = EpochClock()
+        with contextlib.ExitStack() as stack:
+            import tempfile
+
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            train(_config(epochs, folder, {}), stream=Marking(folder_clock), progress_stream=io.StringIO())
+        counting[0] = False
+    after = threads()
+    steps = (epochs - 1) * STEPS_PER_EPOCH
+    print(f"ember train, digits, {epochs} epochs; CPU time in epochs 2-{epochs}, µs per step")
+    print("on the training thread, by handler | µs per step")
+    for name, seconds in spent.most_common():
+        if seconds * 1e6 / steps >= 0.5:
+            print(f"{name} | {seconds * 1e6 / steps:.1f}")
+    print(f"every handler together | {sum(spent.values()) * 1e6 / steps:.1f}")
+    print("by thread | µs per step")
+    for name in sorted(after, key=lambda n: before[0][n] - after[n]):
+        used = after[name] - before[0][name]
+        if used * 1e6 / steps >= 0.5:
+            print(f"{name} | {used * 1e6 / steps:.1f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="runs per variant (default 7)")
     parser.add_argument("--epochs", type=int, default=15, help="epochs per run (default 15)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {','.join(PARTS)}")
+    parser.add_argument("--cpu", action="store_true", help="CPU time per handler and per thread, in one run")
     args = parser.parse_args(argv)
+    if args.cpu:
+        cpu_per_handler(args.epochs)
+        return
     parts = args.parts.split(",")
     unknown = [p for p in parts if p not in PARTS]
     if unknown:

@@ -6,7 +6,9 @@ bare ``for`` loop; ember's trainer runs it with its engine and its process funct
 with a typical set (a running average of the loss, an epoch-wise ``Average``, both updated inside the step,
 and a progress bar that refreshes every 100 steps). That one is measured against a hand loop calling its own
 compiled step, which carries the two metrics' states, so both sides do the same device work. The difference
-is ember's added microseconds per step. Rows alternate; the best and the median of the repeats are shown.
+is ember's added microseconds per step. When PyTorch Ignite is importable (not a dependency: ``pip install torch
+pytorch-ignite``), its ``Engine`` drives the same compiled step and state with no handlers, a row of its own against
+the first hand loop. Rows alternate; the best and the median of the repeats are shown.
 
 Run: ``python benchmarks/host_cost.py [--steps N] [--repeats R]``; results in ``docs/benchmarks.md``.
 """
@@ -56,13 +58,42 @@ def ember_side(data: list[Any], handlers: bool) -> Callable[[], float]:
     return run
 
 
-def hand_side(data: list[Any], handlers: bool) -> Callable[[], float]:
-    """The trainer's own compiled step and state (with the metrics' states, for ``handlers``) called in a bare loop."""
+def compiled_step(handlers: bool, data: list[Any]) -> tuple[Any, list[Any]]:
+    """The trainer's own compiled step, and a holder of what it carries (with the metrics' states, for ``handlers``)."""
     trainer = make_trainer(handlers)
     trainer.run(data[:2], max_epochs=1)  # compile, and leave the compiled step in the trainer's cache
     step = next(iter(trainer._process_fn.compiled.values()))
     metrics = trainer.fused_metrics  # with handlers: the step carries (train state, metric states)
-    holder = [(trainer.state.train_state, tuple(m.state for m in metrics)) if metrics else trainer.state.train_state]
+    state = trainer.state.train_state
+    return step, [(state, tuple(m.state for m in metrics)) if metrics else state]
+
+
+def ignite_side(data: list[Any]) -> Callable[[], float] | None:
+    """Ignite's ``Engine`` calling the trainer's own compiled step on its state, no handlers (``None``: no Ignite)."""
+    try:
+        from ignite.engine import Engine as IgniteEngine
+    except ImportError:
+        return None
+    step, holder = compiled_step(False, data)
+
+    def process(engine: Any, batch: Any) -> Any:
+        holder[0], out = step(holder[0], batch)
+        return out
+
+    engine = IgniteEngine(process)
+
+    def run() -> float:
+        start = time.perf_counter()
+        engine.run(data, max_epochs=1)
+        jax.block_until_ready(holder[0])
+        return (time.perf_counter() - start) / len(data)
+
+    return run
+
+
+def hand_side(data: list[Any], handlers: bool) -> Callable[[], float]:
+    """The trainer's own compiled step and state (with the metrics' states, for ``handlers``) called in a bare loop."""
+    step, holder = compiled_step(handlers, data)
 
     def run() -> float:
         start = time.perf_counter()
@@ -86,12 +117,11 @@ def main(argv: list[str] | None = None) -> None:
         {"x": rng.normal(size=(4, 3)).astype(np.float32), "y": rng.normal(size=4).astype(np.float32)}
         for _ in range(args.steps)
     ]
-    sides = {
-        "hand loop": hand_side(data, False),
-        "ember": ember_side(data, False),
-        "hand loop, metrics": hand_side(data, True),
-        "ember + handlers": ember_side(data, True),
-    }
+    sides = {"hand loop": hand_side(data, False), "ember": ember_side(data, False)}
+    ignite = ignite_side(data)
+    if ignite is not None:
+        sides[f"Ignite {__import__('ignite').__version__}"] = ignite
+    sides |= {"hand loop, metrics": hand_side(data, True), "ember + handlers": ember_side(data, True)}
     times = interleaved(sides, args.repeats)
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {args.steps} steps, {args.repeats} repeats")
     reference = None

@@ -20,9 +20,9 @@ so drift hits all alike.
 
 Workload (b), ``chars``: the character transformer of ``examples/char_transformer.py`` (its model, data and
 optimizer; ten steps per compiled call; 5 epochs), with a running average of the loss, validation perplexity every
-epoch, a background checkpoint of the latest state every epoch and a line printed per epoch. The hand loop
-runs the same ten steps per call as a ``lax.scan``, as a user writes it (looped), the running average in its
-step, a jitted evaluation of the mean token loss, ``np.savez`` on a writer thread.
+epoch (``Evaluate``), a background checkpoint of the latest state every epoch and a line printed per epoch. The
+hand loop runs the same ten steps per call as a ``lax.scan``, as a user writes it (looped), the running average in
+its step, a jitted evaluation of the mean token loss, ``np.savez`` on a writer thread.
 
 Workloads ``lm`` and ``resnet``, for accelerators (``_lm.py``, ``_resnet.py``): a ~100 M-parameter GPT-style
 NNX decoder and a ResNet-18, each in ``"bf16-mixed"`` with the handlers a user attaches, against a hand-written
@@ -330,7 +330,7 @@ def _char_example() -> Any:
 def ember_chars(epochs: int) -> Callable[[], Timing]:
     """The char transformer with ember: running loss, validation perplexity, a checkpoint and a line per epoch."""
     from ember import Events
-    from ember.handlers import Checkpoint
+    from ember.handlers import Checkpoint, Evaluate
     from ember.metrics import Perplexity, RunningAverage
     from ember.training import TrainState, create_evaluator, create_trainer
 
@@ -346,9 +346,10 @@ def ember_chars(epochs: int) -> Callable[[], Timing]:
         saver = Checkpoint({"trainer": trainer}, folder / "latest", n_saved=2)
         log = io.StringIO()
 
+        Evaluate(evaluator, ex.val).attach(trainer)  # its step compiles on another core while the trainer's does
+
         @trainer.on(Events.EPOCH_COMPLETED)
         def validate(engine: Any) -> None:
-            evaluator.run(ex.val)
             ppl, loss = evaluator.state.metrics["perplexity"], float(engine.state.metrics["loss"])
             print(f"epoch {engine.state.epoch} loss {loss:.4f} val perplexity {ppl:.2f}", file=log)
             clock.epoch_done()

@@ -71,10 +71,10 @@ def test_a_finished_run_whose_last_checkpoint_is_gone_is_not_taken_for_finished(
     No checkpoint writer thread outlives a run (a notebook trains many in one process).
     """
     args = ["train", "--output", str(tmp_path), "trainer.max_epochs=1", "handlers.progress=false"]
-    writers = lambda: sorted(t.name for t in threading.enumerate() if t.name.startswith("ember-checkpoint"))  # noqa: E731
-    before = writers()
+    before = set(threading.enumerate())  # (earlier tests' threads may end meanwhile: only new ones count)
+    started = lambda: [t.name for t in set(threading.enumerate()) - before if t.name.startswith("ember-checkpoint")]  # noqa: E731
     assert main([*args, "handlers.writers=[jsonl]"]) == 0
-    assert writers() == before
+    assert started() == []
     latest = tmp_path / "checkpoints" / "latest"
     assert sorted(p.name for p in latest.iterdir()) == ["step_00000022"]
     shutil.rmtree(latest / "step_00000022")
@@ -84,7 +84,7 @@ def test_a_finished_run_whose_last_checkpoint_is_gone_is_not_taken_for_finished(
     assert "already complete" not in out
     assert re.search(r"^epoch   1  iteration    22  val accuracy 0\.\d{4}", out, re.M), out
     assert sorted(p.name for p in latest.iterdir()) == ["step_00000022"]
-    assert writers() == before
+    assert started() == []
 
 
 def test_a_changed_config_is_refused_and_a_finished_run_keeps_its_record(tmp_path, capsys):

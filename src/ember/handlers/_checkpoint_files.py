@@ -185,10 +185,13 @@ class CheckpointFiles:
         """Whether a valid checkpoint is named ``name`` (a damaged one the store moves aside as it writes)."""
         return self._store("a save").find(name) is not None
 
-    def _check(self) -> None:  # every iteration: no context manager unless a write is in flight
+    def _check(self) -> None:  # every iteration: a failed background write surfaces at the next one
         if self.store is not None and self.store.writing:
-            with self._failures():
+            try:
                 self.store.raise_if_failed()
+            except OSError as failed:  # the failure handling (raise, or warn) only when there is a failure
+                with self._failures():
+                    raise failed
 
     def _finish(self, engine: Engine) -> None:
         """At COMPLETED: the saves are on disk, and the store has made them as safe as it makes any (``finish``)."""

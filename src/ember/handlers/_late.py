@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from ember.writers._async import start_host_copy
+
 
 class OneStepLate:
     """Holds the device value pushed last; pushing the next one returns the previous one as host numbers.
@@ -19,9 +21,7 @@ class OneStepLate:
 
     def push(self, iteration: int, value: Any) -> tuple[int, Any] | None:
         """Keep ``value`` (computed at ``iteration``); return the previous ``(iteration, host value)``."""
-        copy = getattr(value, "copy_to_host_async", None)
-        if callable(copy):
-            copy()
+        start_host_copy(value)
         previous, self._pending = self._pending, (iteration, value)
         return None if previous is None else (previous[0], np.asarray(previous[1]))
 

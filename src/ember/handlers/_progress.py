@@ -11,6 +11,7 @@ from ember._extras import missing
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._values import check_names, check_transform, pick
 from ember.writers import is_primary_process
+from ember.writers._async import start_host_copy
 
 
 def _postfix(values: dict[str, Any]) -> dict[str, str]:
@@ -124,9 +125,7 @@ class ProgressBar:
             return
         current = pick(engine, self._names, self._keys, output_transform=self._transform)
         for v in current.values():
-            copy = getattr(v, "copy_to_host_async", None)
-            if callable(copy):
-                copy()
+            start_host_copy(v)
         if self._fetched:
             self._bar.set_postfix(_postfix(self._fetched), refresh=False)
         self._fetched = current

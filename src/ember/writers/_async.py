@@ -43,9 +43,28 @@ def _own(values: list[Any]) -> list[Any]:
         local.append(v)
     out = list(values)
     for i, copy in zip(arrays, _copied(local), strict=True):
-        copy.copy_to_host_async()
+        start_host_copy(copy)
         out[i] = copy
     return out
+
+
+def start_host_copy(value: Any) -> None:
+    """Begin copying a device array to the host, where that is a copy (a value of any other kind is left alone).
+
+    An array on a CPU device is in host memory already: asking for its copy while the computation that makes it is
+    still queued costs the calling thread about 0.2 ms on XLA:CPU (the training thread, for a check every step).
+    """
+    copy = getattr(value, "copy_to_host_async", None)
+    if not callable(copy):
+        return
+    sharding = getattr(value, "sharding", None)
+    if sharding is None or not _in_host_memory(sharding):
+        copy()
+
+
+@functools.lru_cache(maxsize=256)
+def _in_host_memory(sharding: Any) -> bool:
+    return all(device.platform == "cpu" for device in sharding.device_set)
 
 
 def _copied(arrays: list[Any]) -> list[Any]:
