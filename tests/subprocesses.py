@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -43,3 +44,33 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def ember_train_signalled(
+    args: Sequence[str], sig: int | None = None, wait_for: str | None = None
+) -> tuple[int, str, str]:
+    """``ember train ARGS`` in a fresh process; ``sig`` once a line starting with ``wait_for`` is printed.
+
+    Returns ``(status, out, err)``. The whole run is bounded (240 s): a hang fails the test, never blocks it.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ember.cli", "train", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    timer = threading.Timer(240, proc.kill)
+    timer.start()
+    try:
+        lines = []
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if sig is not None and wait_for is not None and line.startswith(wait_for):
+                proc.send_signal(sig)
+                break
+        out, err = proc.communicate(timeout=240)
+    finally:
+        timer.cancel()
+    return proc.returncode, "".join(lines) + out, err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ FILENAME = "goodput.jsonl"
 def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Each run's last record in ``run_dir/goodput.jsonl``, oldest run first (``[]`` without the file).
 
-    A line cut short (a process killed while writing it) is skipped: that run's earlier line stands.
+    A line cut short (a process killed while writing it) is skipped: that run's earlier line stands. A line that is
+    JSON but not a ledger record (``42``, ``{}``, a record without its run, times or numbers) is skipped with a
+    ``RuntimeWarning`` naming its line number.
 
     Examples:
         >>> import tempfile
@@ -29,13 +32,26 @@ def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     last: dict[str, dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if not _is_record(record):
+            shown = line if len(line) <= 80 else line[:77] + "..."
+            message = f"{path}, line {number}: not a goodput record, skipped: {shown}"
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            continue
         last[record["run"]] = record
     return sorted(last.values(), key=lambda r: r["time"] - r["wall"])
+
+
+def _is_record(record: Any) -> bool:
+    """Whether ``record`` has what the readers use: its run's id, its time and wall time, numbers per category."""
+    if not isinstance(record, dict) or not isinstance(record.get("run"), str):
+        return False
+    numbers = [record.get("time"), record.get("wall"), *(record.get(c, 0.0) for c in CATEGORIES)]
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers)
 
 
 def totals(records: list[dict[str, Any]]) -> dict[str, float]:

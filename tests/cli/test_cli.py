@@ -65,16 +65,24 @@ def test_running_the_same_command_again_finds_nothing_left_without_importing_jax
     assert lines[2:] == ["0 []"]
 
 
+def logged_records(run_dir):
+    """The run's JSONL records, without their wall time."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "time"} for line in lines]
+
+
 def test_a_finished_run_whose_last_checkpoint_is_gone_is_not_taken_for_finished(tmp_path, capsys):
     """The files must agree: a summary without its last checkpoint sends the relaunch through training again.
 
-    No checkpoint writer thread outlives a run (a notebook trains many in one process).
+    No checkpoint writer thread outlives a run (a notebook trains many in one process), and the record of the
+    launch whose checkpoint is gone is dropped with it: the log holds each record of the run once.
     """
     args = ["train", "--output", str(tmp_path), "trainer.max_epochs=1", "handlers.progress=false"]
     before = set(threading.enumerate())  # (earlier tests' threads may end meanwhile: only new ones count)
     started = lambda: [t.name for t in set(threading.enumerate()) - before if t.name.startswith("ember-checkpoint")]  # noqa: E731
     assert main([*args, "handlers.writers=[jsonl]"]) == 0
     assert started() == []
+    logged = logged_records(tmp_path)
     latest = tmp_path / "checkpoints" / "latest"
     assert sorted(p.name for p in latest.iterdir()) == ["step_00000022"]
     shutil.rmtree(latest / "step_00000022")
@@ -85,6 +93,7 @@ def test_a_finished_run_whose_last_checkpoint_is_gone_is_not_taken_for_finished(
     assert re.search(r"^epoch   1  iteration    22  val accuracy 0\.\d{4}", out, re.M), out
     assert sorted(p.name for p in latest.iterdir()) == ["step_00000022"]
     assert started() == []
+    assert logged_records(tmp_path) == logged  # the run started over, and so did its record: each record once
 
 
 def test_a_changed_config_is_refused_and_a_finished_run_keeps_its_record(tmp_path, capsys):

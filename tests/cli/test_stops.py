@@ -7,11 +7,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 
 from ember._ledger_file import read_records
 from ember.cli import train
-from tests.subprocesses import ROOT
+from tests.subprocesses import ROOT, ember_train_signalled
 
 LONG_RUN = [
     "handlers.progress=false",
@@ -23,27 +22,7 @@ LONG_RUN = [
 
 def signalled_run(run_dir, sig, wait_for, *extra):
     """``ember train`` on a long run; ``sig`` once a line starting with ``wait_for`` is printed. (status, out, err)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ember.cli", "train", "--output", str(run_dir), *LONG_RUN, *extra],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    timer = threading.Timer(240, proc.kill)  # a bound on the whole run: a hang fails the test, never blocks it
-    timer.start()
-    try:
-        lines = []
-        for line in proc.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if line.startswith(wait_for):
-                proc.send_signal(sig)
-                break
-        out, err = proc.communicate(timeout=240)
-    finally:
-        timer.cancel()
-    return proc.returncode, "".join(lines) + out, err
+    return ember_train_signalled(["--output", str(run_dir), *LONG_RUN, *extra], sig, wait_for)
 
 
 def test_ctrl_c_saves_says_how_to_resume_and_exits_130_then_sigterm_does_the_same_on_the_resumed_run(tmp_path):

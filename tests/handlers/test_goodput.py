@@ -85,3 +85,30 @@ def test_a_killed_run_and_its_relaunch_count_the_steps_trained_again_as_lost(tmp
 def test_ember_goodput_prints_the_table_or_says_there_is_none(tmp_path, capsys):
     assert main(["goodput", str(tmp_path)]) == 2
     assert "No goodput.jsonl in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line", ["42", "null", "[1, 2]", "{}", '{"run": "x"}', '{"run": "x", "time": 1, "wall": "3"}'])
+def test_a_line_that_is_json_but_not_a_record_is_skipped_with_a_warning_naming_it(tmp_path, capsys, line):
+    """By `ember goodput` (its table as without the line) and by a relaunch's ledger (it counts on from the records)."""
+    from ember.handlers import GoodputLedger
+
+    clock = Clock()
+    first = Engine(lambda e, b: setattr(clock, "now", clock.now + 1.0))
+    GoodputLedger(tmp_path, clock=clock, started=0.0).attach(first)
+    first.run(range(3))
+    path = tmp_path / "goodput.jsonl"
+    good = path.read_text()
+    assert main(["goodput", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    path.write_text(good + line + "\n")
+    message = re.escape(f"{path}, line {good.count(chr(10)) + 1}: not a goodput record, skipped: {line}")
+    with pytest.warns(RuntimeWarning, match=f"^{message}$"):
+        assert main(["goodput", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == table
+    again = Engine(lambda e, b: setattr(clock, "now", clock.now + 1.0))
+    GoodputLedger(tmp_path, clock=clock, started=clock.now).attach(again)
+    with pytest.warns(RuntimeWarning, match=f"^{message}$"):
+        again.run(range(3))
+    with pytest.warns(RuntimeWarning, match=f"^{message}$"):
+        records = read_records(tmp_path)
+    assert [r["steps"] for r in records] == [3, 3]

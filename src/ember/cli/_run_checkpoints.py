@@ -9,15 +9,22 @@ from ember import Engine, Events
 from ember.checkpoint import CheckpointStore, TieredStore
 from ember.cli._schema import CheckpointConfig
 from ember.handlers import Checkpoint, global_step_from_engine
+from ember.writers import Writer
 
 
 def attach_checkpoints(
-    config: CheckpointConfig, run_dir: Path, to_save: dict[str, Any], trainer: Engine, evaluator: Engine
+    config: CheckpointConfig,
+    run_dir: Path,
+    to_save: dict[str, Any],
+    trainer: Engine,
+    evaluator: Engine,
+    records: Writer | None = None,
 ) -> tuple[Checkpoint, Checkpoint]:
     """Attach ``checkpoints/best`` (each evaluation) and ``checkpoints/latest`` (each epoch, ``every_iters``, the end).
 
     With ``fast_dir``, the latest go through a `TieredStore` whose durable tier is ``checkpoints/latest`` and whose
-    fast tier is ``<fast_dir>/<run folder's name>``. Returns ``(best, latest)``.
+    fast tier is ``<fast_dir>/<run folder's name>``. ``records``, the run's writer, is flushed before each latest
+    save: a relaunch resumes from a checkpoint whose steps' records are all in the files. Returns ``(best, latest)``.
     """
     best = Checkpoint(
         to_save,
@@ -35,5 +42,7 @@ def attach_checkpoints(
     every = Events.EPOCH_COMPLETED | Events.COMPLETED
     if config.every_iters:
         every = every | Events.ITERATION_COMPLETED(every=config.every_iters)
+    if records is not None:  # what was logged up to this step reaches the files before the checkpoint of it exists
+        trainer.add_event_handler(every, lambda: records.flush())
     latest.attach(trainer, every)
     return best, latest

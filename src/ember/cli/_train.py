@@ -157,6 +157,7 @@ def train(
     schedule = build_schedule(cfg.optimizer, total)
     check_labels(cfg.data, data, build_model(cfg.model), sample, cfg.model.name)
     trainer = build_trainer(cfg, sample, schedule)
+    relaunched = (run_dir / "config.yaml").exists()
     run_dir.mkdir(parents=True, exist_ok=True)  # the run can be built: its folder and config are written now
     if primary:
         (run_dir / "config.yaml").write_text(dump_config(cfg, source))
@@ -198,7 +199,7 @@ def train(
         )
         stopper.attach(evaluator)
         to_save["early_stopping"] = stopper
-    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, evaluator)
+    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, evaluator, records=writer)
     preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
     preemption.attach(trainer, [evaluator])
     # a skipped step (an overflow under 16-mixed, skip_nonfinite) is the guard's to handle, not a diverged run
@@ -250,6 +251,8 @@ def train(
     else:
         if info is not None:  # the logs of steps past the checkpoint are dropped: the resumed run logs them again
             writer.resume_at(info.step)
+        elif relaunched:  # killed before its first checkpoint, the run starts over, and so does its record
+            writer.resume_at(0)
         if cfg.trainer.max_iters is not None:
             trainer.run(data, max_iters=cfg.trainer.max_iters, epoch_length=cfg.data.epoch_length)
         else:

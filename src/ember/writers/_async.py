@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -109,6 +111,11 @@ class AsyncWriter(Writer):
     device array is counted on its devices at the call ([`histogram`][ember.writers.histogram]; on every process, for
     an array sharded across processes) and only the counts cross to the host.
 
+    What the thread writes reaches the writer's files within ``flush_secs``: the thread flushes the writer that long
+    after the first record it has not flushed yet, whether more records follow or not, so ``tail -f metrics.jsonl``
+    follows a run and a killed run's log holds all but its last seconds ([`flush`][ember.writers.AsyncWriter.flush]
+    before a checkpoint makes it all: ``ember train`` does).
+
     An exception on the thread is kept and raised by the next call,
     [`raise_if_failed`][ember.writers.AsyncWriter.raise_if_failed] or [`flush`][ember.writers.AsyncWriter.flush] (once;
     later records are dropped, since the writer is broken). Only the primary process writes unless
@@ -119,6 +126,7 @@ class AsyncWriter(Writer):
         writer: the writer to drive (often a [`MultiWriter`][ember.writers.MultiWriter]).
         primary_only: drop every record on processes other than process 0.
         max_pending: records queued before a call waits for the thread (bounds memory).
+        flush_secs: the longest a written record waits for a flush (TensorBoard's own writers flush every 120 s).
 
     Examples:
         >>> import io
@@ -131,11 +139,16 @@ class AsyncWriter(Writer):
         ['step 1 | loss 0.5000']
     """
 
-    def __init__(self, writer: Writer, *, primary_only: bool = True, max_pending: int = 10_000) -> None:
+    def __init__(
+        self, writer: Writer, *, primary_only: bool = True, max_pending: int = 10_000, flush_secs: float = 5.0
+    ) -> None:
         if not isinstance(writer, Writer):
             raise TypeError(f"`writer` must be an ember.writers.Writer, got {type(writer).__name__}.")
         if not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"`max_pending` must be a positive int, got {max_pending!r}.")
+        if isinstance(flush_secs, bool) or not isinstance(flush_secs, int | float) or not 0 < flush_secs < math.inf:
+            raise ValueError(f"`flush_secs` must be a positive number of seconds, got {flush_secs!r}.")
+        self.flush_secs = float(flush_secs)
         self.writer = writer
         self.active = not primary_only or is_primary_process()
         self._queue: queue.Queue[Any] = queue.Queue(max_pending)
@@ -145,16 +158,34 @@ class AsyncWriter(Writer):
         self._thread: threading.Thread | None = None
 
     def _work(self) -> None:
+        unflushed: float | None = None  # when the oldest record not flushed yet was written
         while True:
-            item = self._queue.get()
+            wait = None if unflushed is None else max(0.0, unflushed + self.flush_secs - time.monotonic())
+            try:
+                item = self._queue.get(timeout=wait)
+            except queue.Empty:  # nothing more came within flush_secs of the oldest unflushed record
+                self._run(self.writer.flush)
+                unflushed = None
+                continue
             if item is _STOP:
                 return
             fn, args = item
-            if self._error is None or fn is threading.Event.set:
-                try:
-                    fn(*args)
-                except BaseException as e:  # kept for the caller's thread; the loop goes on draining
-                    self._error = e
+            self._run(fn, *args)
+            if fn == self.writer.flush:
+                unflushed = None
+            elif fn is not threading.Event.set:
+                unflushed = time.monotonic() if unflushed is None else unflushed
+                if time.monotonic() - unflushed >= self.flush_secs:  # records keep coming: flush on time anyway
+                    self._run(self.writer.flush)
+                    unflushed = None
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn`` on the thread; an exception is kept for the caller's thread (later records are dropped)."""
+        if self._error is None or fn is threading.Event.set:
+            try:
+                fn(*args)
+            except BaseException as e:  # the loop goes on draining
+                self._error = e
 
     def _put(self, fn: Callable[..., Any], *args: Any) -> None:
         self.raise_if_failed()

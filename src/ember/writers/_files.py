@@ -32,13 +32,15 @@ class _FileWriter(Writer):
     def resume_at(self, step: int) -> None:
         """Rewrite the file without the records of steps after ``step``; the next record reopens it for appending.
 
-        A new file is written beside it and renamed over it, so a crash leaves the old file or the new one, whole.
+        A last line without its line end (a write a kill cut off) is dropped whole. A new file is written beside the
+        old one and renamed over it, so a crash leaves the old file or the new one, whole.
         """
         if not self.path.exists():
             return
         self.close()
         lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        kept = [line for i, line in enumerate(lines) if (i == 0 and self._header) or self._keep(line, step)]
+        whole = lines if not lines or lines[-1].endswith("\n") else lines[:-1]
+        kept = [line for i, line in enumerate(whole) if (i == 0 and self._header) or self._keep(line, step)]
         if len(kept) == len(lines):
             return
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -49,13 +51,15 @@ class _FileWriter(Writer):
         os.replace(tmp, self.path)
 
     def flush(self) -> None:
-        """Flush the file to the operating system."""
+        """Hand what was written to the operating system: a killed process loses none of it."""
         if self._file is not None:
             self._file.flush()
 
     def close(self) -> None:
-        """Flush and close the file."""
+        """Flush, fsync and close the file."""
         if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
             self._file.close()
             self._file = None
 
@@ -63,7 +67,8 @@ class _FileWriter(Writer):
 class JsonlWriter(_FileWriter):
     """One JSON object per line: ``{"step": 3, "time": ..., "loss": 0.5}``; text and hparams too.
 
-    The file is opened for appending, so a resumed run continues the same log.
+    The file is opened for appending, so a resumed run continues the same log. ``flush()`` hands the lines to the
+    operating system (an [`AsyncWriter`][ember.writers.AsyncWriter] does every ``flush_secs``), ``close()`` fsyncs.
 
     Args:
         path: the ``.jsonl`` file (its folder is created).

@@ -1,0 +1,65 @@
+"""A run's record survives what its state survives: SIGKILLed and relaunched, its logs are the uninterrupted run's."""
+
+import csv
+import json
+import signal
+
+import pytest
+
+from tests.subprocesses import ember_train_signalled
+
+RUN = [
+    "model.name=mlp",
+    "trainer.max_epochs=3",
+    "handlers.progress=false",
+    "handlers.early_stopping=null",
+    "handlers.writers=[jsonl,csv]",
+    "handlers.log_every=5",
+    "handlers.checkpoint.every_iters=7",  # checkpoints inside epochs too: a relaunch may resume mid-epoch
+]
+
+
+def ember_train(run_dir, kill_at=None):
+    """``ember train`` on ``run_dir``; with ``kill_at``, SIGKILLed once a line starting with it is printed."""
+    status, _, err = ember_train_signalled(["--output", str(run_dir), *RUN], signal.SIGKILL, kill_at)
+    return status, err
+
+
+def record(run_dir):
+    """The run's logged values: the JSONL records (without their wall time) and the CSV rows, in file order."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    jsonl = [{k: v for k, v in json.loads(line).items() if k != "time"} for line in lines]
+    with (run_dir / "metrics.csv").open() as f:
+        rows = list(csv.reader(f))
+    return [r for r in jsonl if "step" in r], rows
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    status, err = ember_train(run_dir)
+    assert status == 0, err[-3000:]
+    return record(run_dir)
+
+
+@pytest.mark.parametrize(
+    "kill_at",
+    [
+        "Training on",  # before the first checkpoint: the relaunch starts over
+        "epoch   1 ",  # the first evaluation printed, its epoch's checkpoint being written
+        "epoch   2 ",
+    ],
+)
+def test_after_a_sigkill_and_a_relaunch_the_logs_hold_each_record_of_the_uninterrupted_run_once(
+    tmp_path, uninterrupted, kill_at
+):
+    run_dir = tmp_path / "run"
+    status, err = ember_train(run_dir, kill_at)
+    assert status == -signal.SIGKILL, err[-3000:]
+    status, err = ember_train(run_dir)
+    assert status == 0, err[-3000:]
+    jsonl, rows = record(run_dir)
+    expected_jsonl, expected_rows = uninterrupted
+    assert [r["step"] for r in jsonl] == [r["step"] for r in expected_jsonl]
+    assert jsonl == expected_jsonl  # the values too: the resumed run is exact
+    assert rows == expected_rows
