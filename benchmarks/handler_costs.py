@@ -143,25 +143,22 @@ def cpu_per_handler(epochs: int) -> None:
             cpu[names.get(int(tid), f"native {comm}")] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         return cpu
 
-    def mark(clock: EpochClock) -> None:
-        if len(clock.ends) == 1:  # the first epoch is done: count from here
-            counting[0], before[0] = True, threads()
+    class FromTheSecondEpoch(EpochLines):
+        """Counts handler time, and takes the threads' CPU times, once the first epoch's line is printed."""
 
-    class Marking(EpochLines):
         def write(self, s: str) -> int:
             written = super().write(s)
-            mark(self.clock)
+            if len(self.clock.ends) == 1 and not counting[0]:
+                counting[0], before[0] = True, threads()
             return written
+
+    def work(folder: Path, clock: EpochClock) -> None:
+        train(_config(epochs, folder, {}), stream=FromTheSecondEpoch(clock), progress_stream=io.StringIO())
 
     before: list[collections.Counter[str]] = [collections.Counter()]
     with mock.patch.object(dispatch, "_make_call", timed_call):
         run(1, None)()  # warm-up: imports, library compilations
-        folder_clock = EpochClock()
-        with contextlib.ExitStack() as stack:
-            import tempfile
-
-            folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-            train(_config(epochs, folder, {}), stream=Marking(folder_clock), progress_stream=io.StringIO())
+        timed_in_folder(work)
         counting[0] = False
     after = threads()
     steps = (epochs - 1) * STEPS_PER_EPOCH

@@ -231,3 +231,13 @@ def test_handler_costs_benchmark_runs_and_reports_each_part():
     rows = [line.split(" | ")[0] for line in out.splitlines()[2:]]
     assert rows == ["all", "nan_guard", "stall", "together (every default part, the stall watchdog aside)"]
     assert "TerminateOnNan on the loss" in out
+
+
+def test_handler_costs_benchmark_reports_cpu_time_per_handler_and_thread():
+    """--cpu, 2 epochs: a row per handler on the training thread, their sum, and the threads; no timing asserted."""
+    out = run_benchmark("handler_costs.py", "--cpu", "--epochs", "2", timeout=300)
+    lines = out.splitlines()
+    assert lines[1] == "on the training thread, by handler | µs per step"
+    assert any(line.startswith("Evaluate | ") for line in lines), out
+    assert any(line.startswith("every handler together | ") for line in lines), out
+    assert any(line.startswith("MainThread | ") for line in lines[lines.index("by thread | µs per step") :]), out

@@ -74,7 +74,7 @@ def test_default_prefetch_puts_only_large_batches_ahead_on_an_accelerator(k, mon
 
     The placement is told it runs on an accelerator; the CPU backend computes as usual.
     """
-    from ember.training import _training_engine as _trainer
+    from ember.training import _auto_prefetch as _trainer
 
     monkeypatch.setattr(SingleDevice, "prefers_prefetch", property(lambda self: True))
     rows = -(-_trainer.PREFETCH_MIN_BYTES // (20 * k))  # 20 bytes a row (4 float32 features, an int32 label)

@@ -17,12 +17,11 @@ class LRMonitor:
     """Writes the learning rate the last step used, under ``tag``, at the trainer's iteration.
 
     With ``schedule`` (the optax schedule the optimizer uses) the rate is ``schedule(iteration - 1)`` evaluated on the
-    host's CPU device, no accelerator involved, and handed to the writer unread: on a CPU backend that device also
-    runs the steps, so reading the rate on the training thread would wait for the steps in flight; the writer's
-    thread reads it. Without ``schedule`` the rate is the step's own ``output["lr"]`` (``create_trainer(...,
-    extras=("lr",))`` computes it in the step, from an ``optax.inject_hyperparams`` state or the schedule), a device
-    scalar converted on the writer's thread. Either way the training loop never waits. `last` is the last value
-    written, as a host float (reading it waits for that value).
+    host's CPU device, no accelerator involved, and handed to the writer unread. Without ``schedule`` the rate is the
+    step's own ``output["lr"]`` (``create_trainer(..., extras=("lr",))`` computes it in the step, from an
+    ``optax.inject_hyperparams`` state or the schedule), a device scalar converted on the writer's thread: the way
+    for a CPU backend, where the schedule's eager operations would wait for the steps queued on the same device
+    (``ember train`` takes it). `last` is the last value written, as a host float (reading it waits for that value).
 
     Args:
         writer: where the rate goes (wrapped in an ``AsyncWriter``).

@@ -7,10 +7,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
-import numpy as np
 
 from ember.data import DevicePrefetch
 from ember.engine import Engine, Events, State
+from ember.training._auto_prefetch import auto_prefetch
 from ember.training._feed import StepGroups
 from ember.training._flat_tree import flatten_tree, unflatten_like
 from ember.training._fused import FusedMetrics
@@ -370,28 +370,6 @@ _NOT_BUILT = (
     "This trainer has no train state yet: it builds it from the first batch. To resume before the first run, "
     "build it from a sample first: trainer.build_state(next(iter(data))), then Checkpoint.resume() or load_objects()."
 )
-
-
-#: A call's batch must hold at least this many host bytes for ``prefetch=None`` to put batches on device
-#: ahead (on an accelerator): below it ``jax.device_put`` from Python costs more than it hides (measured in
-#: docs/benchmarks.md, "Prefetch against batch size").
-PREFETCH_MIN_BYTES = 3 << 19  # 1.5 MiB
-
-
-def auto_prefetch(batch: Any, placement: Placement) -> int:
-    """How many batches ``prefetch=None`` keeps in flight, judged by the first (host) batch of a pass.
-
-    Examples:
-        >>> import numpy as np
-        >>> from ember.training import SingleDevice
-        >>> from ember.training._training_engine import auto_prefetch
-        >>> auto_prefetch(np.zeros((8, 4)), SingleDevice())  # small, and a CPU backend here: no prefetch
-        0
-    """
-    if not placement.prefers_prefetch:
-        return 0
-    host_bytes = sum(np.asarray(x).nbytes for x in jax.tree.leaves(batch) if not isinstance(x, jax.Array))
-    return 2 if host_bytes >= PREFETCH_MIN_BYTES else 0
 
 
 def _build_state(factory: Any, batch: Any) -> TrainState:
