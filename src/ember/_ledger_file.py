@@ -20,7 +20,8 @@ def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
     A line cut short (a process killed while writing it) is skipped: that run's earlier line stands. A line that is
     JSON but not a ledger record (``42``, ``{}``, a record without its run, times or numbers) is skipped with a
-    ``RuntimeWarning`` naming its line number.
+    ``RuntimeWarning`` naming its line number. A run whose last record says ``"running"`` but is followed by
+    another run ended without a word (a SIGKILL, a lost machine): it reads as ``"killed"``.
 
     Examples:
         >>> import tempfile
@@ -43,7 +44,11 @@ def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
             warnings.warn(message, RuntimeWarning, stacklevel=2)
             continue
         last[record["run"]] = record
-    return sorted(last.values(), key=lambda r: r["time"] - r["wall"])
+    runs = sorted(last.values(), key=lambda r: r["time"] - r["wall"])
+    for record in runs[:-1]:  # a launch still "running" when a later one started was killed without a word
+        if record.get("ended", "running") == "running":
+            record["ended"] = "killed"
+    return runs
 
 
 def _is_record(record: Any) -> bool:

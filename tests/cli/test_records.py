@@ -7,13 +7,14 @@ import signal
 import pytest
 
 from tests.subprocesses import ember_train_signalled
+from tests.writers.tb_reader import tensorboard_scalars
 
 RUN = [
     "model.name=mlp",
     "trainer.max_epochs=3",
     "handlers.progress=false",
     "handlers.early_stopping=null",
-    "handlers.writers=[jsonl,csv]",
+    "handlers.writers=[tensorboard,jsonl,csv]",
     "handlers.log_every=5",
     "handlers.checkpoint.every_iters=7",  # checkpoints inside epochs too: a relaunch may resume mid-epoch
 ]
@@ -26,12 +27,12 @@ def ember_train(run_dir, kill_at=None):
 
 
 def record(run_dir):
-    """The run's logged values: the JSONL records (without their wall time) and the CSV rows, in file order."""
+    """The run's logged values: the JSONL records (without their wall time), the CSV rows, TensorBoard's curves."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     jsonl = [{k: v for k, v in json.loads(line).items() if k != "time"} for line in lines]
     with (run_dir / "metrics.csv").open() as f:
         rows = list(csv.reader(f))
-    return [r for r in jsonl if "step" in r], rows
+    return [r for r in jsonl if "step" in r], rows, tensorboard_scalars(run_dir / "tb")
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,10 @@ def test_after_a_sigkill_and_a_relaunch_the_logs_hold_each_record_of_the_uninter
     assert status == -signal.SIGKILL, err[-3000:]
     status, err = ember_train(run_dir)
     assert status == 0, err[-3000:]
-    jsonl, rows = record(run_dir)
-    expected_jsonl, expected_rows = uninterrupted
+    jsonl, rows, curves = record(run_dir)
+    expected_jsonl, expected_rows, expected_curves = uninterrupted
     assert [r["step"] for r in jsonl] == [r["step"] for r in expected_jsonl]
     assert jsonl == expected_jsonl  # the values too: the resumed run is exact
     assert rows == expected_rows
+    assert sorted(curves) == ["train/loss", "train/lr", "val/accuracy", "val/loss"]
+    assert curves == expected_curves  # as TensorBoard shows them: the killed launch's steps past the checkpoint purged

@@ -1,8 +1,9 @@
 """A run with a GoodputLedger, killed once: run by tests/handlers/test_goodput.py.
 
-``python goodput_script.py RUN_DIR [kill]``: 12 iterations of a small model, a checkpoint every 3, the ledger
-writing its record every iteration; with ``kill`` the process SIGKILLs itself at iteration 8 (after the ledger's
-record of it). Without, it resumes from the latest checkpoint and finishes.
+``python goodput_script.py RUN_DIR [kill] [every-iteration]``: 12 iterations of a small model, a checkpoint every
+3, the ledger writing its record with each checkpoint and on its timer (10 s: not within this run), or every
+iteration; with ``kill`` the process SIGKILLs itself at iteration 8. Without, it resumes from the latest checkpoint
+and finishes.
 """
 
 import os
@@ -21,7 +22,9 @@ run_dir = sys.argv[1]
 state = TrainState.create(lambda p, x: x @ p, jnp.zeros((4, 1)), optax.sgd(0.1))
 trainer = create_trainer(state, lambda m, x: jnp.mean((m(x) - 1.0) ** 2))
 saver = Checkpoint({"trainer": trainer}, os.path.join(run_dir, "ckpt"), n_saved=2)
-GoodputLedger(run_dir, flush_every=0).attach(trainer, checkpoints=[saver])
+GoodputLedger(run_dir, flush_every=0 if "every-iteration" in sys.argv[2:] else 10.0).attach(
+    trainer, checkpoints=[saver]
+)
 saver.attach(trainer, Events.ITERATION_COMPLETED(every=3))
 if "kill" in sys.argv[2:]:
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=8), lambda: os.kill(os.getpid(), signal.SIGKILL))

@@ -60,26 +60,35 @@ def test_each_category_gets_exactly_its_time_and_they_add_up_to_the_wall_time(tm
     assert (record["wall"], record["steps"], record["ended"]) == (21.0, 8, "completed")
 
 
-def test_a_killed_run_and_its_relaunch_count_the_steps_trained_again_as_lost(tmp_path):
-    killed = run_python([str(ROOT / "tests" / "handlers" / "goodput_script.py"), str(tmp_path), "kill"])
+@pytest.mark.parametrize(
+    ("writes", "reached"),
+    [
+        ("every-iteration", 8),  # the record of iteration 8 was written before the kill
+        ("with-checkpoints", 6),  # the default timer (10 s) never fired: the record went with checkpoint 6
+    ],
+)
+def test_a_killed_run_and_its_relaunch_count_the_steps_trained_again_as_lost(tmp_path, writes, reached):
+    script = str(ROOT / "tests" / "handlers" / "goodput_script.py")
+    killed = run_python([script, str(tmp_path), "kill", writes])
     assert killed.returncode == -9, killed.stderr[-2000:]
-    again = run_python([str(ROOT / "tests" / "handlers" / "goodput_script.py"), str(tmp_path)])
+    again = run_python([script, str(tmp_path), writes])
     assert again.returncode == 0, again.stderr[-2000:]
     first, second = read_records(tmp_path)
-    assert (first["first_iteration"], first["last_iteration"], first["ended"]) == (0, 8, "running")
+    assert (first["first_iteration"], first["last_iteration"], first["ended"]) == (0, reached, "killed")
     resumed = second["first_iteration"]  # the checkpoint of 6, or of 3 if the kill came before 6 was on disk
     assert resumed in (3, 6)
     assert (second["last_iteration"], second["ended"]) == (12, "completed")
-    assert second["lost_steps"] == 8 - resumed  # trained before the kill, and again after it
-    assert second["lost"] == pytest.approx((8 - resumed) * first["productive"] / first["steps"])
+    assert second["lost_steps"] == reached - resumed  # trained before the kill, and again after it
+    assert second["lost"] == pytest.approx((reached - resumed) * first["productive"] / first["steps"])
     for record in (first, second):  # each run's categories add up to its wall time
         assert sum(record[k] for k in CATEGORIES if k != "lost") == pytest.approx(record["wall"], rel=0.01)
     assert second["checkpoint"] > 0  # the resumed run saved at 9 and 12
     t = totals([first, second])
     assert sum(t[k] for k in CATEGORIES) == pytest.approx(t["wall"], rel=0.01)
     table = goodput_table(tmp_path)
-    assert "  1. iterations 0-8, " in table
-    assert re.search(rf"  2\. iterations {resumed}-12, [\d.]+ s, completed, {8 - resumed} steps trained again", table)
+    assert re.search(rf"  1\. iterations 0-{reached}, [\d.]+ s, killed\n", table)
+    lost = f", {reached - resumed} steps trained again" if reached > resumed else ""
+    assert re.search(rf"  2\. iterations {resumed}-12, [\d.]+ s, completed{lost}\n", table)
 
 
 def test_ember_goodput_prints_the_table_or_says_there_is_none(tmp_path, capsys):

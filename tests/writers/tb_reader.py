@@ -35,3 +35,14 @@ def read_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
 def tags(logdir: str | Path) -> set[str]:
     """Every summary tag under ``logdir``."""
     return {v.tag for e in read_events(logdir) for v in e.summary.value}
+
+
+def tensorboard_scalars(logdir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` as TensorBoard itself shows them: its own reader, purge marks honoured."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(logdir), size_guidance={"scalars": 0})  # 0: keep every point
+    accumulator.Reload()
+    return {
+        tag: [(e.step, round(e.value, 6)) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
+    }

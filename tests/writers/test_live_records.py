@@ -83,3 +83,34 @@ def test_resume_at_drops_a_last_line_a_kill_cut_off(tmp_path, kind):
         assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
     else:
         assert lines == ["step,name,value", "1,loss,0.5", "2,loss,0.5", "3,loss,0.5", "4,loss,0.25"]
+
+
+@pytest.mark.parametrize("make", ["jsonl", "csv", "tensorboard", "run writer"])
+def test_a_log_that_cannot_be_written_fails_where_it_is_set_up_naming_it(tmp_path, make):
+    from ember.writers import TensorBoardWriter, create_run_writer
+
+    blocker = tmp_path / "taken"
+    blocker.write_text("a file where the log folder should be")
+    makers = {
+        "jsonl": lambda: JsonlWriter(blocker / "metrics.jsonl"),
+        "csv": lambda: CsvWriter(blocker / "metrics.csv"),
+        "tensorboard": lambda: TensorBoardWriter(blocker / "tb"),
+        "run writer": lambda: create_run_writer(blocker / "run", ["jsonl"]),
+    }
+    name, argument, folder = {
+        "jsonl": ("JsonlWriter", "path", blocker),
+        "csv": ("CsvWriter", "path", blocker),
+        "tensorboard": ("TensorBoardWriter", "logdir", blocker / "tb"),
+        "run writer": ("create_run_writer", "run_dir", blocker / "run"),
+    }[make]
+    with pytest.raises(OSError, match=re.escape(f"{name} cannot write in `{argument}` {folder}: [Errno ")):
+        makers[make]()
+    with pytest.raises(IsADirectoryError, match=re.escape(f"JsonlWriter: `path` {tmp_path} is a folder; give the")):
+        JsonlWriter(tmp_path)
+
+
+def test_wandb_flush_secs_must_be_a_positive_number_of_seconds(tmp_path):
+    from ember.writers import WandbWriter
+
+    with pytest.raises(ValueError, match=re.escape("`flush_secs` must be a positive number of seconds, got 0.")):
+        WandbWriter(dir=tmp_path, flush_secs=0)

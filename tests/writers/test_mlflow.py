@@ -50,24 +50,56 @@ def test_params_must_be_a_mapping_or_a_dataclass(store):
         MlflowWriter(store, params=[1, 2])
 
 
-def test_ember_train_logs_to_mlflow_when_the_config_names_it(store, tmp_path, monkeypatch):
-    """handlers.writers: [jsonl, mlflow]: the config as params, the metrics by step, the run folder's files."""
-    from ember.cli import train
+def test_a_run_ends_finished_failed_or_killed_as_its_writer_is_told(store):
+    statuses = []
+    for outcome in (None, "finished", "failed", "killed"):
+        writer = MlflowWriter(store)
+        if outcome is not None:
+            writer.set_outcome(outcome)
+        writer.close()
+        statuses.append(writer.client.get_run(writer.run_id).info.status)
+    assert statuses == ["FINISHED", "FINISHED", "FAILED", "KILLED"]
+    with pytest.raises(ValueError, match=re.escape("`outcome` must be one of ['finished', 'failed', 'killed'], got")):
+        MlflowWriter(store).set_outcome("crashed")
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    run_dir = tmp_path / "digits-run"
-    config = {
-        "model": {"name": "mlp"},
-        "trainer": {"max_epochs": 1},
-        "handlers": {"writers": ["jsonl", "mlflow"], "progress": False, "log_every": 5},
-        "output": str(run_dir),
-    }
-    train(config)
+
+def test_a_with_block_left_by_an_exception_ends_the_run_failed_and_by_ctrl_c_killed(store):
+    from ember.writers import AsyncWriter
+
+    run_ids = []
+
+    def log_then_raise(error):
+        with AsyncWriter(MlflowWriter(store)) as writer:
+            run_ids.append(writer.writer.run_id)
+            writer.write_scalars(1, {"loss": 0.5})
+            raise error
+
+    for error in (RuntimeError("data gone"), KeyboardInterrupt()):
+        with pytest.raises(type(error)):
+            log_then_raise(error)
     client = MlflowClient(tracking_uri=store)
-    experiment = client.get_experiment_by_name("digits-run")
-    (run,) = client.search_runs([experiment.experiment_id])
-    assert run.data.params["model.name"] == "mlp"
-    assert run.data.params["handlers.writers"] == "['jsonl', 'mlflow']"
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [5, 10, 15, 20]
-    assert "val/accuracy" in run.data.metrics
-    assert {"config.yaml", "metrics.jsonl"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert [client.get_run(r).info.status for r in run_ids] == ["FAILED", "KILLED"]
+    assert [client.get_run(r).data.metrics for r in run_ids] == [{"loss": 0.5}, {"loss": 0.5}]  # nothing lost
+
+
+def test_a_relaunch_continues_the_run_by_id_each_step_logged_once(store):
+    first = MlflowWriter(store, run_name="digits", params={"lr": 0.1, "placement": "single"})
+    for step in (5, 10, 15, 20):  # the launch is killed after step 20; its last checkpoint was step 10
+        first.write_scalars(step, {"loss": 1 / step})
+    again = MlflowWriter(store, params={"lr": 0.1, "placement": "fsdp", "seed": 0}, run_id=first.run_id)
+    client = MlflowClient(tracking_uri=store)
+    assert client.get_run(first.run_id).info.status == "RUNNING"
+    again.resume_at(10)
+    for step in (15, 20, 25):
+        again.write_scalars(step, {"loss": 1 / step, "lr": 0.1})
+    again.close()
+    run = client.get_run(first.run_id)
+    assert (run.info.run_name, run.info.status) == ("digits", "FINISHED")
+    assert [(m.step, m.value) for m in client.get_metric_history(first.run_id, "loss")] == [
+        (s, 1 / s) for s in (5, 10, 15, 20, 25)
+    ]
+    assert [m.step for m in client.get_metric_history(first.run_id, "lr")] == [15, 20, 25]  # new: none to skip
+    assert run.data.params == {"lr": "0.1", "placement": "single", "seed": "0"}  # the first value stands
+    assert run.data.tags["ember.relaunch.placement"] == "fsdp"  # and the relaunch's is recorded
+    with pytest.raises(LookupError, match=re.escape("`run_id` 'f00' names no run in the tracking store file://")):
+        MlflowWriter(store, run_id="f00")

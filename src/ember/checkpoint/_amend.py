@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from ember.checkpoint._atomic import replace_file
+from ember._atomic_file import replace_file
 from ember.checkpoint._info import CheckpointInfo
 from ember.checkpoint._manifest import MANIFEST, amended, manifest_text, new_manifest, read_manifest
 

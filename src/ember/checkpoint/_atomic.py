@@ -9,22 +9,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-TMP_PREFIX = ".tmp-"
+from ember._atomic_file import TMP_PREFIX, fsync_path, owner, temporary_name
+
 REPLACING_SUFFIX = ".replacing"  # a checkpoint committed beside the one of the same name it replaces
 
 #: A temporary folder of another machine is taken for abandoned once it is this many seconds old.
 STALE_AFTER = 24 * 3600.0
-
-
-def owner() -> str:
-    """This process as a temporary folder's name says it: ``<host>.<pid>`` (the host without ``-`` or ``.``)."""
-    return f"{re.sub(r'[^A-Za-z0-9_]', '_', socket.gethostname())}.{os.getpid()}"
 
 
 def abandoned(root: Path) -> Iterator[Path]:
@@ -58,24 +52,6 @@ def _running(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
-
-
-def fsync_path(path: Path) -> None:
-    """Make a file's bytes, or a folder's entries (a rename, a new entry), durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def temporary_name(name: str, writer: str | None = None, unique: int | None = None) -> str:
-    """The name of a temporary folder for writing ``name``, owned by ``writer`` (this process by default).
-
-    Its last part is random, or ``unique`` (in hex) where every process must arrive at the same name.
-    """
-    tail = f"{unique:08x}" if unique is not None else uuid.uuid4().hex[:8]
-    return f"{TMP_PREFIX}{name}-{writer or owner()}-{tail}"
 
 
 def temporary_dir(root: Path, name: str) -> Path:
@@ -121,18 +97,3 @@ def remove(folder: Path) -> None:
     os.replace(folder, doomed)
     fsync_path(folder.parent)
     shutil.rmtree(doomed)
-
-
-def replace_file(folder: Path, name: str, text: str) -> None:
-    """Write ``folder/name`` anew with ``text``: a temporary file, fsynced, renamed over it, the folder fsynced."""
-    tmp = folder / temporary_name(name)
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, folder / name)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_path(folder)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ember.checkpoint._atomic import fsync_path
+from ember._atomic_file import fsync_path
 from ember.checkpoint._format import Checksum
 
 #: Bytes read and checksummed at a time: large enough that a piece costs nothing to hand over, small enough that the

@@ -15,9 +15,9 @@ from typing import Any
 import jax
 from flax import serialization
 
+from ember._atomic_file import TMP_PREFIX, fsync_path, owner, temporary_name
 from ember._extras import missing
 from ember._multiprocess import exchange
-from ember.checkpoint._atomic import TMP_PREFIX, fsync_path, owner, temporary_name
 from ember.checkpoint._files import checksum_problem, list_files, record, size_problem
 from ember.checkpoint._info import file_records
 from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, new_manifest, write_manifest, wrong_store

@@ -46,3 +46,10 @@ def attach_checkpoints(
         trainer.add_event_handler(every, lambda: records.flush())
     latest.attach(trainer, every)
     return best, latest
+
+
+def close_stores(*savers: Checkpoint) -> None:
+    """Close the stores of ``savers`` (their writer threads end with the run: a notebook runs many)."""
+    for saver in savers:
+        if saver.store is not None:
+            saver.store.close()

@@ -145,4 +145,5 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     handlers: HandlersConfig = field(default_factory=HandlersConfig)
+    name: str = "ember"  # the family of runs: the MLflow experiment and the W&B project each run logs to
     output: str = "runs/digits"

@@ -26,7 +26,7 @@ from ember.cli._registry import (
     build_schedule,
     check_labels,
 )
-from ember.cli._run_checkpoints import attach_checkpoints
+from ember.cli._run_checkpoints import attach_checkpoints, close_stores
 from ember.cli._run_record import check_same_run, closing_line, saved_summary
 from ember.handlers import (
     EarlyStopping,
@@ -235,30 +235,33 @@ def train(
             ),
         )
 
-    info = latest.resume()
-    if info is not None:
-        say(f"Resuming {run_dir} from {info.path.name} (iteration {info.step}).")
-        if new_layout:
-            say(f"Restored onto a new layout ({'; '.join(new_layout)}).")
-    if info is not None and _finished(trainer, cfg):
-        say(f"{run_dir}: this run is already complete; nothing to do.")
-        writer.close()
-        _close_stores(best, latest)
-        previous = saved_summary(run_dir)
-        if previous is not None:  # the record of the run stays as the run left it
-            say(closing_line(previous))
-            return previous
-    else:
-        if info is not None:  # the logs of steps past the checkpoint are dropped: the resumed run logs them again
-            writer.resume_at(info.step)
-        elif relaunched:  # killed before its first checkpoint, the run starts over, and so does its record
-            writer.resume_at(0)
-        if cfg.trainer.max_iters is not None:
-            trainer.run(data, max_iters=cfg.trainer.max_iters, epoch_length=cfg.data.epoch_length)
+    try:
+        info = latest.resume()
+        if info is not None:
+            say(f"Resuming {run_dir} from {info.path.name} (iteration {info.step}).")
+            if new_layout:
+                say(f"Restored onto a new layout ({'; '.join(new_layout)}).")
+        if info is not None and _finished(trainer, cfg):
+            say(f"{run_dir}: this run is already complete; nothing to do.")
+            previous = saved_summary(run_dir)
+            if previous is not None:  # the record of the run stays as the run left it
+                writer.close()
+                close_stores(best, latest)
+                say(closing_line(previous))
+                return previous
         else:
-            trainer.run(data, max_epochs=cfg.trainer.max_epochs, epoch_length=cfg.data.epoch_length)
-    writer.close()
-    _close_stores(best, latest)  # their writer threads end with the run (a notebook runs many)
+            if info is not None:  # the logs of steps past the checkpoint are dropped: the resumed run logs them again
+                writer.resume_at(info.step)
+            elif relaunched:  # killed before its first checkpoint, the run starts over, and so does its record
+                writer.resume_at(0)
+            if cfg.trainer.max_iters is not None:
+                trainer.run(data, max_iters=cfg.trainer.max_iters, epoch_length=cfg.data.epoch_length)
+            else:
+                trainer.run(data, max_epochs=cfg.trainer.max_epochs, epoch_length=cfg.data.epoch_length)
+    except BaseException as error:  # the trackers record the run as failed (killed: Ctrl-C) with every record kept
+        _close_failed(writer, error)
+        raise
+    close_stores(best, latest)  # their writer threads end with the run (a notebook runs many)
     if jax.process_count() > 1:  # process 0 has written every checkpoint: all read the same best
         multihost_utils.sync_global_devices("ember train: checkpoints written")
     best_info = best.store.best("val_accuracy") if best.store is not None else None
@@ -283,15 +286,21 @@ def train(
     }
     if primary:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    # a signal stopped it: "killed" (MLflow KILLED), and the relaunch continues the same tracker run
+    writer.set_outcome("killed" if preemption.saved is not None else "finished")
+    writer.close()  # after summary.json: MLflow uploads it
     say(closing_line(summary))
     jax.block_until_ready(trainer.state.train_state)
     return summary
 
 
-def _close_stores(*savers: Any) -> None:
-    for saver in savers:
-        if saver.store is not None:
-            saver.store.close()
+def _close_failed(writer: AsyncWriter, error: BaseException) -> None:
+    """Close the run's writers after ``error``: every record written, the trackers told ``failed`` (or ``killed``)."""
+    try:
+        writer.set_outcome("killed" if isinstance(error, KeyboardInterrupt) else "failed")
+        writer.close()
+    except Exception as also:  # the run's own error is the one to raise
+        error.add_note(f"Closing the run's writers failed too: {type(also).__name__}: {also}")
 
 
 def _length(data: Any) -> int | None:

@@ -171,6 +171,7 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
         self._saved: Saved | None = None  # the checkpoint written (or resumed from) last, and what it holds
         #: seconds the calling (training) thread has spent in this handler's saves: copying, waiting on the last write
         self.blocked = 0.0
+        self._save_listeners: list[Callable[[int], None]] = []
 
     # -- saving ----------------------------------------------------------------------------------
 
@@ -203,8 +204,31 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
         step = engine.state.iteration if global_step is None else global_step
         if self.store is None:
             self._call_handler(step, global_step, priority, *self._collect())
+            self._saving(step)
         else:
             self._save_to_store(engine, step, global_step, priority, metrics)
+
+    def add_save_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(step)`` each time a checkpoint of ``step`` is being written (a ledger kept beside it).
+
+        Examples:
+            >>> import tempfile
+            >>> from ember import Engine, Events
+            >>> from ember.handlers import Checkpoint
+            >>> trainer, steps = Engine(lambda e, b: b), []
+            >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
+            >>> saver.add_save_listener(steps.append)
+            >>> _ = saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
+            >>> _ = trainer.run(range(5)); steps
+            [2, 4]
+        """
+        if not callable(listener):
+            raise TypeError(f"`listener` must be callable as listener(step), got {listener!r}.")
+        self._save_listeners.append(listener)
+
+    def _saving(self, step: int) -> None:
+        for listener in self._save_listeners:
+            listener(step)
 
     def _collect(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """What a checkpoint of now holds: every object's state dict, and the arrays of the tree-stateful ones."""
@@ -264,6 +288,7 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
                 remove_gone()
                 self._before = None
         self._saved = Saved.of(step, name, trees, states, metrics)
+        self._saving(step)
         if self.background and engine.last_event_name is Events.COMPLETED and outer is None:
             self._wait()  # the run ends here; a watcher added just now would not run in this firing
 

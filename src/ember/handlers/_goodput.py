@@ -36,8 +36,11 @@ class GoodputLedger:
     thread), **evaluation** (the evaluators' runs), **lost** (the steps a relaunch trains again because they came
     after the checkpoint it resumed from, at the earlier run's productive time per step), and **other** (handlers,
     logging: the rest, so the categories add up to the wall time). Each run (a process's ``run()``) writes one record
-    of cumulative numbers, again every ``flush_every`` seconds and when it ends, so a run killed without warning
-    leaves its numbers up to its last write. `ember goodput RUN_DIR` prints the table over the run's whole life.
+    of cumulative numbers, again every ``flush_every`` seconds, with each checkpoint of the attached ``checkpoints``
+    and when it ends, so a run killed without warning leaves its numbers up to its last write, and at least up to
+    the checkpoint its relaunch resumes from: the relaunch counts the steps trained again exactly as those past that
+    write. `ember goodput RUN_DIR` prints the table over the run's whole life; a launch whose record never said it
+    ended, followed by another, shows as ``killed``.
 
     Args:
         run_dir: the run folder (``goodput.jsonl`` is appended to there).
@@ -196,7 +199,17 @@ class GoodputLedger:
         """
         self._checkpoints = checkpoints_given(checkpoints)
         _listen(self)
+        listening = [True]
+
+        def checkpoint_saving(step: int) -> None:  # the record reaches disk with each checkpoint a relaunch may use
+            if listening[0]:
+                self._iteration = max(self._iteration, trainer.state.iteration)
+                self._write()
+
+        for checkpoint in self._checkpoints:
+            checkpoint.add_save_listener(checkpoint_saving)
         with collect_handles() as made:
+            made.on_remove(lambda: listening.__setitem__(0, False))
             trainer.add_event_handler(Events.STARTED, self._started)
             trainer.add_event_handler(Events.GET_BATCH_STARTED, self._mark_now)
             trainer.add_event_handler(Events.GET_BATCH_COMPLETED, self._got_batch)

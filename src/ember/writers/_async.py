@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ember.writers._histogram import Histogram, histogram
-from ember.writers._writer import Writer
+from ember.writers._writer import Writer, check_outcome
 
 _STOP = object()
 
@@ -236,6 +236,19 @@ class AsyncWriter(Writer):
     def resume_at(self, step: int) -> None:
         """Queue the writers' ``resume_at(step)``, before anything the resumed run logs."""
         self._put(self.writer.resume_at, step)
+
+    def set_outcome(self, outcome: str) -> None:
+        """Queue how the run ended (``"finished"``, ``"failed"``, ``"killed"``) for the writers, before ``close``."""
+        self._put(self.writer.set_outcome, check_outcome(outcome))
+
+    def __enter__(self) -> AsyncWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
+        """Close; a ``with`` block left by an exception ends the run ``"failed"`` (``"killed"`` for Ctrl-C)."""
+        if kind is not None and not self._closed:
+            self.set_outcome("killed" if issubclass(kind, KeyboardInterrupt) else "failed")
+        self.close()
 
     def flush(self) -> None:
         """Wait until everything queued is written and flushed; raise the thread's error if any."""

@@ -5,12 +5,39 @@ from __future__ import annotations
 import csv
 import json
 import os
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from ember._atomic_file import replace_file
 from ember.writers._writer import Writer
+
+
+def writable_folder(folder: str | os.PathLike[str], argument: str, writer: str) -> Path:
+    """``folder``, made if missing, once a file could be written in it; else an ``OSError`` saying which and why.
+
+    A log that cannot be written fails where it is set up, not on the writer thread at the first record.
+
+    Examples:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from ember.writers._files import writable_folder
+        >>> not_a_folder = Path(tempfile.mkdtemp()) / "file"
+        >>> _ = not_a_folder.write_text("")
+        >>> writable_folder(not_a_folder / "logs", "logdir", "TensorBoardWriter")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        OSError: TensorBoardWriter cannot write in `logdir` .../file/logs: [Errno 20] Not a directory: ...
+    """
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as e:
+        message = f"{writer} cannot write in `{argument}` {path}: {e}. Give a folder it can create files in."
+        raise OSError(message) from e
+    return path
 
 
 class _FileWriter(Writer):
@@ -18,7 +45,9 @@ class _FileWriter(Writer):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise IsADirectoryError(f"{type(self).__name__}: `path` {self.path} is a folder; give the log file's path.")
+        writable_folder(self.path.parent, "path", type(self).__name__)
         self._file: TextIO | None = None
 
     def _open(self) -> TextIO:
@@ -43,12 +72,7 @@ class _FileWriter(Writer):
         kept = [line for i, line in enumerate(whole) if (i == 0 and self._header) or self._keep(line, step)]
         if len(kept) == len(lines):
             return
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with tmp.open("w", encoding="utf-8", newline="") as f:
-            f.write("".join(kept))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        replace_file(self.path.parent, self.path.name, "".join(kept))
 
     def flush(self) -> None:
         """Hand what was written to the operating system: a killed process loses none of it."""

@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ember._extras import missing
-from ember.writers._writer import Writer
+from ember.writers._writer import Writer, check_outcome
 
 
 def _flat(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -27,14 +27,24 @@ def _flat(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+_STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+
+
 class MlflowWriter(Writer):
-    """Logs to an MLflow run: params at the start, metrics with their steps, a folder's files at the end.
+    """Logs to an MLflow run: params at the start, metrics with their steps, chosen files at the end.
 
     Scalars become MLflow metrics at their step; text and images become artifacts under their name and step
     (``loss_curve/step_00000100.png``); MLflow has no histograms, so those are not logged. ``params`` (a
     mapping, or a dataclass such as ``ember train``'s ``Config``) is logged flat, with dotted names
-    (``optimizer.learning_rate``). At [`close`][ember.writers.MlflowWriter.close] the files of ``artifacts``
-    (a run folder) are uploaded and the run is marked finished. Install with ``pip install -e ".[mlflow]"``.
+    (``optimizer.learning_rate``). At [`close`][ember.writers.MlflowWriter.close] the ``artifacts`` are uploaded and
+    the run is given its status: ``FINISHED``, or ``FAILED`` / ``KILLED`` as
+    [`set_outcome`][ember.writers.Writer.set_outcome] said. Install with ``pip install -e ".[mlflow]"``.
+
+    A relaunch continues the same run when given its ``run_id`` (``create_run_writer`` keeps it in the run folder's
+    ``run.json``): the run is ``RUNNING`` again, params it has keep their first value (a changed one is recorded as
+    the tag ``ember.relaunch.<name>``), and after [`resume_at`][ember.writers.MlflowWriter.resume_at] the points the
+    earlier launch already logged past the resumed step are not logged twice (MLflow cannot delete points; ember's
+    resume is exact, so they are the values the relaunch computes).
 
     Args:
         tracking_uri: the tracking store (``sqlite:///mlflow.db``, a server's URL, a folder); MLflow's default
@@ -42,7 +52,8 @@ class MlflowWriter(Writer):
         experiment: the experiment's name; created if missing.
         run_name: the run's name.
         params: hyperparameters to log at the start.
-        artifacts: a folder whose files are logged as the run's artifacts when it closes.
+        artifacts: files or folders (a folder's files) to upload when the run closes; one path or several.
+        run_id: an existing run to continue instead of starting one.
 
     Examples:
         >>> import os, tempfile
@@ -62,10 +73,12 @@ class MlflowWriter(Writer):
         experiment: str = "ember",
         run_name: str | None = None,
         params: Any = None,
-        artifacts: str | os.PathLike[str] | None = None,
+        artifacts: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
+        run_id: str | None = None,
     ) -> None:
         try:
-            from mlflow.entities import Metric, Param
+            from mlflow.entities import Metric, Param, RunTag
+            from mlflow.exceptions import MlflowException
             from mlflow.tracking import MlflowClient
         except ImportError as e:
             raise ImportError(missing("MlflowWriter", "mlflow", "mlflow")) from e
@@ -73,25 +86,58 @@ class MlflowWriter(Writer):
             params = dataclasses.asdict(params)
         if params is not None and not isinstance(params, Mapping):
             raise TypeError(f"`params` must be a mapping or a dataclass instance, got {type(params).__name__}.")
-        self._metric, self._param = Metric, Param
+        self._metric, self._param, self._tag = Metric, Param, RunTag
         self.client = MlflowClient(tracking_uri=tracking_uri)
-        found = self.client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found is not None else self.client.create_experiment(experiment)
-        self.run_id: str = self.client.create_run(experiment_id, run_name=run_name).info.run_id
-        self.artifacts = None if artifacts is None else Path(artifacts)
+        self.artifacts = _paths(artifacts)
         self._step = 0
+        self._logged: dict[str, set[int]] = {}  # after resume_at: the points an earlier launch logged past it
+        self._status = "FINISHED"
+        if run_id is None:
+            found = self.client.get_experiment_by_name(experiment)
+            experiment_id = found.experiment_id if found is not None else self.client.create_experiment(experiment)
+            self.run_id: str = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+            if params:
+                self._log_params(params)
+            return
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException as e:
+            raise LookupError(
+                f"`run_id` {run_id!r} names no run in the tracking store {self.client.tracking_uri}; give the store "
+                "that holds it (tracking_uri, MLFLOW_TRACKING_URI), or run_id=None to start a new run."
+            ) from e
+        self.run_id = run_id
+        self.client.update_run(run_id, status="RUNNING")
         if params:
-            self._log_params(params)
+            self._log_params(params, kept=run.data.params)
 
-    def _log_params(self, params: Mapping[str, Any]) -> None:
-        self.client.log_batch(self.run_id, params=[self._param(k, v) for k, v in _flat(params).items()])
+    def _log_params(self, params: Mapping[str, Any], kept: Mapping[str, str] | None = None) -> None:
+        """Log ``params``; those already in the run (``kept``) are not logged again, a changed one becomes a tag."""
+        flat = _flat(params)
+        kept = kept or {}
+        new = [self._param(k, v) for k, v in flat.items() if k not in kept]
+        changed = [self._tag(f"ember.relaunch.{k}", v) for k, v in flat.items() if k in kept and kept[k] != v]
+        self.client.log_batch(self.run_id, params=new, tags=changed)
 
     def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
-        """Each value as an MLflow metric at ``step``."""
+        """Each value as an MLflow metric at ``step`` (unless an earlier launch of the run logged it there)."""
         now = int(time.time() * 1000)
         self._step = int(step)
-        metrics = [self._metric(name, float(value), now, int(step)) for name, value in values.items()]
-        self.client.log_batch(self.run_id, metrics=metrics)
+        metrics = [
+            self._metric(name, float(value), now, int(step))
+            for name, value in values.items()
+            if int(step) not in self._logged.get(name, ())
+        ]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def resume_at(self, step: int) -> None:
+        """The run goes on from ``step``: the points the run already holds past it are not logged again."""
+        metrics = self.client.get_run(self.run_id).data.metrics
+        self._logged = {
+            name: {m.step for m in self.client.get_metric_history(self.run_id, name) if m.step > step}
+            for name in metrics
+        }
 
     def write_image(self, step: int, name: str, image: Any) -> None:
         """A PNG artifact ``name/step_NNNNNNNN.png`` (needs Pillow: the ``plots`` extra)."""
@@ -103,12 +149,27 @@ class MlflowWriter(Writer):
 
     def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
         """The hyperparameters as params; final ``metrics`` as metrics at the last step written."""
-        self._log_params(hparams)
+        self._log_params(hparams, kept=self.client.get_run(self.run_id).data.params)
         if metrics:
             self.write_scalars(self._step, metrics)
 
+    def set_outcome(self, outcome: str) -> None:
+        """The status the run closes with: ``FINISHED``, ``FAILED`` or ``KILLED``."""
+        self._status = _STATUS[check_outcome(outcome)]
+
     def close(self) -> None:
-        """Upload the ``artifacts`` folder's files, then mark the run finished."""
-        if self.artifacts is not None and self.artifacts.is_dir():
-            self.client.log_artifacts(self.run_id, str(self.artifacts))
-        self.client.set_terminated(self.run_id)
+        """Upload the ``artifacts`` that exist, then end the run with its status."""
+        for path in self.artifacts:
+            if path.is_dir():
+                self.client.log_artifacts(self.run_id, str(path))
+            elif path.is_file():
+                self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, self._status)
+
+
+def _paths(artifacts: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None) -> list[Path]:
+    if artifacts is None:
+        return []
+    if isinstance(artifacts, str | os.PathLike):
+        return [Path(artifacts)]
+    return [Path(a) for a in artifacts]

@@ -60,6 +60,11 @@ class MultiWriter(Writer):
         for w in self.writers:
             w.resume_at(step)
 
+    def set_outcome(self, outcome: str) -> None:
+        """Tell every writer how the run ended."""
+        for w in self.writers:
+            w.set_outcome(outcome)
+
     def flush(self) -> None:
         """Flush every writer."""
         for w in self.writers:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from ember._run_identity import remember_tracker_run, run_identity, tracker_run
 from ember.writers._async import AsyncWriter
 from ember.writers._console import ConsoleWriter
-from ember.writers._files import CsvWriter, JsonlWriter
+from ember.writers._files import CsvWriter, JsonlWriter, writable_folder
 from ember.writers._mlflow import MlflowWriter
 from ember.writers._multi import MultiWriter
 from ember.writers._tensorboard import TensorBoardWriter
@@ -23,17 +26,50 @@ def _hyperparameters(params: Any) -> Any:
     return dataclasses.asdict(params) if dataclasses.is_dataclass(params) and not isinstance(params, type) else params
 
 
+def _family(params: Any) -> str:
+    """The MLflow experiment and W&B project of a run: its config's ``name`` (``ember train``), else ``"ember"``."""
+    name = getattr(params, "name", None) if dataclasses.is_dataclass(params) else None
+    return name if isinstance(name, str) and name else "ember"
+
+
+def _wandb(root: Path, params: Any) -> Writer:
+    """The run folder's W&B run: its id kept in ``run.json``, so a relaunch continues it."""
+    run_id = tracker_run(root, "wandb") or run_identity(root)["id"]
+    mode = os.environ.get("WANDB_MODE", "offline")
+    config = _hyperparameters(params)
+    writer = WandbWriter(_family(params), mode=mode, dir=root, config=config, id=run_id, resume="allow", name=root.name)
+    remember_tracker_run(root, "wandb", run_id)
+    return writer
+
+
+def _mlflow(root: Path, params: Any) -> Writer:
+    """The run folder's MLflow run, continued by a relaunch; its config and summary uploaded when it closes."""
+    make = functools.partial(
+        MlflowWriter,
+        experiment=_family(params),
+        run_name=root.name,
+        params=params,
+        artifacts=[root / "config.yaml", root / "summary.json"],
+    )
+    run_id = tracker_run(root, "mlflow")
+    if run_id is not None:
+        try:
+            return make(run_id=run_id)
+        except LookupError as e:
+            warnings.warn(f"{e} Starting a new MLflow run for {root}.", RuntimeWarning, stacklevel=2)
+    writer = make()
+    remember_tracker_run(root, "mlflow", writer.run_id)
+    return writer
+
+
 # name -> make(run folder, console stream, hyperparameters)
 _MAKERS: dict[str, Callable[[Path, TextIO | None, Any], Writer]] = {
     "console": lambda root, stream, params: ConsoleWriter(stream),
     "tensorboard": lambda root, stream, params: TensorBoardWriter(root / "tb"),
     "jsonl": lambda root, stream, params: JsonlWriter(root / "metrics.jsonl"),
     "csv": lambda root, stream, params: CsvWriter(root / "metrics.csv"),
-    "wandb": lambda root, stream, params: WandbWriter(
-        root.resolve().name, mode=os.environ.get("WANDB_MODE", "offline"), dir=root, config=_hyperparameters(params)
-    ),
-    # last: it uploads the run folder when it closes, after the others have flushed their files
-    "mlflow": lambda root, stream, params: MlflowWriter(experiment=root.resolve().name, params=params, artifacts=root),
+    "wandb": lambda root, stream, params: _wandb(root.resolve(), params),
+    "mlflow": lambda root, stream, params: _mlflow(root.resolve(), params),
 }
 
 
@@ -42,9 +78,12 @@ class WriterKinds(Mapping[str, Callable[[Path, TextIO | None, Any], Writer]]):
 
     Each entry makes its writer for a run folder: ``make(run_dir, console_stream, params)``. ``console`` prints a
     line per report; ``tensorboard`` writes ``run_dir/tb``; ``jsonl`` and ``csv`` append to ``run_dir/metrics.*``;
-    ``wandb`` logs to a Weights & Biases run (offline unless ``WANDB_MODE`` says otherwise; the project is named
-    after ``run_dir``); ``mlflow`` logs to an MLflow run (``MLFLOW_TRACKING_URI``) and uploads the run folder at the
-    end. A new writer is one entry here; ``ember train``'s config lists the same names (a test holds them equal).
+    ``wandb`` logs to a Weights & Biases run (offline unless ``WANDB_MODE`` says otherwise); ``mlflow`` logs to an
+    MLflow run (``MLFLOW_TRACKING_URI``) and uploads the run's ``config.yaml`` and ``summary.json`` when it closes.
+    Both are named after ``run_dir`` and grouped by the config's ``name`` (the W&B project, the MLflow experiment;
+    ``"ember"`` without one), and both keep their run's id in ``run_dir/run.json``: a relaunch continues the same
+    tracker run. A new writer is one entry here; ``ember train``'s config lists the same names (a test holds them
+    equal).
 
     Examples:
         >>> from ember.writers import WRITERS
@@ -110,7 +149,6 @@ def create_run_writer(
     writer = AsyncWriter(MultiWriter([]), primary_only=primary_only)
     if not writer.active:
         return writer
-    root = Path(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    root = writable_folder(run_dir, "run_dir", "create_run_writer")
     writer.writer = MultiWriter([make(root, stream, params) for name, make in WRITERS.items() if name in chosen])
     return writer

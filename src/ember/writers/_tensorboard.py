@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ember._extras import missing
+from ember.writers._files import writable_folder
 from ember.writers._histogram import Histogram, histogram
 from ember.writers._writer import Writer
 
@@ -66,8 +67,7 @@ class TensorBoardWriter(Writer):
     def __init__(self, logdir: str | os.PathLike[str], *, flush_secs: float = 30) -> None:
         if not isinstance(flush_secs, int | float) or isinstance(flush_secs, bool) or flush_secs <= 0:
             raise ValueError(f"`flush_secs` must be a positive number of seconds, got {flush_secs!r}.")
-        self.logdir = os.fspath(logdir)
-        os.makedirs(self.logdir, exist_ok=True)
+        self.logdir = os.fspath(writable_folder(logdir, "logdir", "TensorBoardWriter"))
         # tensorboardX names files by the second and the host: a second writer opened in the same second
         # (a quick resume) would clobber the first file, so the name also carries the process and a counter.
         # The file is opened at the first write, so a run that writes nothing (a relaunch of a finished run)

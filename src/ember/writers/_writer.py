@@ -5,6 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+#: How a run ended, as `Writer.set_outcome` takes it: ran to its end (or a handler ended it), raised, or was
+#: stopped by a signal or Ctrl-C (a relaunch resumes it).
+OUTCOMES = ("finished", "failed", "killed")
+
+
+def check_outcome(outcome: str) -> str:
+    """``outcome`` if it is one of ``OUTCOMES``; a ``ValueError`` naming it otherwise."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"`outcome` must be one of {list(OUTCOMES)}, got {outcome!r}.")
+    return outcome
+
 
 @runtime_checkable
 class Writer(Protocol):
@@ -64,6 +75,17 @@ class Writer(Protocol):
             >>> w.resume_at(20); w.write_scalars(30, {"loss": 0.5}); w.close()
             >>> [(r["step"], r["loss"]) for r in map(json.loads, path.read_text().splitlines())]
             [(10, 0.1), (20, 0.05), (30, 0.5)]
+        """
+
+    def set_outcome(self, outcome: str) -> None:
+        """How the run ended, said before ``close``: ``"finished"``, ``"failed"`` or ``"killed"``; ignored by default.
+
+        A tracker records it as the run's status (MLflow ``FINISHED`` / ``FAILED`` / ``KILLED``; W&B the exit code
+        0 / 1 / 130). A writer never told closes as finished.
+
+        Examples:
+            >>> from ember.writers import ConsoleWriter
+            >>> w = ConsoleWriter(); w.set_outcome("failed"); w.close()
         """
 
     def flush(self) -> None:

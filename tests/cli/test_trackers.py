@@ -1,0 +1,209 @@
+"""One tracker run per run: ``ember train`` continues its MLflow and W&B runs across relaunches, with their status."""
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.subprocesses import ROOT, ember_train_signalled
+from tests.writers.wandb_reader import exit_codes, history, read_records
+
+RUN = [
+    "model.name=mlp",
+    "trainer.max_epochs=3",
+    "handlers.progress=false",
+    "handlers.early_stopping=null",
+    "handlers.log_every=5",
+    "handlers.checkpoint.every_iters=7",  # a relaunch resumes mid-epoch: the killed launch logged steps past it
+]
+
+
+@pytest.fixture(autouse=True)
+def own_wandb_service(monkeypatch):
+    """Each ``ember train`` starts its own W&B process.
+
+    One this test process started (a W&B test before) would be shared through ``WANDB_SERVICE``, and a killed
+    launch's run would stay open in it ("run ID ... is in use").
+    """
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    """An MLflow sqlite store for the module (its tables made once) and the environment that points at it."""
+    folder = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    with _sqlalchemy_quiet():
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=uri).search_experiments()  # creates the tables
+    return {"MLFLOW_TRACKING_URI": uri}
+
+
+class _sqlalchemy_quiet:
+    """MLflow's sqlite store under SQLAlchemy 2.1 warns of its own deprecated calls; they are not ember's."""
+
+    def __enter__(self):
+        import warnings
+
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.filterwarnings("ignore", module="sqlalchemy")
+        warnings.filterwarnings("ignore", message=".*noload.*")
+        return self
+
+    def __exit__(self, *exc):
+        self._catch.__exit__(*exc)
+
+
+def mlflow_runs(tracking, experiment="ember"):
+    """``[(name, status, {metric: [(step, value), ...]}, artifacts)]`` of the experiment's runs, oldest first."""
+    from mlflow.tracking import MlflowClient
+
+    with _sqlalchemy_quiet():
+        client = MlflowClient(tracking_uri=tracking["MLFLOW_TRACKING_URI"])
+        found = client.get_experiment_by_name(experiment)
+        runs = sorted(client.search_runs([found.experiment_id]), key=lambda r: r.info.start_time)
+        return [
+            (
+                r.info.run_name,
+                r.info.status,
+                {
+                    name: [(m.step, m.value) for m in sorted(client.get_metric_history(r.info.run_id, name), key=_step)]
+                    for name in sorted(r.data.metrics)
+                },
+                sorted(a.path for a in client.list_artifacts(r.info.run_id)),
+            )
+            for r in runs
+        ]
+
+
+def _step(m):
+    return m.step, m.timestamp
+
+
+def ember_train(run_dir, env, writers="jsonl,mlflow", sig=None, at=None):
+    """``ember train`` into ``run_dir`` with ``env`` set; ``sig`` once a line starting with ``at`` is printed."""
+    return ember_train_signalled(["--output", str(run_dir), *RUN, f"handlers.writers=[{writers}]"], sig, at, env=env)
+
+
+def test_a_killed_and_relaunched_run_is_one_mlflow_run_with_each_step_once_and_the_right_status(tmp_path, tracking):
+    """SIGKILL, relaunch, Ctrl-C, relaunch: one run, RUNNING -> KILLED -> FINISHED, the uninterrupted run's points."""
+    straight = ember_train(tmp_path / "straight", tracking)
+    assert straight[0] == 0, straight[2][-3000:]
+    run_dir = tmp_path / "broken"
+    killed = ember_train(run_dir, tracking, sig=signal.SIGKILL, at="epoch   1 ")
+    assert killed[0] == -signal.SIGKILL, killed[2][-3000:]
+    assert mlflow_runs(tracking)[1][:2] == ("broken", "RUNNING")  # died without a word: the relaunch continues it
+    stopped = ember_train(run_dir, tracking, sig=signal.SIGINT, at="epoch   2 ")
+    assert stopped[0] == 130, stopped[2][-3000:]
+    assert mlflow_runs(tracking)[1][:2] == ("broken", "KILLED")
+    done = ember_train(run_dir, tracking)
+    assert done[0] == 0, done[2][-3000:]
+
+    runs = mlflow_runs(tracking)  # one experiment for the config's runs: both in one table
+    assert [(name, status) for name, status, _, _ in runs] == [("straight", "FINISHED"), ("broken", "FINISHED")]
+    (_, _, expected, artifacts), (_, _, metrics, _) = runs
+    assert sorted(metrics) == ["train/loss", "train/lr", "val/accuracy", "val/loss"]
+    assert [s for s, _ in metrics["train/loss"]] == list(range(5, 67, 5))  # each step once, across three launches
+    assert metrics == expected  # the values too: the resumed run is exact
+    assert artifacts == ["config.yaml", "summary.json"]  # not the checkpoints
+    assert json.loads((run_dir / "run.json").read_text())["trackers"]["mlflow"]
+
+
+def test_a_run_that_raises_is_failed_in_mlflow_with_its_records_kept(tmp_path, tracking, monkeypatch):
+    from ember.cli import _train, train
+
+    built = _train.build_data
+
+    def failing_data(config):
+        data, val, sample = built(config)
+
+        class Broken:  # the training data's reader fails in the second epoch
+            arrays = data.arrays
+
+            def __len__(self):
+                return len(data)
+
+            def __iter__(self):
+                for i, batch in enumerate(data):
+                    if i == 7 and self.epochs == 1:
+                        raise OSError("the data's disk went away")
+                    yield batch
+                self.epochs += 1
+
+            epochs = 0
+
+        return Broken(), val, sample
+
+    monkeypatch.setattr(_train, "build_data", failing_data)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking["MLFLOW_TRACKING_URI"])
+    config = {
+        "name": "failing",
+        "model": {"name": "mlp"},
+        "trainer": {"max_epochs": 2},
+        "handlers": {"writers": ["jsonl", "mlflow"], "progress": False, "log_every": 5},
+        "output": str(tmp_path / "run"),
+    }
+    with _sqlalchemy_quiet(), pytest.raises(OSError, match="the data's disk went away"):
+        train(config, stream=io.StringIO())
+    ((name, status, metrics, artifacts),) = mlflow_runs(tracking, "failing")
+    assert (name, status, artifacts) == ("run", "FAILED", ["config.yaml"])  # no summary: the run never ended
+    assert [s for s, _ in metrics["train/loss"]] == [5, 10, 15, 20, 25]  # every record up to the failure
+
+
+def sigkill_once_wandb_holds(run_dir, env, step):
+    """``ember train`` into ``run_dir``, SIGKILLed once W&B's own process has written a history row past ``step``.
+
+    The file is polled (bounded: 180 s); the run is long enough (40 epochs) not to end first. Returns its status.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ember.cli", "train", "--output", str(run_dir), *WANDB_RUN],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline:
+        if any(s > step for _, s, _ in history(run_dir)):
+            break
+        time.sleep(0.05)
+    proc.kill()
+    return proc.wait(timeout=60)
+
+
+WANDB_RUN = [*RUN, "trainer.max_epochs=40", "handlers.writers=[wandb]"]
+
+
+def test_a_killed_and_relaunched_run_is_one_wandb_run_continuing_at_the_resumed_step(tmp_path):
+    """Offline W&B: one run id across launches, one history: each step's first row is the uninterrupted run's."""
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL": "0.2"}
+    assert sigkill_once_wandb_holds(tmp_path / "run", env, step=100) == -signal.SIGKILL
+    killed = {step for _, step, _ in history(tmp_path / "run")}
+    relaunched = ember_train_signalled(["--output", str(tmp_path / "run"), *WANDB_RUN], env=env)
+    straight = ember_train_signalled(["--output", str(tmp_path / "straight"), *WANDB_RUN], env=env)
+    assert (relaunched[0], straight[0]) == (0, 0), relaunched[2][-3000:]
+    resumed = int(re.search(r"\(iteration (\d+)\)", relaunched[1]).group(1))
+
+    run_id = json.loads((tmp_path / "run" / "run.json").read_text())["id"]
+    rows = history(tmp_path / "run")
+    assert {r for r, _, _ in rows} == {run_id}  # `wandb sync` makes the two launches one run
+    assert len(list((tmp_path / "run").rglob("offline-run-*"))) == 2
+    first: dict[int, dict] = {}
+    for _, step, values in rows:  # W&B keeps a step's first row: a later one for the same step is dropped
+        assert first.setdefault(step, values) == values  # and ember's resume is exact: the rows are equal anyway
+    expected = {step: values for _, step, values in history(tmp_path / "straight")}
+    assert {s: expected[s] for s in first} == first
+    # every step but those W&B had not written when the launch was killed (its flush interval, before the checkpoint)
+    missing = sorted(set(expected) - set(first))
+    assert all(max(killed) < s <= resumed for s in missing), (max(killed), resumed, missing)
+    assert exit_codes(tmp_path / "run") == [0]  # the killed launch never finished; the relaunch did
+    (record,) = [r.run for r in read_records(next((tmp_path / "run").rglob("run-*.wandb"))) if r.HasField("run")]
+    assert (record.project, record.display_name) == ("ember", "run")
