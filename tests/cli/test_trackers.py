@@ -42,7 +42,9 @@ def tracking(tmp_path_factory):
     with _sqlalchemy_quiet():
         from mlflow.tracking import MlflowClient
 
-        MlflowClient(tracking_uri=uri).search_experiments()  # creates the tables
+        client = MlflowClient(tracking_uri=uri)  # creates the tables
+        for experiment in ("ember", "failing"):  # artifacts in the test's folder, not ./mlruns (MLflow's default)
+            client.create_experiment(experiment, artifact_location=(folder / experiment).as_uri())
     return {"MLFLOW_TRACKING_URI": uri}
 
 
