@@ -47,15 +47,21 @@ def alive(pid: int) -> bool:
 
 
 def ember_train_signalled(
-    args: Sequence[str], sig: int | None = None, wait_for: str | None = None, env: Mapping[str, str] | None = None
+    args: Sequence[str],
+    sig: int | None = None,
+    wait_for: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] = ROOT,
 ) -> tuple[int, str, str]:
-    """``ember train ARGS`` in a fresh process (``env`` added to ours); ``sig`` once a line starting with ``wait_for``.
+    """``ember train ARGS`` in a fresh process; ``sig`` once a line starting with ``wait_for`` is printed.
+
+    ``env`` adds to our environment; the process runs in ``cwd`` (the repository's root by default).
 
     Returns ``(status, out, err)``. The whole run is bounded (240 s): a hang fails the test, never blocks it.
     """
     proc = subprocess.Popen(
         [sys.executable, "-m", "ember.cli", "train", *args],
-        cwd=ROOT,
+        cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -14,7 +14,11 @@ def test_the_identity_is_made_once_and_read_back_with_the_tracker_runs(tmp_path,
     assert re.fullmatch(r"[0-9a-f]{16}", first["id"])
     remember_tracker_run("runs/a", "mlflow", "4f2a")
     remember_tracker_run(tmp_path / "runs" / "a", "wandb", first["id"])  # the same folder, absolute
-    assert run_identity("runs/a") == {"id": first["id"], "trackers": {"mlflow": "4f2a", "wandb": first["id"]}}
+    assert run_identity("runs/a") == {
+        "id": first["id"],
+        "path": str(tmp_path.resolve() / "runs" / "a"),  # where it was made, absolute
+        "trackers": {"mlflow": "4f2a", "wandb": first["id"]},
+    }
     assert (tracker_run("runs/a", "mlflow"), tracker_run("runs/a", "other")) == ("4f2a", None)
     assert run_identity("runs/b")["id"] != first["id"]
     assert sorted(p.name for p in (tmp_path / "runs" / "a").iterdir()) == ["run.json"]  # no temporary left

@@ -18,6 +18,11 @@ from typing import Any
 
 import numpy as np
 
+#: The exit status of a multi-process run that lost a process: EX_TEMPFAIL, "try again" (relaunch every process and
+#: the run resumes from its last checkpoint). `ProcessWatchdog` ends the survivors with it; `ember launch` exits
+#: with it whichever process was lost.
+REQUEUE_STATUS = 75
+
 #: How long [`exchange`][ember._multiprocess.exchange] waits for the slowest process by default, in seconds.
 EXCHANGE_TIMEOUT = 1800.0
 

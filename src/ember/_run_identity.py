@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 import warnings
@@ -23,15 +24,20 @@ FILENAME = "run.json"
 
 
 def run_identity(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The identity of the run in ``run_dir``: ``{"id": ..., "trackers": {...}}``, written there if it is new.
+    """The identity of the run in ``run_dir``, written there if it is new: its id, where it was made, its trackers.
+
+    ``{"id": "3fa9...", "path": "/abs/runs/digits", "trackers": {"mlflow": ...}}``: the id names the run (its fast
+    checkpoint tier, its W&B run), the path is the folder's absolute path when the run was made.
 
     Examples:
-        >>> import tempfile
+        >>> import os, tempfile
         >>> from ember._run_identity import run_identity
         >>> folder = tempfile.mkdtemp()
         >>> first = run_identity(folder)
         >>> run_identity(folder) == first, len(first["id"]), first["trackers"]
         (True, 16, {})
+        >>> first["path"] == os.path.realpath(folder)  # where the run was made
+        True
     """
     root = Path(run_dir)
     path = root / FILENAME
@@ -44,7 +50,7 @@ def run_identity(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     if identity is not None and not _valid(identity):
         identity = _set_aside(path, "it does not hold a run id")
     if identity is None:
-        identity = {"id": uuid.uuid4().hex[:16], "trackers": {}}
+        identity = {"id": uuid.uuid4().hex[:16], "path": str(root.resolve()), "trackers": {}}
         root.mkdir(parents=True, exist_ok=True)
         replace_file(root, FILENAME, json.dumps(identity, indent=1))
     return identity
@@ -75,7 +81,9 @@ def remember_tracker_run(run_dir: str | os.PathLike[str], tracker: str, run_id: 
 
 def _valid(identity: Any) -> bool:
     """Whether a parsed ``run.json`` holds a run id (and, if any, a mapping of tracker runs)."""
-    if not isinstance(identity, dict) or not isinstance(identity.get("id"), str) or not identity["id"]:
+    if not isinstance(identity, dict) or not isinstance(identity.get("id"), str):
+        return False
+    if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", identity["id"]):  # it names folders (the fast tier's) and runs
         return False
     return isinstance(identity.setdefault("trackers", {}), dict)
 

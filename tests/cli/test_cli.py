@@ -39,6 +39,7 @@ def test_the_default_run_reaches_97_percent(default_run, capsys):
         "config.yaml",
         "goodput.jsonl",
         "metrics.jsonl",
+        "run.json",
         "summary.json",
         "tb",
     ]

@@ -23,9 +23,20 @@ if mode == "env":
     env = os.environ
     print(env["EMBER_COORDINATOR"], env["EMBER_NUM_PROCESSES"], index, env["JAX_COORDINATOR_ADDRESS"])
     print(f"to stderr from {index}", file=sys.stderr)
-elif mode == "fail":
+elif mode == "fail":  # process 1 fails once process 0 is ready (its SIGTERM handler set)
+    ready = sys.argv[2]
     if index == 1:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
         sys.exit(3)
+    open(ready, "w").close()
+    time.sleep(600)
+elif mode.startswith("lose"):  # "lose1": process 1 is SIGKILLed once both run
+    print(f"ready {os.getpid()}", flush=True)
+    if index == int(mode[4:]):
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(600)
 elif mode in ("wait", "pid"):
     print(f"ready {os.getpid()}", flush=True)
@@ -33,9 +44,9 @@ elif mode in ("wait", "pid"):
 """
 
 
-def run_launcher(mode: str, **kwargs):
+def run_launcher(mode: str, *args: str, **kwargs):
     return subprocess.Popen(
-        [sys.executable, "-m", "ember.cli", "launch", "-n", "2", "--", sys.executable, "-c", CHILD, mode],
+        [sys.executable, "-m", "ember.cli", "launch", "-n", "2", "--", sys.executable, "-c", CHILD, mode, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -56,14 +67,27 @@ def test_each_process_gets_the_coordinator_and_its_index_and_its_output_is_prefi
     assert sorted(err.splitlines()) == ["[0] to stderr from 0", "[1] to stderr from 1"]
 
 
-def test_the_first_failure_is_the_exit_status_and_the_others_are_stopped():
-    """Process 1 exits 3 at once: process 0 (sleeping) gets SIGTERM; the launcher exits 3 well within the grace."""
+def test_the_first_failure_is_the_exit_status_and_the_others_are_stopped(tmp_path):
+    """Process 1 exits 3: process 0 (sleeping) gets SIGTERM; the launcher exits 3 well within the grace."""
     started = time.monotonic()
-    done = run_launcher("fail")
+    done = run_launcher("fail", str(tmp_path / "ready"))
     out, _ = done.communicate(timeout=GRACE + 60)
     assert done.returncode == 3
     assert out.splitlines() == [f"[0] got signal {int(signal.SIGTERM)}"]
     assert time.monotonic() - started < GRACE
+
+
+@pytest.mark.parametrize("lost", [0, 1])
+def test_a_lost_process_whichever_it_is_ends_the_run_with_the_requeue_status_naming_it(lost):
+    """SIGKILL of the coordinator or of another process: exit 75 (what a requeue loop relaunches on), not 137."""
+    done = run_launcher(f"lose{lost}")
+    out, err = done.communicate(timeout=GRACE + 60)
+    assert done.returncode == 75, err
+    assert (
+        f"ember launch: process {lost} was lost (SIGKILL); the others were stopped. Exit 75: run the same command "
+        "again to resume from the last checkpoint.\n"
+    ) in err
+    assert f"[{1 - lost}] got signal {int(signal.SIGTERM)}" in out.splitlines()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

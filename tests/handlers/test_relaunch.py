@@ -198,3 +198,22 @@ def test_a_job_killed_by_a_signal_completes_as_an_uninterrupted_one(tmp_path, st
     assert launches == 2
     assert_same_run(tmp_path, straight)
     MATRIX.append((save, point, kill.name, launches))
+
+
+def test_a_relaunched_best_k_checkpoint_knows_the_checkpoints_on_disk_before_its_first_save(tmp_path):
+    """``last_checkpoint`` and the kept list of a relaunched handler name what the earlier launch kept."""
+    from ember import Engine, Events
+    from ember.handlers import Checkpoint
+
+    scores = iter([0.5, 0.9, 0.7])
+    engine = Engine(lambda e, b: b)
+    best = Checkpoint({"trainer": engine}, tmp_path, n_saved=2, score_function=lambda e: next(scores), score_name="acc")
+    best.attach(engine, Events.EPOCH_COMPLETED)
+    engine.run([1, 2], max_epochs=3)
+    best.store.close()
+    again = Checkpoint({"trainer": Engine(lambda e, b: b)}, tmp_path, n_saved=2, score_name="acc")
+    assert again.last_checkpoint.name == "step_00000004-acc=0.9000"
+    assert again.state_dict() == {
+        "_saved": [(0.7, "step_00000006-acc=0.7000"), (0.9, "step_00000004-acc=0.9000")],
+        "steps": [6, 4],
+    }

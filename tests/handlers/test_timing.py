@@ -166,3 +166,20 @@ def test_spaced_checks_stop_at_the_next_multiple_and_default_by_process_count(mo
     assert check_interval(None) == 10
     with pytest.raises(ValueError, match=re.escape("`check_every` must be a positive int or None")):
         TimeLimit(3, check_every=0)
+
+
+def test_a_session_a_time_limit_ended_is_resumed_by_the_next_session(tmp_path):
+    """Ignite's use for TimeLimit: a job with a time limit per session, relaunched; each session trains on."""
+    from ember.handlers import Checkpoint
+
+    reached = []
+    for _ in range(3):  # three sessions of one run, each a new engine resumed from the checkpoint
+        engine = Engine(lambda e, b: b)
+        saver = Checkpoint({"trainer": engine}, tmp_path)
+        saver.attach(engine, Events.COMPLETED)
+        TimeLimit(4, clock=lambda e=engine: float(e.state.iteration)).attach(engine)  # a second per iteration
+        saver.resume()
+        engine.run(range(5), max_epochs=2)
+        saver.store.close()
+        reached.append((engine.state.iteration, engine.should_terminate))
+    assert reached == [(4, True), (8, True), (10, False)]  # stopped, stopped, the end: never "already complete"

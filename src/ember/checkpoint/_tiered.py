@@ -77,6 +77,11 @@ class TieredStore(TieredReading, CheckpointStore):
                 raise ValueError(f"`{label}` must be a positive int, got {value!r}.")
         if not isinstance(fast, str | os.PathLike):
             raise TypeError(f"`fast` must be a folder (a str or a path), got {type(fast).__name__}.")
+        for label, given in (("fast", fast), ("durable", durable)):
+            if isinstance(given, str | os.PathLike) and not os.fspath(given).strip():
+                raise ValueError(f"`{label}` must name a folder, got {os.fspath(given)!r} (the working folder?).")
+            if isinstance(given, str | os.PathLike) and os.path.exists(given) and not os.path.isdir(given):
+                raise ValueError(f"`{label}` must be a folder, got {os.fspath(given)!r}, which is a file.")
         if isinstance(durable, TieredStore) or not isinstance(durable, CheckpointStore | str | os.PathLike):
             raise TypeError(
                 f"`durable` must be a folder, a CheckpointStore or an OrbaxStore, got {type(durable).__name__}."

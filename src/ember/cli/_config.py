@@ -21,6 +21,9 @@ _POSITIVE = frozenset(
     | {"every_iters", "patience", "log_every", "epoch_length", "rollback_after", "durable_every"}
 )
 
+#: Text fields that name a folder: an empty one would be the working folder, silently.
+_FOLDERS = frozenset({"output", "fast_dir"})
+
 #: Number fields with a range: field name -> (what is expected, the test).
 _RANGES: dict[str, tuple[str, Any]] = {
     "learning_rate": ("a positive number", lambda v: v > 0),
@@ -104,6 +107,8 @@ def _convert(value: Any, t: Any, path: str) -> Any:
     name = path.rsplit(".", 1)[-1]
     if name in _POSITIVE and value < 1:
         raise ConfigError(f"{path}: expected a positive int, got {value!r}.")
+    if name in _FOLDERS and isinstance(value, str) and not value.strip():
+        raise ConfigError(f"{path}: expected a folder path, got {value!r}.")
     if name in _RANGES and not isinstance(value, str | bool):
         expected, within = _RANGES[name]
         if not within(value):

@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
+from ember._multiprocess import REQUEUE_STATUS
+
 #: Seconds the other processes get to end after one has failed (SIGTERM), before they are killed.
 GRACE = 30.0
 
@@ -83,7 +85,10 @@ def launch(
     launcher's standard output and error. SIGINT and SIGTERM sent to the launcher go to every process (each runs in a
     session of its own, so a Ctrl-C reaches it once). When a process ends with a non-zero status, the others get
     SIGTERM, then SIGKILL after `GRACE` seconds, and the launcher exits with that first status (128 + the signal for a
-    process a signal ended, as shells do). A launcher that is killed takes its processes with it (Linux).
+    process a signal the launcher passed on ended, as shells do). A process a signal of its own ended (SIGKILL, the
+    OOM killer) was lost: the launcher says which and exits with `REQUEUE_STATUS` (75), as the survivors'
+    ``ProcessWatchdog`` does, so a scheduler requeues whichever process died. A launcher that is killed takes its
+    processes with it (Linux).
 
     Args:
         count: how many processes, at least 1.
@@ -128,9 +133,10 @@ def launch(
     ]
     for relay in relays:
         relay.start()
-    forwarded = _forward_signals(procs)
+    stopping: list[int] = []  # the signals the launcher was sent and passed on
+    forwarded = _forward_signals(procs, stopping)
     try:
-        status = _wait(procs)
+        status = _wait(procs, stopping, err)
     finally:
         for sig, previous in forwarded.items():
             signal.signal(sig, previous)
@@ -139,10 +145,11 @@ def launch(
     return status
 
 
-def _forward_signals(procs: list[subprocess.Popen[str]]) -> dict[int, Any]:
-    """Send SIGINT and SIGTERM on to every process still running; return the handlers they replaced."""
+def _forward_signals(procs: list[subprocess.Popen[str]], stopping: list[int]) -> dict[int, Any]:
+    """Send SIGINT and SIGTERM on to every process still running (noted in ``stopping``); return the old handlers."""
 
     def forward(sig: int, _frame: Any) -> None:
+        stopping.append(sig)
         for proc in procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -153,15 +160,20 @@ def _forward_signals(procs: list[subprocess.Popen[str]]) -> dict[int, Any]:
     return {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
-def _wait(procs: list[subprocess.Popen[str]]) -> int:
-    """Wait for every process; at the first failure end the others; return the first non-zero status, else 0."""
+def _wait(procs: list[subprocess.Popen[str]], stopping: list[int], err: IO[str]) -> int:
+    """Wait for every process; at the first failure end the others; return the run's exit status.
+
+    The first non-zero status, as a shell reports it (128 + the signal for a process a signal ended), else 0; but a
+    process ended by a signal the launcher did not pass on (SIGKILL, the OOM killer) was lost: the run exits with
+    `REQUEUE_STATUS`, whichever process it was, and says which.
+    """
     first = 0
     deadline: float | None = None
     while any(proc.poll() is None for proc in procs):
-        for proc in procs:
+        for index, proc in enumerate(procs):
             code = proc.poll()
             if code and not first:
-                first = 128 - code if code < 0 else code
+                first = _run_status(index, code, stopping, err)
                 deadline = time.monotonic() + GRACE
                 for other in procs:
                     if other.poll() is None:
@@ -173,6 +185,24 @@ def _wait(procs: list[subprocess.Popen[str]]) -> int:
                     proc.kill()
         time.sleep(0.05)
     if not first:
-        codes = [proc.returncode for proc in procs]
-        first = next((128 - c if c < 0 else c for c in codes if c), 0)
+        first = next((_run_status(i, p.returncode, stopping, err) for i, p in enumerate(procs) if p.returncode), 0)
     return first
+
+
+def _run_status(index: int, code: int, stopping: list[int], err: IO[str]) -> int:
+    """The run's exit status for process ``index`` ending first with ``code`` (negative: the signal that ended it)."""
+    if code > 0:
+        return code
+    if -code in stopping:  # the launcher was told to stop, and passed it on
+        return 128 - code
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    print(
+        f"ember launch: process {index} was lost ({name}); the others were stopped. Exit {REQUEUE_STATUS}: run the "
+        "same command again to resume from the last checkpoint.",
+        file=err,
+        flush=True,
+    )
+    return REQUEUE_STATUS

@@ -219,11 +219,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             saved = Path(args.run_dir) / "config.yaml"
             if not saved.exists():
                 raise FileNotFoundError(f"{args.run_dir} has no config.yaml; is it a run folder of ember train?")
-            if _answered_without_training(_config_from([str(saved)], "resume")):
+            config = _config_from([str(saved)], "resume")
+            config.output = args.run_dir  # this folder, wherever the command runs: not the saved (relative) output
+            if _answered_without_training(config):
                 return 0
             from ember.cli._train import train  # JAX from here on
 
-            return _status(train(saved))
+            return _status(train(config, source=_source_of([str(saved)])))
         elif args.command == "inspect":
             from ember.cli._inspect import describe_checkpoint
 

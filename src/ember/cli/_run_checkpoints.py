@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 from ember import Engine, Events
+from ember._run_identity import run_identity
 from ember.checkpoint import CheckpointStore, TieredStore
 from ember.cli._schema import CheckpointConfig
 from ember.handlers import Checkpoint, global_step_from_engine
@@ -19,12 +24,14 @@ def attach_checkpoints(
     trainer: Engine,
     evaluator: Engine,
     records: Writer | None = None,
+    run_id: str | None = None,
 ) -> tuple[Checkpoint, Checkpoint]:
     """Attach ``checkpoints/best`` (each evaluation) and ``checkpoints/latest`` (each epoch, ``every_iters``, the end).
 
     With ``fast_dir``, the latest go through a `TieredStore` whose durable tier is ``checkpoints/latest`` and whose
-    fast tier is ``<fast_dir>/<run folder's name>``. ``records``, the run's writer, is flushed before each latest
-    save: a relaunch resumes from a checkpoint whose steps' records are all in the files. Returns ``(best, latest)``.
+    fast tier is ``<fast_dir>/<run folder's name>-<run id>``: two runs never share one, though their folders have the
+    same name. ``records``, the run's writer, is flushed before each latest save: a relaunch resumes from a
+    checkpoint whose steps' records are all in the files. Returns ``(best, latest)``.
     """
     best = Checkpoint(
         to_save,
@@ -37,7 +44,8 @@ def attach_checkpoints(
     best.attach(evaluator, Events.COMPLETED)
     latest_dir: Path | CheckpointStore = run_dir / "checkpoints" / "latest"
     if config.fast_dir is not None:  # every save into local storage, every k-th and the last into the run folder too
-        latest_dir = TieredStore(Path(config.fast_dir) / run_dir.name, latest_dir, durable_every=config.durable_every)
+        fast = Path(config.fast_dir) / f"{run_dir.resolve().name}-{run_id or shared_run_id(run_dir)}"
+        latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)
     latest = Checkpoint(to_save, latest_dir, n_saved=config.keep_latest)
     every = Events.EPOCH_COMPLETED | Events.COMPLETED
     if config.every_iters:
@@ -46,6 +54,18 @@ def attach_checkpoints(
         trainer.add_event_handler(every, lambda: records.flush())
     latest.attach(trainer, every)
     return best, latest
+
+
+def shared_run_id(run_dir: Path) -> str:
+    """The run's id from its ``run.json`` (made there by process 0), the same on every process of the run."""
+    if jax.process_count() == 1:
+        return run_identity(run_dir)["id"]
+    mine = run_identity(run_dir)["id"] if jax.process_index() == 0 else ""
+    padded = np.frombuffer(mine.encode().ljust(_ID_BYTES, b"\0"), np.uint8)
+    return bytes(np.asarray(multihost_utils.broadcast_one_to_all(padded))).rstrip(b"\0").decode()
+
+
+_ID_BYTES = 64  # the longest run id run.json may hold
 
 
 def close_stores(*savers: Checkpoint) -> None:

@@ -9,8 +9,9 @@ from typing import Any
 
 from ember.cli._config import Config, ConfigError, load_config
 
-#: Config fields a relaunch may change: they do not change what the run computes.
-COSMETIC = frozenset({"handlers.progress"})
+#: Config fields a relaunch may change: they do not change what the run computes. ``output`` names the folder
+#: itself (``ember resume ../runs/digits`` from another folder gives it as seen from there).
+COSMETIC = frozenset({"handlers.progress", "output"})
 
 #: Where the run's arrays live, which a relaunch may change too: the checkpoint restores onto the new layout.
 LAYOUT = frozenset({"trainer.placement", "trainer.mesh", "trainer.rules"})

@@ -26,7 +26,7 @@ from ember.cli._registry import (
     build_schedule,
     check_labels,
 )
-from ember.cli._run_checkpoints import attach_checkpoints, close_stores
+from ember.cli._run_checkpoints import attach_checkpoints, close_stores, shared_run_id
 from ember.cli._run_record import check_same_run, closing_line, saved_summary
 from ember.handlers import (
     EarlyStopping,
@@ -199,7 +199,8 @@ def train(
         )
         stopper.attach(evaluator)
         to_save["early_stopping"] = stopper
-    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, evaluator, records=writer)
+    run_id = shared_run_id(run_dir)  # the run's own, in run.json: its fast checkpoint tier is its alone
+    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, evaluator, records=writer, run_id=run_id)
     preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
     preemption.attach(trainer, [evaluator])
     # a skipped step (an overflow under 16-mixed, skip_nonfinite) is the guard's to handle, not a diverged run

@@ -36,6 +36,7 @@ class CheckpointRecord:
     _ledger: Ledger
     _seeded: bool
     _before: Any
+    _seed: Callable[[], None]  # the store's checkpoints of this handler join what it keeps (CheckpointFiles')
 
     def _failures(self) -> contextlib.AbstractContextManager[None]:
         raise NotImplementedError
@@ -46,8 +47,9 @@ class CheckpointRecord:
 
         A ``pathlib.Path`` (the checkpoint's folder) with a store, the file name with your own save handler. It is
         set as soon as the save is scheduled, so a background write may still be in flight: ``saver.wait()``
-        returns once it is on disk.
+        returns once it is on disk. A relaunched handler knows the checkpoints of its own already in the store.
         """
+        self._seed()
         best = self._ledger.best()
         if best is None:
             return None
@@ -117,6 +119,7 @@ class CheckpointRecord:
             >>> saver.state_dict()
             {'_saved': [(2, 'step_00000002')], 'steps': [2]}
         """
+        self._seed()
         return self._ledger.state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

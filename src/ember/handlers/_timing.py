@@ -133,7 +133,9 @@ class TimeLimit:
 
     The clock starts when the handler is made and again at the engine's STARTED when attached (added
     as a plain ITERATION_COMPLETED handler, as Ignite's examples do, it counts from its making). The
-    engine finishes cleanly (COMPLETED fires, so checkpoints at COMPLETED are written). In a
+    engine finishes cleanly (COMPLETED fires, so checkpoints at COMPLETED are written), and the stop is not
+    final: the saved state does not call the run complete, so a relaunch (the next session of a job with a
+    time limit, Ignite's use for it) resumes from the checkpoint and trains on, as after `Preemption`. In a
     multi-process run the processes agree (a small collective each check): when one process's clock
     runs out, all stop at the same iteration. ``check_every`` spaces the checks out; by default a single
     process checks every iteration (a local test) and a multi-process run every 10 (a collective each).
@@ -186,7 +188,7 @@ class TimeLimit:
         if not self.reached and any_process(self._clock() - self._start >= self.limit_sec):
             self.reached = True
             log.info("TimeLimit: %.1f s reached at iteration %d; stopping.", self.limit_sec, engine.state.iteration)
-            engine.terminate()
+            engine.terminate(final=False)  # the next session trains on from the checkpoint
 
     def attach(self, engine: Engine) -> RemovableEventHandle:
         """Start the clock at STARTED; check at ITERATION_COMPLETED (every ``check_every`` iterations).

@@ -9,12 +9,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ember._multiprocess import coordination_client
+from ember._multiprocess import REQUEUE_STATUS, coordination_client
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._checkpoint import Checkpoint
 
 #: The exit status of a process the watchdog ends: EX_TEMPFAIL, "try again" (relaunch every process).
-EXIT_CODE = 75
+EXIT_CODE = REQUEUE_STATUS
 
 #: Seconds the watchdog gives a checkpoint still being written to land on disk before it names the newest one there.
 SAVE_GRACE = 10.0
