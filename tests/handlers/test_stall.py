@@ -85,3 +85,66 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
         StallWatchdog(tmp_path, save_timeout=-1)
     with pytest.raises(TypeError, match=re.escape("`run_dir` must be a folder path, got int.")):
         StallWatchdog(3)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def slow_writes(monkeypatch):
+    """Every checkpoint write takes 1.5 s more (a slow network file system)."""
+    from ember.checkpoint import CheckpointStore
+
+    write = CheckpointStore._write_files
+
+    def slow(self, prepared):
+        time.sleep(1.5)
+        return write(self, prepared)
+
+    monkeypatch.setattr(CheckpointStore, "_write_files", slow)
+
+
+@pytest.mark.parametrize("save_timeout", [None, 5.0])
+def test_the_wait_for_the_last_checkpoint_write_is_the_saves_time_not_a_steps(tmp_path, slow_writes, save_timeout):
+    """The run's last save blocks COMPLETED for 1.5 s, three step deadlines: not a stall, whatever save_timeout."""
+    from ember.handlers import Checkpoint
+
+    ended = []
+    engine = Engine(lambda e, b: b)
+    saver = Checkpoint({"trainer": engine}, tmp_path / "checkpoints")
+    saver.attach(engine, Events.COMPLETED)
+    watchdog = StallWatchdog(
+        tmp_path / "run", step_timeout=0.5, startup_timeout=5.0, save_timeout=save_timeout, exit=ended.append
+    )
+    watchdog.attach(engine, checkpoints=[saver])
+    engine.run(range(3))
+    assert (ended, watchdog.stalled) == ([], None)
+    assert saver.last_checkpoint.name == "step_00000003"
+    saver.store.close()
+
+
+def test_a_last_write_past_save_timeout_is_reported_as_a_save_stall(tmp_path, slow_writes):
+    from ember.handlers import Checkpoint
+
+    ended = []
+    engine = Engine(lambda e, b: b)
+    saver = Checkpoint({"trainer": engine}, tmp_path / "checkpoints")
+    saver.attach(engine, Events.COMPLETED)
+    watchdog = StallWatchdog(tmp_path / "run", step_timeout=10.0, save_timeout=0.3, exit=ended.append)
+    watchdog.attach(engine, checkpoints=[saver])
+    engine.run(range(3))
+    saver.store.close()
+    assert ended == [75]
+    assert watchdog.stalled.startswith("ember: StallWatchdog: no checkpoint write finished in ")
+    assert f"(save_timeout=0.3), in {tmp_path / 'checkpoints'}. Process 0 of 1" in watchdog.stalled
+
+
+def test_a_paused_run_is_not_a_stalled_one(tmp_path):
+    """interrupt() at iteration 2, then 1 s (two step deadlines) before the run goes on: no diagnosis."""
+    ended = []
+    engine = Engine(lambda e, b: b)
+    engine.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda e: e.interrupt())
+    watchdog = StallWatchdog(tmp_path, step_timeout=0.5, startup_timeout=5.0, exit=ended.append)
+    watchdog.attach(engine)
+    assert engine.run(range(4)).iteration == 2
+    time.sleep(1.0)
+    assert engine.run(range(4)).iteration == 4
+    time.sleep(0.7)
+    assert (ended, watchdog.stalled) == ([], None)

@@ -46,6 +46,20 @@ def running_handler(thread_id: int | None) -> str:
     return "no handler: the engine is not running on that thread"
 
 
+def _in_a_save(thread_id: int | None) -> bool:
+    """Whether the thread ``thread_id`` is inside a checkpoint's save or its wait for one (read from its stack)."""
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if os.path.join("ember", "checkpoint", "") in path or path.endswith(_SAVING_MODULES):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_SAVING_MODULES = tuple(os.path.join("handlers", name) for name in ("_checkpoint.py", "_checkpoint_files.py"))
+
+
 class StallWatchdog:
     """Ends a stalled process with a diagnosis on disk and exit status 75, so a scheduler requeues it.
 
@@ -65,7 +79,8 @@ class StallWatchdog:
         run_dir: the folder the diagnosis is written to (made if missing).
         step_timeout: seconds an iteration (or an evaluation's iteration) may take.
         startup_timeout: seconds until the first iteration completes (compilation included).
-        save_timeout: seconds a background checkpoint write may take; ``None`` leaves saves to ``step_timeout``.
+        save_timeout: seconds a checkpoint write may take, from its start; ``None``: as long as it takes. A wait of
+            the training thread for a write (the run's last save) counts against it, never against ``step_timeout``.
         exit: how the process ends (``os._exit``: the runtime's shutdown would wait on a stuck collective); tests
             pass their own.
 
@@ -143,7 +158,11 @@ class StallWatchdog:
     # -- the watching thread ------------------------------------------------------------------------
 
     def _late(self, now: float) -> str | None:
-        """Why the run counts as stalled at ``now`` (monotonic), or ``None``."""
+        """Why the run counts as stalled at ``now`` (monotonic), or ``None``.
+
+        A checkpoint write is bounded by ``save_timeout`` from its start; while the training thread waits for one
+        (the save of the run's end, a save waiting for the one before), that time is the save's, not the step's.
+        """
         for i, checkpoint in enumerate(self._checkpoints):
             store = checkpoint.store
             writing = store is not None and store.writing
@@ -153,12 +172,14 @@ class StallWatchdog:
                     f"no checkpoint write finished in {now - since:.1f} s (save_timeout={self.save_timeout:g}), "
                     f"in {store.root if store is not None else 'its store'}"
                 )
-        if not self._paused and now > self._deadline:
-            return f"no {self._waiting_for} completed in time"
-        return None
+        if self._paused or now <= self._deadline:
+            return None
+        if self._writing_since and _in_a_save(self._thread_id):
+            return None  # the training thread waits for a write: save_timeout's to bound
+        return f"no {self._waiting_for} completed in time"
 
     def _watch(self) -> None:
-        poll = min(1.0, max(0.05, min(self.step_timeout, self.startup_timeout) / 10))
+        poll = min(1.0, max(0.05, min(self.step_timeout, self.startup_timeout, self.save_timeout) / 10))
         while not self._stop.wait(poll):
             why = self._late(time.monotonic())
             if why is not None and not self._stop.is_set():
