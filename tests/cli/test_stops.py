@@ -162,3 +162,28 @@ def test_a_fast_dir_tier_is_what_a_killed_run_resumes_from(tmp_path):
     assert fast >= durable >= 22  # every 4th save is durable too: iterations 12, 22 (the first epoch ends), 33, 44
     status, out, err = signalled_run(run_dir, signal.SIGKILL, "Resuming", *extra)
     assert f"Resuming {run_dir} from step_{fast:08d} (iteration {fast}).\n" in out, (out, err[-3000:])
+
+
+def test_a_run_whose_every_update_is_skipped_stops_with_status_1_naming_the_reason(tmp_path, capsys):
+    """An epoch's worth of skips in a row (22) stops the run, which says the guard is on from its first line.
+
+    skip_nonfinite without a rollback, and a learning rate that makes every loss after the first step non-finite.
+    """
+    from ember.cli import main
+
+    args = ["train", "--output", str(tmp_path / "run"), "model.name=mlp", "trainer.max_epochs=5"]
+    args += ["trainer.skip_nonfinite=true", "trainer.rollback_after=null", "optimizer.learning_rate=1e30"]
+    args += ["handlers.progress=false", "handlers.writers=[jsonl]", "handlers.early_stopping=null"]
+    assert main([*args, "handlers.log_every=5"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("precision float32. Updates with a non-finite loss or gradients are skipped.")
+    assert lines[-2] == (
+        "Stopped: 23 updates in a row were skipped (iterations 2-24, the last for a non-finite loss; the limit is 22, "
+        "an epoch's worth): the run is not training. Look at the data and the learning rate; trainer.rollback_after "
+        "rolls back to the checkpoint before such a window."
+    )
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["stopped"], summary["iterations"]) == ("skipped updates", 24)
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    skips = [(r["step"], r["train/skipped_steps"]) for r in logged if "train/skipped_steps" in r]
+    assert skips == [(5, 4), (10, 9), (15, 14), (20, 19)]  # every skip is counted in the logs

@@ -63,6 +63,32 @@ def test_a_poisoned_window_is_rolled_back_and_the_run_ends_as_without_it(tmp_pat
     assert int(a.step) == int(b.step) == 30 - 5
 
 
+def test_a_checkpoint_found_damaged_at_the_rollback_is_moved_aside_and_the_older_one_used(tmp_path):
+    """The checkpoint of 16 is truncated before the rollback needs it: moved aside, and the run rolls back to 12."""
+    data = _digits(30)
+    for i in (17, 18, 19):
+        data[i] = {**data[i], "x": np.full_like(data[i]["x"], np.nan)}
+    trainer, saver = _trainer(tmp_path / "a")
+    rollback = RollbackOnDivergence(saver, after=3)
+    rollback.attach(trainer)
+
+    def damage():
+        saver.wait()
+        data_file = tmp_path / "a" / "step_00000016" / "state.msgpack"
+        data_file.write_bytes(data_file.read_bytes()[:-100])
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=19), damage)
+    with pytest.warns(UserWarning, match=re.escape("It was moved aside to 'corrupt-step_00000016' and skipped.")):
+        trainer.run(data)
+    assert [(r.restored, r.dropped) for r in rollback.rollbacks] == [(12, (13, 21))]
+    assert (tmp_path / "a" / "corrupt-step_00000016").is_dir()  # kept for a person to look at
+    clean, _ = _trainer(tmp_path / "b")
+    clean.run([b for i, b in enumerate(data, 1) if not 13 <= i <= 21])
+    a, b = trainer.state.train_state, clean.state.train_state
+    for x, y in zip(jax.tree.leaves((a.params, a.opt_state)), jax.tree.leaves((b.params, b.opt_state)), strict=True):
+        assert np.array_equal(x, y)
+
+
 def test_diverging_again_over_the_same_checkpoint_stops_with_both_windows(tmp_path):
     data = _digits(16)
     for i in (5, 6, 8, 9):  # iterations 6-7 and 9-10: two streaks of two, both after the checkpoint of 5

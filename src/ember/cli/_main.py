@@ -292,10 +292,14 @@ def _answered_without_training(config: Any) -> bool:
 
 
 def _status(summary: dict[str, Any]) -> int:
-    """The exit status of a run: 0, or 128 + the signal's number when a signal stopped it (it can be resumed)."""
+    """The exit status of a run: 0, 128 + a signal's number, or 1 when the update guard stopped it.
+
+    A signal's stop can be resumed; the guard's (an epoch's worth of updates skipped in a row) means it is not training.
+    """
     from ember.cli._run_record import SIGNAL_STATUS
 
-    return SIGNAL_STATUS.get(summary.get("stopped") or "", 0)
+    stopped = summary.get("stopped") or ""
+    return 1 if stopped == "skipped updates" else SIGNAL_STATUS.get(stopped, 0)
 
 
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # trainer.max_epochs: a key, not a file name

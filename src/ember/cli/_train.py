@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 import jax
-import jax.numpy as jnp
 import optax
 from jax.experimental import multihost_utils
 
@@ -27,6 +26,15 @@ from ember.cli._registry import (
     check_labels,
 )
 from ember.cli._run_checkpoints import attach_checkpoints, close_stores, shared_run_id
+from ember.cli._run_course import (
+    SKIP_LIMIT,
+    finished,
+    logged_outputs,
+    nan_check,
+    runs_on,
+    skipped_line,
+    why_stopped,
+)
 from ember.cli._run_record import check_same_run, closing_line, saved_summary
 from ember.handlers import (
     EarlyStopping,
@@ -161,7 +169,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)  # the run can be built: its folder and config are written now
     if primary:
         (run_dir / "config.yaml").write_text(dump_config(cfg, source))
-    say(_runs_on(trainer, cfg))
+    say(runs_on(trainer, cfg))
     if isinstance(trainer.placement, Sharded):
         say(f"{trainer.placement.summary()}\n{trainer.placement.layout(trainer.state.train_state)}")
     evaluator = create_evaluator(trainer, _predict, placement=trainer.placement, precision=cfg.trainer.precision)
@@ -173,7 +181,7 @@ def train(
     h = cfg.handlers
     scaled = cfg.trainer.precision == "16-mixed"  # the loss scale and the steps skipped are logged too
     guarded = scaled or cfg.trainer.skip_nonfinite
-    ScalarLogger(writer, tag="train", metric_names=["loss"], output_transform=_logged_outputs(scaled, guarded)).attach(
+    ScalarLogger(writer, tag="train", metric_names=["loss"], output_transform=logged_outputs(scaled, guarded)).attach(
         trainer, Events.ITERATION_COMPLETED(every=h.log_every)
     )
     LRMonitor(writer, tag="train/lr").attach(trainer, Events.ITERATION_COMPLETED(every=h.log_every))
@@ -203,10 +211,8 @@ def train(
     best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, evaluator, records=writer, run_id=run_id)
     preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
     preemption.attach(trainer, [evaluator])
-    # a skipped step (an overflow under 16-mixed, skip_nonfinite) is the guard's to handle, not a diverged run
-    nan_guard = TerminateOnNan(
-        (lambda o: jnp.where(o["skip_reason"] > 0, 0.0, o["loss"])) if guarded else (lambda o: o["loss"])
-    )
+    skip_limit = max(steps_per_epoch or SKIP_LIMIT, (cfg.trainer.rollback_after or 0) + 1)
+    nan_guard = TerminateOnNan(nan_check(guarded, skip_limit))  # a skip is the guard's; an epoch of skips, a stop
     nan_guard.attach(trainer)
     rollback = None
     if cfg.trainer.skip_nonfinite and cfg.trainer.rollback_after is not None:
@@ -242,7 +248,7 @@ def train(
             say(f"Resuming {run_dir} from {info.path.name} (iteration {info.step}).")
             if new_layout:
                 say(f"Restored onto a new layout ({'; '.join(new_layout)}).")
-        if info is not None and _finished(trainer, cfg):
+        if info is not None and finished(trainer, cfg):
             say(f"{run_dir}: this run is already complete; nothing to do.")
             previous = saved_summary(run_dir)
             if previous is not None:  # the record of the run stays as the run left it
@@ -266,7 +272,7 @@ def train(
     if jax.process_count() > 1:  # process 0 has written every checkpoint: all read the same best
         multihost_utils.sync_global_devices("ember train: checkpoints written")
     best_info = best.store.best("val_accuracy") if best.store is not None else None
-    stopped = _why_stopped(trainer, preemption, stopper, nan_guard)
+    stopped = why_stopped(trainer, preemption, stopper, nan_guard, skip_limit)
     if stopped == "early stopping" and stopper is not None:
         say(
             f"Early stopping: val {stopper_metric} did not improve for {stopper.patience} evaluations; stopped at "
@@ -274,6 +280,8 @@ def train(
         )
     elif stopped == "a NaN loss":
         say(f"Stopped: the training loss became NaN or infinite at iteration {nan_guard.nan_iteration}.")
+    elif stopped == "skipped updates":
+        say(skipped_line(trainer, skip_limit))
     summary = {
         "run_dir": str(run_dir),
         "resumed_from": None if info is None else info.step,
@@ -333,17 +341,6 @@ class _AboveBars(io.TextIOBase):
         self.out.flush()
 
 
-def _logged_outputs(scaled: bool, guarded: bool) -> Any:
-    """What of the step's output ``train/`` logs beside the loss: the loss scale, the steps skipped."""
-    if not guarded:
-        return None
-
-    def logged(out: Any) -> dict[str, Any]:
-        return {"skipped_steps": out["skipped"], **({"loss_scale": out["loss_scale"]} if scaled else {})}
-
-    return logged
-
-
 def _announcer(rollback: RollbackOnDivergence, say: Any) -> Any:
     """A handler that prints each rollback once, on the console, as it happens."""
     said = [0]
@@ -354,44 +351,3 @@ def _announcer(rollback: RollbackOnDivergence, say: Any) -> Any:
         said[0] = len(rollback.rollbacks)
 
     return announce
-
-
-_PRECISION_WORDS = {
-    "32-true": "float32",
-    "bf16-mixed": "bfloat16 with float32 parameters",
-    "bf16-true": "bfloat16, parameters stored in bfloat16",
-    "16-mixed": "float16 with float32 parameters and dynamic loss scaling",
-}
-
-
-def _runs_on(trainer: Any, cfg: Config) -> str:
-    """One line: the backend, the devices (and processes), the placement and the precision the run trains with."""
-    devices, processes = jax.device_count(), jax.process_count()
-    where = f"{devices} device{'s' if devices != 1 else ''}" + (f" in {processes} processes" if processes > 1 else "")
-    placement = type(trainer.placement).__name__
-    chosen = f"{placement} (auto)" if cfg.trainer.placement == "auto" else placement
-    precision = _PRECISION_WORDS[cfg.trainer.precision]
-    return f"Training on {jax.default_backend()}: {where}, placement {chosen}, precision {precision}."
-
-
-def _why_stopped(trainer: Any, preemption: Preemption, stopper: EarlyStopping | None, nan_guard: Any) -> str | None:
-    """Why the run ended before its last epoch: a signal's name, "early stopping", "a NaN loss", or ``None``."""
-    if preemption.saved is not None:
-        requested = preemption.requested
-        return signal.Signals(requested).name if requested is not None else "a signal on another process"
-    if not trainer.should_terminate:
-        return None
-    if nan_guard.nan_iteration is not None:
-        return "a NaN loss"
-    if stopper is not None and stopper.counter >= stopper.patience:
-        return "early stopping"
-    return "terminate()"
-
-
-def _finished(trainer: Any, cfg: Config) -> bool:
-    st = trainer.state
-    if trainer.should_terminate:  # loaded from a run a handler ended (early stopping, a NaN): complete
-        return True
-    if cfg.trainer.max_iters is not None:
-        return st.iteration >= cfg.trainer.max_iters
-    return st.epoch_length is not None and st.iteration >= st.epoch_length * cfg.trainer.max_epochs

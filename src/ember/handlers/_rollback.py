@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ember.checkpoint import CorruptCheckpointError
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._checkpoint import Checkpoint
 from ember.handlers._late import OneStepLate
@@ -136,22 +137,25 @@ class RollbackOnDivergence:
         self.checkpoint.wait()  # a save in flight is on disk first
         store = self.checkpoint.store
         assert store is not None  # checked when made
-        found = [info for info in store.ranked() if info.step < first]
-        if not found:
-            raise RuntimeError(
-                f"{consecutive} updates in a row were skipped (iterations {first}-{iteration}) and no checkpoint of "
-                f"{store.root} was saved before iteration {first} to roll back to."
-            )
-        info = max(found, key=lambda i: i.step)
         why = REASONS.get(int(reason), f"reason {int(reason)}")
-        if any(r.restored == info.step for r in self.rollbacks):
-            earlier = next(r for r in self.rollbacks if r.restored == info.step)
+        for info in sorted((i for i in store.ranked() if i.step < first), key=lambda i: i.step, reverse=True):
+            if any(r.restored == info.step for r in self.rollbacks):
+                earlier = next(r for r in self.rollbacks if r.restored == info.step)
+                raise RuntimeError(
+                    f"The run diverged again after rolling back to the checkpoint of iteration {info.step}: "
+                    f"iterations {first}-{iteration} were skipped ({why}), after iterations {earlier.skipped[0]}-"
+                    f"{earlier.skipped[1]} the first time; stopping instead of rolling back over the same window."
+                )
+            try:
+                load_objects({self._name_of(engine): _TreeOnly(engine)}, info, store=store)
+                break
+            except CorruptCheckpointError as e:  # as a restore does: moved aside, and the next older one tried
+                store.set_aside(info.path, e)
+        else:
             raise RuntimeError(
-                f"The run diverged again after rolling back to the checkpoint of iteration {info.step}: iterations "
-                f"{first}-{iteration} were skipped ({why}), after iterations {earlier.skipped[0]}-"
-                f"{earlier.skipped[1]} the first time; stopping instead of rolling back over the same window."
+                f"{consecutive} updates in a row were skipped (iterations {first}-{iteration}) and no intact "
+                f"checkpoint of {store.root} was saved before iteration {first} to roll back to."
             )
-        load_objects({self._name_of(engine): _TreeOnly(engine)}, info, store=store)
         rollback = Rollback((first, iteration), info.step, (info.step + 1, engine.state.iteration), why)
         self.rollbacks.append(rollback)
         self._late.drain()  # the pending count is of the state just replaced
