@@ -31,6 +31,18 @@ def test_plan_prints_both_steps_and_whether_they_fit(capsys):
     assert lines[-1].startswith("fits: needs ")
 
 
+@pytest.mark.parametrize(
+    "placement", [["trainer.placement=fsdp"], ["trainer.placement=sharded", "trainer.mesh={fsdp: 1}"]]
+)
+def test_plan_works_for_a_sharded_placement_whose_state_is_built_from_a_batch(capsys, placement):
+    """The state's factory is traced for its shapes with the mesh set outside the trace (set_mesh refuses inside)."""
+    assert main(["plan", "model.name=mlp", *placement, "--memory", "1GiB"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "ember plan: cpu, placement Sharded, precision 32-true, 1 step(s) per call"
+    assert re.fullmatch(r"fits: needs [\d.]+ (KiB|MiB) of 1\.00 GiB per device", lines[13])
+    assert lines[-1].startswith("fits: needs ")
+
+
 def test_the_largest_batch_found_fits_and_the_next_multiple_does_not(capsys):
     budget = 2**20
     assert main(["plan", "model.name=mlp", "--memory", "1MiB", "--max-batch"]) == 0

@@ -12,6 +12,7 @@ from jax import lax
 from jax.sharding import SingleDeviceSharding
 
 from ember.training._placement import Placement
+from ember.training._sharded import traced_build
 
 GiB = 2**30
 _STATE_PARTS = ("params", "opt_state", "model_state")
@@ -268,7 +269,8 @@ def engine_plan(engine: Any, batch: Any, memory: int | None) -> MemoryPlan:
         factory = (source or engine)._factory
         if factory is None:
             raise RuntimeError("plan() needs the train state or a factory for it; this engine has neither.")
-        shapes = jax.eval_shape(factory, batch)  # the state's shapes, nothing allocated
+        with traced_build(placement):
+            shapes = jax.eval_shape(factory, batch)  # the state's shapes, nothing allocated
         state = abstract(shapes, placement.state_shardings(shapes))
     kind = "eval" if source is not None or getattr(process, "steps_per_call", None) is None else "train"
     return plan_step(kind, process.step, state, batch, placement, steps_per_call=engine._k, memory=memory)

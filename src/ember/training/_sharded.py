@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import warnings
 from collections.abc import Callable, Generator, Sequence
@@ -22,6 +23,26 @@ from ember.training._placement import (
     one_call_at_a_time,
     place,
 )
+
+_TRACED_BUILD: contextvars.ContextVar[bool] = contextvars.ContextVar("ember_traced_build", default=False)
+
+
+@contextlib.contextmanager
+def traced_build(placement: Any) -> Generator[None]:
+    """Within: a `Sharded` placement's ``init_state`` is traced by the caller (``jax.eval_shape`` of a factory).
+
+    ``jax.set_mesh`` cannot be entered inside a trace, so the mesh is set here, outside it. Other placements: as is.
+    """
+    if not isinstance(placement, Sharded):
+        yield
+        return
+    token = _TRACED_BUILD.set(True)
+    try:
+        with jax.set_mesh(placement.mesh):
+            yield
+    finally:
+        _TRACED_BUILD.reset(token)
+
 
 #: Mesh axes that split a model's tensors rather than the batch (tensor parallelism).
 MODEL_AXES = ("model", "tensor")
@@ -194,8 +215,11 @@ class Sharded(Placement):
     def init_state(self, make: Callable[[], Any]) -> Any:
         """Build the train state ``make()`` already sharded: shapes by ``jax.eval_shape``, then one ``jit``.
 
-        The full state never exists on one device or host; each device computes only its shards.
+        The full state never exists on one device or host; each device computes only its shards. Inside
+        [`traced_build`][ember.training._sharded.traced_build] (a plan tracing a state's factory) it is ``make()``.
         """
+        if _TRACED_BUILD.get():  # traced by the caller, with the mesh already set
+            return make()
         with jax.set_mesh(self.mesh):  # linen resolves its names through the placement, after init
             abstract = jax.eval_shape(make)
             shardings = self.state_shardings(abstract)
