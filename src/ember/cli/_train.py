@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import sys
 import time
@@ -36,6 +37,7 @@ from ember.cli._run_course import (
     why_stopped,
 )
 from ember.cli._run_record import check_same_run, closing_line, saved_summary
+from ember.cli._verify_resume import KILL_AT
 from ember.handlers import (
     EarlyStopping,
     Evaluate,
@@ -231,6 +233,9 @@ def train(
     if jax.process_count() > 1:  # a lost process ends the others at once, naming the checkpoint to resume from
         ProcessWatchdog(latest).attach(trainer)
 
+    if os.environ.get(KILL_AT):  # ember verify-resume's real SIGKILL, once that iteration is done
+        at = int(os.environ[KILL_AT])
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=at), lambda: os.kill(os.getpid(), signal.SIGKILL))
     accuracies: list[float] = []
     evaluator.add_event_handler(Events.COMPLETED, lambda e: accuracies.append(float(e.state.metrics["accuracy"])))
     if "console" not in h.writers:  # the console writer prints the evaluation's numbers itself

@@ -216,7 +216,7 @@ class Sharded(Placement):
         """Build the train state ``make()`` already sharded: shapes by ``jax.eval_shape``, then one ``jit``.
 
         The full state never exists on one device or host; each device computes only its shards. Inside
-        [`traced_build`][ember.training._sharded.traced_build] (a plan tracing a state's factory) it is ``make()``.
+        ``traced_build`` (a plan tracing a state's factory) it is ``make()``.
         """
         if _TRACED_BUILD.get():  # traced by the caller, with the mesh already set
             return make()
