@@ -179,3 +179,18 @@ def test_every_range_is_checked_on_both_sides_of_its_bound(field, outside, insid
     for part in [*section.split("."), name]:
         value = getattr(value, part)
     assert value == float(inside)
+
+
+def test_an_override_replaces_what_the_config_file_sets_and_leaves_the_rest(tmp_path):
+    """The file sets a value and its neighbours; ``key=value`` replaces that value, not the section around it."""
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "optimizer:\n  name: sgd\n  learning_rate: 0.5\n  momentum: 0.8\n"
+        "handlers:\n  writers: [csv]\n  early_stopping: {patience: 9, metric: loss}\n"
+    )
+    config = load_config(
+        path, ["optimizer.learning_rate=0.01", "handlers.writers=[jsonl]", "handlers.early_stopping.patience=2"]
+    )
+    assert (config.optimizer.name, config.optimizer.learning_rate, config.optimizer.momentum) == ("sgd", 0.01, 0.8)
+    assert config.handlers.writers == ["jsonl"]
+    assert (config.handlers.early_stopping.patience, config.handlers.early_stopping.metric) == (2, "loss")

@@ -181,3 +181,15 @@ def test_an_evaluation_set_split_over_processes_covers_every_example_once_masked
         for part in batch:
             seen += part.batch[part.mask].tolist()
     assert sorted(seen) == list(range(examples))
+
+
+def test_a_position_saved_at_the_end_of_a_pass_is_accepted_and_the_bounds_are_exact():
+    """Position 3 of 3 batches (the pass just ended) restores to an exhausted pass; 4 and -1 are refused."""
+    data = ArrayDataset(np.arange(6), batch_size=2)
+    identity = {"examples": 6, "batch_size": 2, "shuffle": False, "seed": 0}
+    it = iter(data)
+    it.set_state({"epoch": 0, "position": 3, **identity})
+    assert [b.tolist() for b in it] == []
+    for bad in (4, -1):
+        with pytest.raises(ValueError, match=re.escape(f"`state` position {bad} is outside this dataset's 3 batches")):
+            iter(data).set_state({"epoch": 0, "position": bad, **identity})

@@ -349,3 +349,30 @@ def test_a_k_step_trainer_counts_before_each_iteration_event_too():
         trainer.add_event_handler(ev, lambda e, ev=ev: seen.append((ev.name[10:], e.state.iteration)))
     trainer.run([jnp.ones(2)] * 7)
     assert seen == [(kind, i) for i in range(1, 8) for kind in ("STARTED", "COMPLETED")]
+
+
+def test_nested_collect_handles_the_outer_handle_undoes_what_the_inner_block_registered():
+    """An attach inside an attach: the outer handle removes the inner's handlers and calls the inner's undo."""
+    from ember import collect_handles
+
+    engine = Engine(lambda e, b: b)
+    undone = []
+
+    def inner():
+        pass
+
+    def outer():
+        pass
+
+    with collect_handles() as made_outer:
+        engine.add_event_handler(Events.STARTED, outer)
+        with collect_handles() as made_inner:
+            engine.add_event_handler(Events.COMPLETED, inner)
+            made_inner.on_remove(lambda: undone.append("inner"))
+        made_outer.on_remove(lambda: undone.append("outer"))
+    assert [h.handler() for h in made_inner.handles] == [inner]
+    made_outer.handle.remove()
+    assert (engine.has_event_handler(outer), engine.has_event_handler(inner)) == (False, False)
+    assert undone == ["inner", "outer"]
+    made_inner.handle.remove()  # already undone by the outer: nothing more
+    assert undone == ["inner", "outer"]

@@ -63,6 +63,18 @@ def test_every_secs_uses_the_injected_clock():
     assert fired == [4, 7, 10]
 
 
+def test_every_secs_fires_when_the_interval_is_reached_exactly():
+    """Readings 0.5 s apart (exact in binary): the interval of 1.0 is reached exactly every two iterations."""
+    now = [0.0]
+    engine = Engine(lambda e, b: now.__setitem__(0, now[0] + 0.5))
+    fired = []
+    engine.add_event_handler(
+        Events.ITERATION_COMPLETED(every_secs=1.0, clock=lambda: now[0]), lambda e: fired.append(e.state.iteration)
+    )
+    engine.run(range(10))
+    assert fired == [3, 5, 7, 9]  # the first reading (0.5 at iteration 1) starts the count; 1.5 - 0.5 == 1.0 fires
+
+
 def test_once_does_not_refire_when_a_value_repeats_after_terminate_epoch():
     """GET_BATCH_STARTED(once=2) fires once even though terminate_epoch makes value 2 repeat (Ignite #3625)."""
     engine = Engine(lambda e, b: b)

@@ -428,3 +428,15 @@ def test_a_best_checkpoint_that_does_not_improve_collects_nothing(tmp_path):
     assert [(c.step, c.manifest["metadata"]["state_dicts"]["counted"]) for c in saver.store.checkpoints()] == [
         (5, {"collected": 3})
     ]
+
+
+def test_a_checkpoint_handlers_keep_every_pins_its_multiples_beside_the_newest(tmp_path):
+    """n_saved=2, keep_every=4, a save each iteration for 10: the multiples of 4 stay, with the newest two."""
+    engine = Engine(lambda e, b: b)
+    saver = Checkpoint({"trainer": engine}, tmp_path, n_saved=2, keep_every=4)
+    saver.attach(engine, Events.ITERATION_COMPLETED)
+    engine.run(range(10))
+    saver.store.close()
+    names = ["step_00000004", "step_00000008", "step_00000009", "step_00000010"]
+    assert [c.path.name for c in saver.store.checkpoints()] == names
+    assert saver.state_dict()["steps"] == [4, 8, 9, 10]

@@ -121,3 +121,25 @@ def test_a_line_that_is_json_but_not_a_record_is_skipped_with_a_warning_naming_i
     with pytest.warns(RuntimeWarning, match=f"^{message}$"):
         records = read_records(tmp_path)
     assert [r["steps"] for r in records] == [3, 3]
+
+
+def test_lost_time_is_the_earlier_runs_productive_time_per_step_it_ran_not_per_iteration(tmp_path):
+    """A launch ran iterations 10-20 (10 steps, 5 s productive) and died; a relaunch from 15 lost 5 steps: 2.5 s.
+
+    0.5 s for each step it ran, not 5 s over its last iteration (20), which would make 1.25 s.
+    """
+    import json
+
+    from ember.handlers import GoodputLedger
+
+    earlier = {"run": "dead", "time": 100.0, "wall": 8.0, **dict.fromkeys(CATEGORIES, 0.0), "productive": 5.0}
+    earlier.update(first_iteration=10, last_iteration=20, steps=10, lost_steps=0, ended="running")
+    (tmp_path / "goodput.jsonl").write_text(json.dumps(earlier) + "\n")
+    clock = Clock()
+    trainer = Engine(lambda e, b: None)
+    trainer.load_state_dict({"iteration": 15, "epoch_length": 20, "max_epochs": 1})
+    GoodputLedger(tmp_path, clock=clock, started=0.0).attach(trainer)
+    trainer.run(range(20))
+    dead, relaunch = read_records(tmp_path)
+    assert (dead["ended"], relaunch["first_iteration"], relaunch["lost_steps"]) == ("killed", 15, 5)
+    assert relaunch["lost"] == 2.5

@@ -235,3 +235,18 @@ def test_masked_accuracy_equals_sklearn_on_the_examples_the_mask_keeps(seed):
     mask = rng.random(45) < 0.6
     want = skm.accuracy_score(y[mask], scores[mask].argmax(1))
     assert feed(Accuracy(), scores, y, mask=mask.astype(np.float32)) == pytest.approx(want)
+
+
+def test_a_score_exactly_at_the_threshold_is_negative_as_documented():
+    """``y_pred > threshold`` is the positive class: a score of exactly 0.5 (or 0.7 with threshold=0.7) is not."""
+    from ember.metrics import Accuracy, Precision, Recall
+
+    at = jnp.array([0.5, 0.5, 0.9])
+    labels = jnp.array([0, 0, 1])
+    accuracy, precision, recall = Accuracy(), Precision(), Recall()
+    for metric in (accuracy, precision, recall):
+        metric.update((at, labels))
+    assert (accuracy.compute(), float(precision.compute()), float(recall.compute())) == (1.0, 1.0, 1.0)
+    high = Accuracy(threshold=0.7)
+    high.update((jnp.array([0.7, 0.71]), jnp.array([0, 1])))
+    assert high.compute() == 1.0

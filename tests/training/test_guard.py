@@ -102,3 +102,14 @@ def test_the_guard_is_checked_when_made():
         create_trainer(_state(), xent_loss, spike_factor=3.0)
     with pytest.raises(ValueError, match=re.escape("`warmup` must be an int >= 1, got 0.")):
         StepGuard.create(warmup=0)
+
+
+def test_the_spike_check_arms_exactly_when_warmup_applied_steps_are_averaged():
+    """warmup=3: a 100x loss after 2 applied steps is applied; after exactly 3, it is a spike (reason 3)."""
+    for averaged, expected in ((2, 0), (3, 3)):
+        guard = StepGuard.create(spike_factor=5.0, warmup=3)
+        for _ in range(averaged):
+            guard = guard.update(jnp.asarray(0, jnp.int32), jnp.asarray(1.0), jnp.asarray(1.0))
+        assert int(guard.averaged) == averaged
+        reason = guard.check(jnp.asarray(100.0), jnp.asarray(True), jnp.asarray(1.0))
+        assert int(reason) == expected, averaged

@@ -242,3 +242,15 @@ def test_16_mixed_leaves_the_weight_average_alone_on_a_skipped_step():
     assert same == [True, False]
     evaluator = create_evaluator(trainer, lambda m, b: m(b["x"]), use_ema=True, precision="16-mixed")
     assert evaluator.run([BATCH]).output.dtype == jnp.float32
+
+
+def test_the_loss_scale_halves_on_overflow_down_to_its_minimum_and_never_below():
+    """From 8 with minimum 2: overflows give 4, 2, then 2 again (the minimum itself is reached, not passed)."""
+    scale = DynamicLossScale.create(initial=8.0, period=100, minimum=2.0)
+    seen = []
+    for _ in range(4):
+        scale = scale.adjust(jnp.asarray(False))
+        seen.append(float(scale.scale))
+    assert seen == [4.0, 2.0, 2.0, 2.0]
+    odd = DynamicLossScale.create(initial=6.0, period=100, minimum=4.0).adjust(jnp.asarray(False))
+    assert float(odd.scale) == 4.0  # 6 / 2 = 3 is below the minimum: held at 4

@@ -168,8 +168,9 @@ class HandleCollection:
             [True]
         """
         stack: list[HandleCollection] = _collecting.__dict__.get("stack", [])
+        once = _once(undo)  # the inner handle and an outer one both undo it: it runs the first time only
         for made in (*stack[: stack.index(self)], self) if self in stack else (self,):
-            made.undos.append(undo)
+            made.undos.append(once)
 
     @property
     def handle(self) -> RemovableEventHandle:
@@ -226,6 +227,18 @@ def collected(handle: RemovableEventHandle) -> RemovableEventHandle:
     for made in _collecting.__dict__.get("stack", ()):
         made.handles.append(handle)
     return handle
+
+
+def _once(undo: Callable[[], None]) -> Callable[[], None]:
+    """``undo``, called the first time only."""
+    done: list[bool] = []
+
+    def call() -> None:
+        if not done:
+            done.append(True)
+            undo()
+
+    return call
 
 
 def _nothing() -> None:
