@@ -240,3 +240,43 @@ def test_the_count_of_saves_goes_on_across_relaunches(tmp_path):
     assert steps(again.durable) == [3]
     again.save(filled(4), step=4)
     assert TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=3)._since == 1
+
+
+def test_two_runs_given_one_fast_folder_never_read_each_others_checkpoints(tmp_path):
+    """Run A owns the fast folder; run B (another durable tier) warns, reads nothing of A's, saves beside it."""
+    import json
+    import re
+
+    fast = tmp_path / "shm"
+    a = TieredStore(fast, tmp_path / "a", durable_every=10)
+    for step in (1, 2):
+        a.save({"w": np.full(2, float(step))}, step=step)
+    a.close()
+    assert json.loads((fast / "tier-of.json").read_text()) == {"durable": str(tmp_path / "a")}
+    with pytest.warns(RuntimeWarning, match=re.escape(f"The fast folder {fast} holds the fast checkpoints of another")):
+        b = TieredStore(fast, tmp_path / "b", durable_every=10)
+    assert b.latest() is None  # nothing of A's
+    b.save({"w": np.full(2, 20.0)}, step=2)  # the same step's name as A's: no clash
+    b.close()
+    assert b.fast_root.parent == fast
+    assert b.fast_root.name.startswith("of-b-")
+    with pytest.warns(RuntimeWarning, match="holds the fast checkpoints of another run"):
+        again = TieredStore(fast, tmp_path / "b", durable_every=10)  # B relaunched: finds its own
+    tree, info = again.restore()
+    assert (info.step, tree["w"].tolist()) == (2, [20.0, 20.0])
+    again.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # A relaunched: its folder, no warning
+        tree, info = TieredStore(fast, tmp_path / "a", durable_every=10).restore()
+    assert (info.step, tree["w"].tolist()) == (2, [2.0, 2.0])
+
+
+def test_a_fast_folder_whose_owner_file_is_damaged_is_not_read(tmp_path):
+    fast = tmp_path / "shm"
+    a = TieredStore(fast, tmp_path / "a", durable_every=10)
+    a.save({"w": np.ones(2)}, step=1)
+    a.close()
+    (fast / "tier-of.json").write_text('{"durab')
+    with pytest.warns(RuntimeWarning, match=r"another run \(durable tier unknown \(tier-of\.json cannot be read: "):
+        b = TieredStore(fast, tmp_path / "a", durable_every=10)
+    assert b.latest() is None  # whose they are cannot be known: the durable tier (empty here) is the truth

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
+from ember.checkpoint._fast_owner import owned_fast_root
 from ember.checkpoint._info import CheckpointInfo
 from ember.checkpoint._orbax import open_store
 from ember.checkpoint._order import newer
@@ -26,13 +27,15 @@ class TieredStore(TieredReading, CheckpointStore):
     """Checkpoints in two tiers: every save into a fast folder, every ``durable_every``-th and the last into a durable.
 
     The fast tier is a folder on local, quick storage (``/dev/shm/run``, a node's NVMe) that a relaunch on the same
-    machine finds again; each process writes its own shards there, into ``process-<i>-of-<n>``, without waiting for the
-    others, and keeps its newest ``keep_fast``. The durable tier is an ordinary store (a folder, or a
-    [`CheckpointStore`][ember.checkpoint.CheckpointStore] or [`OrbaxStore`][ember.checkpoint.OrbaxStore]) on storage
-    that outlives the machine. Both commit atomically and verify every file. A save also goes into the durable tier
-    when it replaces a checkpoint that tier holds; the last save of a run goes there when the run completes
-    ([`finish`][ember.checkpoint.TieredStore.finish], which a [`Checkpoint`][ember.handlers.Checkpoint] calls at
-    COMPLETED), read back from the fast tier.
+    machine finds again; each process writes its own shards there, into ``process-<i>-of-<n>``, without waiting for
+    the others, and keeps its newest ``keep_fast``. The folder belongs to one run: ``tier-of.json`` names its
+    durable tier, and a store with another durable tier given the same folder warns, reads none of its checkpoints
+    and keeps its own in a subfolder (``of-<durable folder>-<hash>``) that its relaunches find again. The durable
+    tier is an ordinary store (a folder, or a [`CheckpointStore`][ember.checkpoint.CheckpointStore] or
+    [`OrbaxStore`][ember.checkpoint.OrbaxStore]) on storage that outlives the machine. Both commit atomically and
+    verify every file. A save also goes into the durable tier when it replaces a checkpoint that tier holds; the
+    last save of a run goes there when the run completes ([`finish`][ember.checkpoint.TieredStore.finish], which a
+    [`Checkpoint`][ember.handlers.Checkpoint] calls at COMPLETED), read back from the fast tier.
 
     A restore takes the newest checkpoint, of either tier, that reads back whole. A fast tier that is gone (a node
     replaced, ``/dev/shm`` wiped) or damaged falls back to the durable tier, as does a fast checkpoint saved with
@@ -95,8 +98,8 @@ class TieredStore(TieredReading, CheckpointStore):
             )
         self.durable: CheckpointStore = durable if isinstance(durable, CheckpointStore) else open_store(durable)
         super().__init__(self.durable.root)
-        self.fast_root = fast_root
-        self.fast = ShardStore(fast_root / f"process-{jax.process_index()}-of-{jax.process_count()}", self._agree)
+        self.fast_root = owned_fast_root(fast_root, Path(os.path.abspath(durable_root)))  # another run's: a subfolder
+        self.fast = ShardStore(self.fast_root / f"process-{jax.process_index()}-of-{jax.process_count()}", self._agree)
         self.durable_every, self.keep_fast = durable_every, keep_fast
         # saves since the durable tier's newest, counted on across relaunches (process 0's count: all agree)
         self._since = int(json.loads(self._exchange("count", self._since_durable())[0]))
