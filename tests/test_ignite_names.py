@@ -365,6 +365,13 @@ def _rows_checks() -> dict[str, object]:
             accepts(getattr(handlers, name), "writer", tag="grads")
             for name in ("GradsScalarHandler", "WeightsScalarHandler", "GradsHistHandler", "WeightsHistHandler")
         ],
+        "your own `Metric` subclass: `reset` / `update` / `compute`, `@reinit__is_reduced`, "
+        '`@sync_all_reduce("_num_examples", "_num_correct:SUM")`, '
+        "`super().__init__(output_transform=..., device=...)`": (
+            _tested_by(
+                "metrics/test_ignite_style.py", "test_ignites_documented_custom_metric_attaches_and_computes_each_epoch"
+            )
+        ),
         "metrics' `output_transform` returning `(y_pred, y)` or `[y_pred, y]`": _tested_by(
             "test_ignite_names.py", "test_metrics_and_trainers_take_ignites_arguments"
         ),

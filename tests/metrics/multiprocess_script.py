@@ -23,6 +23,7 @@ from ember.checkpoint import CheckpointStore  # noqa: E402
 from ember.handlers import Checkpoint  # noqa: E402
 from ember.metrics import Accuracy, Average, ConfusionMatrix, RunningAverage, Sum  # noqa: E402
 from ember.metrics._saved import encode_tree  # noqa: E402
+from tests.metrics.ignite_style_metrics import CustomAccuracy  # noqa: E402
 
 rng = np.random.default_rng(0)
 scores = rng.normal(size=(40, 3)).astype(np.float32)
@@ -33,6 +34,8 @@ batches = [
 ]
 engine = Engine(lambda e, batch: batch)
 Accuracy().attach(engine, "accuracy")
+custom = CustomAccuracy()  # written Ignite's way: its counters summed over the processes by sync_all_reduce
+custom.attach(engine, "custom")
 ConfusionMatrix(3).attach(engine, "cm")
 running = RunningAverage(output_transform=lambda out: jnp.mean(out["y_pred"]))
 running.attach(engine, "running")
@@ -42,7 +45,11 @@ out = {
     "cm": state.metrics["cm"].tolist(),
     "running_local": float(state.metrics["running"]),  # published every iteration: this process's value
     "running_global": running.compute(),  # a collective: the mean over processes
+    "custom": state.metrics["custom"],
 }
+custom.reset()
+custom.update((scores[mine], labels[mine]))
+out["custom_saved"] = custom.state_dict()  # a collective: every process's own counters
 
 total = Sum()
 total.update(jnp.array([pid + 1.0]))

@@ -56,6 +56,18 @@ def test_compute_returns_the_global_value_on_every_process(two_processes):
         assert result["cm"] == skm.confusion_matrix(labels, scores.argmax(1), labels=range(3)).tolist()
 
 
+def test_a_metric_written_ignites_way_sums_its_counters_over_the_processes(two_processes):
+    """sync_all_reduce: each process counted its half; compute gives the accuracy over all 40 on both."""
+    rng = np.random.default_rng(0)
+    scores, labels = rng.normal(size=(40, 3)).astype(np.float32), rng.integers(0, 3, size=40)
+    assert [r["custom"] for r in two_processes] == [r["accuracy"] for r in two_processes]
+    assert two_processes[0]["custom"] == pytest.approx(skm.accuracy_score(labels, scores.argmax(1)))
+    correct = [int(np.sum(scores[s].argmax(1) == labels[s])) for s in (slice(0, 20), slice(20, 40))]
+    parts = two_processes[0]["custom_saved"]["processes"]  # each process's own counters, before any reduction
+    assert [p["attributes"] for p in parts] == [{"_num_examples": 20, "_num_correct": c} for c in correct]
+    assert two_processes[1]["custom_saved"] == two_processes[0]["custom_saved"]
+
+
 def test_update_compute_update_compute_does_not_double_count(two_processes):
     """compute() leaves the local accumulators as they were (Ignite #2803): 1+2, then 11+12."""
     for pid, result in enumerate(two_processes):

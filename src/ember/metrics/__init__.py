@@ -5,6 +5,7 @@ from ember.metrics._classification import Accuracy, Fbeta, Precision, Recall, To
 from ember.metrics._collect import Collect, Last, RocAuc
 from ember.metrics._composite import AttachedMetric, MetricsLambda
 from ember.metrics._confusion import ConfusionMatrix, IoU, mIoU
+from ember.metrics._ignite_style import reinit__is_reduced, sync_all_reduce
 from ember.metrics._metric import Metric
 from ember.metrics._moments import R2Score, Std
 from ember.metrics._reductions import Average, Loss, Max, Min, Perplexity, Sum
@@ -66,4 +67,6 @@ __all__ = [
     "Sum",
     "TopKAccuracy",
     "mIoU",
+    "reinit__is_reduced",
+    "sync_all_reduce",
 ]

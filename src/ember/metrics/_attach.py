@@ -152,7 +152,11 @@ class EngineAttachment:
         self.reset()
 
     def _updated(self, engine: Engine) -> None:
-        self.update(engine.state.output)
+        self.update(self._from_engine(engine.state.output))
+
+    def _from_engine(self, output: Any) -> Any:
+        """What ``update`` takes from an engine's output (a metric written Ignite's way: after ``output_transform``)."""
+        return output
 
     def _completed(self, engine: Engine, att: _Attachment) -> None:
         if not att.names:

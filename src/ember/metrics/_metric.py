@@ -14,7 +14,10 @@ from jax.experimental import multihost_utils
 from ember._multiprocess import gather_text
 from ember.metrics._attach import EngineAttachment
 from ember.metrics._composite import MetricArithmetic
-from ember.metrics._saved import decode_tree, encode_tree
+from ember.metrics._ignite_style import check_device, ignite_update_argument, is_ignite_style
+from ember.metrics._ignite_style import load_state_dict as ignite_load_state_dict
+from ember.metrics._ignite_style import state_dict as ignite_state_dict
+from ember.metrics._saved import decode_tree, distinct_buffers, encode_tree, is_global
 
 
 class Metric(EngineAttachment, MetricArithmetic):
@@ -39,10 +42,13 @@ class Metric(EngineAttachment, MetricArithmetic):
     `keys` (``output_transform`` can pick or rename them); its ``"mask"`` entry, if any, marks the
     elements that count (padding, a padded last batch). Otherwise the output (or what
     ``output_transform`` returns) is taken as the positional arguments: a tuple or a list (Ignite's
-    ``[y_pred, y]``), or one value.
+    ``[y_pred, y]``), or one value. A metric written Ignite's way (its own ``reset``, ``update`` and ``compute``)
+    runs as written, on the host: see [`sync_all_reduce`][ember.metrics.sync_all_reduce].
 
     Args:
         output_transform: maps the engine's output to what the metric takes.
+        device: Ignite's argument, accepted and checked (``None``, ``"cpu"``, a JAX device or sharding), not used.
+        skip_unrolling: Ignite's argument, accepted (ember unrolls nothing).
         mask_key: the key of a mapping output that holds the mask (``None``: no mask).
 
     Examples:
@@ -62,9 +68,18 @@ class Metric(EngineAttachment, MetricArithmetic):
     #: ``published_value`` returns a value every step (``RunningAverage``), which the step computes and publishes.
     publishes_values: ClassVar[bool] = False
 
-    def __init__(self, output_transform: Callable[[Any], Any] | None = None, *, mask_key: str | None = "mask") -> None:
+    def __init__(
+        self,
+        output_transform: Callable[[Any], Any] | None = None,
+        device: Any = None,
+        skip_unrolling: bool = False,
+        *,
+        mask_key: str | None = "mask",
+    ) -> None:
         if output_transform is not None and not callable(output_transform):
             raise TypeError(f"`output_transform` must be callable, got {output_transform!r}.")
+        check_device(device)
+        self._ignite_style = is_ignite_style(type(self))  # reset/update/compute of its own, on the host
         self._output_transform = output_transform
         self.mask_key = mask_key
         self._update_fn = jax.jit(self._merge_batch)
@@ -114,6 +129,12 @@ class Metric(EngineAttachment, MetricArithmetic):
             return tuple(out[k] for k in self.keys), mask
         return (tuple(out) if isinstance(out, tuple | list) else (out,)), None  # Ignite's [y_pred, y] too
 
+    def _from_engine(self, output: Any) -> Any:  # a metric written Ignite's way: after output_transform, as Ignite
+        if self._ignite_style:
+            self._updates += 1
+            return ignite_update_argument(self, output)
+        return output
+
     def reset(self) -> None:
         """Zero the accumulators.
 
@@ -125,10 +146,9 @@ class Metric(EngineAttachment, MetricArithmetic):
             >>> avg.compute()
             5.0
         """
-        self._state = self._empty()  # buffers of its own: a compiled step donates them
-        self._updates = 0
-        self._published = None
-        self._restored = False
+        self._updates, self._published, self._restored = 0, None, False
+        if not self._ignite_style:
+            self._state = self._empty()  # buffers of its own: a compiled step donates them
 
     def state_dict(self) -> dict[str, Any]:
         """The accumulators (as exact JSON: dtype, shape and values) and the count of updates.
@@ -149,8 +169,10 @@ class Metric(EngineAttachment, MetricArithmetic):
             >>> saved["updates"], saved["state"]["tuple"][0]
             (1, {'dtype': 'float32', 'shape': [], 'data': [3.0]})
         """
+        if self._ignite_style:
+            return ignite_state_dict(self)
         mine = {"state": encode_tree(self._saved_state()), "updates": self._updates}
-        if jax.process_count() == 1 or _is_global(self._state):
+        if jax.process_count() == 1 or is_global(self._state):
             return mine
         return {"processes": [json.loads(text) for text in gather_text(json.dumps(mine))]}
 
@@ -170,6 +192,10 @@ class Metric(EngineAttachment, MetricArithmetic):
             >>> copy.compute()
             1.5
         """
+        if self._ignite_style:
+            ignite_load_state_dict(self, state_dict)
+            self._restored = True
+            return
         if isinstance(state_dict, Mapping) and "processes" in state_dict:
             parts = state_dict["processes"]
             if not isinstance(parts, list) or not parts or not all(isinstance(p, Mapping) for p in parts):
@@ -196,7 +222,7 @@ class Metric(EngineAttachment, MetricArithmetic):
 
     def _restore_state(self, state: Any) -> None:
         """Take back what `_saved_state` gave, decoded from a checkpoint."""
-        self._state = _distinct_buffers(state)
+        self._state = distinct_buffers(state)
 
     def _checked(self, state_dict: Any) -> tuple[Any, int]:
         """``(accumulators, updates)`` from one saved part, checked against this metric's kind."""
@@ -276,7 +302,7 @@ class Metric(EngineAttachment, MetricArithmetic):
             3.0
         """
         state = self._state
-        if jax.process_count() == 1 or _is_global(state):
+        if jax.process_count() == 1 or is_global(state):
             return state
         gathered = multihost_utils.process_allgather(state)
         parts = [jax.tree.map(lambda x, i=i: jnp.asarray(x[i]), gathered) for i in range(jax.process_count())]
@@ -319,7 +345,7 @@ class Metric(EngineAttachment, MetricArithmetic):
             >>> Accuracy().fusable, Precision().fusable, Precision(num_classes=3).fusable
             (True, False, True)
         """
-        return self.updates_by_merge and self.empty() is not None
+        return not self._ignite_style and self.updates_by_merge and self.empty() is not None
 
     def set_state(self, state: Any, published: Any = None) -> None:
         """Take accumulators updated elsewhere (inside an engine's compiled step) as one more update.
@@ -369,25 +395,6 @@ class Metric(EngineAttachment, MetricArithmetic):
 
 
 _UNSET = object()
-
-
-def _is_global(state: Any) -> bool:
-    """Whether the accumulators are arrays spanning every process already (so merging would double count)."""
-    leaves = jax.tree.leaves(state)
-    return bool(leaves) and all(isinstance(x, jax.Array) and not x.is_fully_addressable for x in leaves)
-
-
-def _distinct_buffers(state: Any) -> Any:
-    """``state`` with no buffer used twice (``(zero, zero)``), so an engine can donate it to a compiled step."""
-    seen: set[int] = set()
-
-    def unique(x: Any) -> Any:
-        if id(x) in seen:
-            return jnp.array(x, copy=True)
-        seen.add(id(x))
-        return x
-
-    return jax.tree.map(unique, state)
 
 
 def _to_host(value: Any) -> Any:

@@ -85,3 +85,22 @@ class PublishedValues:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.metrics.update({name: decode_tree(value) for name, value in state_dict.items()})
+
+
+def is_global(state: Any) -> bool:
+    """Whether the accumulators are arrays spanning every process already (so merging would double count)."""
+    leaves = jax.tree.leaves(state)
+    return bool(leaves) and all(isinstance(x, jax.Array) and not x.is_fully_addressable for x in leaves)
+
+
+def distinct_buffers(state: Any) -> Any:
+    """``state`` with no buffer used twice (``(zero, zero)``), so an engine can donate it to a compiled step."""
+    seen: set[int] = set()
+
+    def unique(x: Any) -> Any:
+        if id(x) in seen:
+            return jnp.array(x, copy=True)
+        seen.add(id(x))
+        return x
+
+    return jax.tree.map(unique, state)

@@ -1,0 +1,71 @@
+"""A metric written Ignite's way (its own reset/update/compute, Ignite's decorators) runs in ember as written."""
+
+import re
+
+import numpy as np
+import pytest
+
+from ember import Engine, Events
+from ember.metrics import Metric, sync_all_reduce
+from tests.metrics.ignite_style_metrics import CustomAccuracy
+
+rng = np.random.default_rng(0)
+SCORES = rng.normal(size=(24, 3)).astype(np.float32)
+LABELS = rng.integers(0, 3, size=24)
+BATCHES = [(SCORES[i : i + 4], LABELS[i : i + 4]) for i in range(0, 24, 4)]
+
+
+def expected(rows=slice(None)):
+    return float(np.mean(SCORES[rows].argmax(1) == LABELS[rows]))
+
+
+def test_ignites_documented_custom_metric_attaches_and_computes_each_epoch():
+    """Reset at each epoch's start, updated with the output after output_transform, computed at its end."""
+    engine = Engine(lambda e, batch: {"pred": batch[0], "label": batch[1]})
+    CustomAccuracy(output_transform=lambda out: (out["pred"], out["label"])).attach(engine, "acc")
+    seen = []
+    engine.add_event_handler(Events.EPOCH_COMPLETED, lambda e: seen.append(e.state.metrics["acc"]))
+    engine.run(BATCHES, max_epochs=2)
+    assert seen == [expected(), expected()]  # the second epoch did not count the first's examples again
+    ignored = CustomAccuracy(ignored_class=0)
+    ignored.update((SCORES, LABELS))
+    assert ignored.compute() == float(np.mean(SCORES[LABELS != 0].argmax(1) == LABELS[LABELS != 0]))
+    with pytest.raises(ValueError, match="CustomAccuracy must have at least one example"):
+        CustomAccuracy().compute()
+
+
+def test_a_custom_metric_resumed_mid_epoch_computes_the_uninterrupted_value():
+    """Its counters (those sync_all_reduce names) are in the engine's state dict, and survive the resumed STARTED."""
+    engine = Engine(lambda e, batch: batch)
+    CustomAccuracy().attach(engine, "acc")
+    engine.add_event_handler(Events.ITERATION_COMPLETED(once=3), lambda e: e.terminate(final=False))
+    engine.run(BATCHES)
+    saved = engine.state_dict()
+    assert saved["attached"]["metric:acc"] == {
+        "attributes": {"_num_examples": 12, "_num_correct": int(np.sum(SCORES[:12].argmax(1) == LABELS[:12]))},
+        "updates": 3,
+    }
+    again = Engine(lambda e, batch: batch)
+    CustomAccuracy().attach(again, "acc")
+    again.load_state_dict(saved)
+    assert again.run(BATCHES).metrics["acc"] == expected()
+
+
+def test_ignites_other_arguments_and_a_wrong_operation_are_named():
+    CustomAccuracy(device=None)
+    with pytest.raises(TypeError, match=re.escape("`device` must be None, a device name such as 'cpu', a JAX device")):
+        CustomAccuracy(device=3)
+    with pytest.raises(ValueError, match=re.escape("sync_all_reduce: '_n:MEAN' names the operation 'MEAN'; the")):
+        sync_all_reduce("_n:MEAN")
+    assert not CustomAccuracy().fusable  # updated by a handler, on the host, never inside a compiled step
+    assert Metric.__init__.__defaults__ == (None, None, False)  # Ignite's output_transform, device, skip_unrolling
+
+
+def test_a_mapping_output_gives_update_its_required_keys_as_ignite_does():
+    engine = Engine(lambda e, batch: {"y_pred": batch[0], "y": batch[1], "loss": 0.0})
+    CustomAccuracy().attach(engine, "acc")
+    assert engine.run(BATCHES).metrics["acc"] == expected()
+    broken = Engine(lambda e, batch: {"pred": batch[0], "y": batch[1]})
+    CustomAccuracy().attach(broken, "acc")
+    with pytest.raises(ValueError, match=re.escape("CustomAccuracy needs the keys ['y_pred', 'y'] in the output, but")):
+        broken.run(BATCHES)
