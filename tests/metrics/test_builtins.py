@@ -1,5 +1,7 @@
 """Every built-in against scikit-learn (or NumPy), over several batches, with edge cases and masks."""
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -250,3 +252,17 @@ def test_a_score_exactly_at_the_threshold_is_negative_as_documented():
     high = Accuracy(threshold=0.7)
     high.update((jnp.array([0.7, 0.71]), jnp.array([0, 1])))
     assert high.compute() == 1.0
+
+
+@pytest.mark.parametrize("bad", [-1, 3, 1.0, True])
+def test_iou_refuses_an_ignore_index_that_is_not_a_class(bad):
+    """Ignite raises ValueError for these; -1 used to drop the last class silently."""
+    from ember.metrics import ConfusionMatrix, IoU, mIoU
+
+    message = re.escape(f"`ignore_index` must be a class index in [0, 3) or None, got {bad!r}.")
+    for make in (IoU, mIoU):
+        with pytest.raises(ValueError, match=message):
+            make(ConfusionMatrix(num_classes=3), ignore_index=bad)
+    cm = ConfusionMatrix(num_classes=3)
+    cm.update((jnp.eye(3), jnp.array([0, 1, 1])))
+    assert IoU(cm, ignore_index=2).compute().tolist() == [1.0, 0.5]

@@ -69,3 +69,13 @@ def test_a_mapping_output_gives_update_its_required_keys_as_ignite_does():
     CustomAccuracy().attach(broken, "acc")
     with pytest.raises(ValueError, match=re.escape("CustomAccuracy needs the keys ['y_pred', 'y'] in the output, but")):
         broken.run(BATCHES)
+
+
+def test_a_metric_attached_under_the_empty_name_is_written_there_as_in_ignite():
+    from ember.metrics import Sum
+
+    engine = Engine(lambda e, batch: batch)
+    Sum().attach(engine, "")
+    assert engine.run([1.0, 2.0]).metrics == {"": 3.0}
+    with pytest.raises(TypeError, match=re.escape("`name` must be a string, got int 3.")):
+        Sum().attach(engine, 3)

@@ -89,8 +89,8 @@ class EngineAttachment:
         """
         if not isinstance(engine, Engine):
             raise TypeError(f"`engine` must be an ember Engine, got {type(engine).__name__}.")
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"`name` must be a non-empty string, got {name!r}.")
+        if not isinstance(name, str):  # any string, "" too, as Ignite takes it
+            raise TypeError(f"`name` must be a string, got {type(name).__name__} {name!r}.")
         att = self._attach_to(engine, resolve_usage(usage), name)
         if name not in att.names:
             att.names.append(name)

@@ -72,6 +72,11 @@ def IoU(cm: ConfusionMatrix, ignore_index: int | None = None) -> MetricsLambda:
     """
     if not isinstance(cm, ConfusionMatrix):
         raise TypeError(f"`cm` must be a ConfusionMatrix, got {type(cm).__name__}.")
+    classes = cm.num_classes
+    if ignore_index is not None and (
+        not isinstance(ignore_index, int) or isinstance(ignore_index, bool) or not 0 <= ignore_index < classes
+    ):  # Ignite raises ValueError too; a negative index would drop a class silently
+        raise ValueError(f"`ignore_index` must be a class index in [0, {classes}) or None, got {ignore_index!r}.")
 
     def iou(matrix: np.ndarray) -> np.ndarray:
         matrix = np.asarray(matrix, np.float64)
