@@ -372,6 +372,9 @@ def _rows_checks() -> dict[str, object]:
                 "metrics/test_ignite_style.py", "test_ignites_documented_custom_metric_attaches_and_computes_each_epoch"
             )
         ),
+        "`ignite.exceptions.NotComputableError` (a metric computed before any update)": lambda: (
+            issubclass(metrics.NotComputableError, RuntimeError) and _raises_not_computable()
+        ),
         "metrics' `output_transform` returning `(y_pred, y)` or `[y_pred, y]`": _tested_by(
             "test_ignite_names.py", "test_metrics_and_trainers_take_ignites_arguments"
         ),
@@ -427,3 +430,11 @@ def test_the_guide_counts_the_differences_the_events_page_numbers():
     numbers = [int(line.split(".", 1)[0]) for line in listed.splitlines() if line[:1].isdigit()]
     assert numbers == list(range(1, len(numbers) + 1))
     assert NUMBERS[said] == len(numbers)
+
+
+def _raises_not_computable():
+    from ember import metrics
+
+    with pytest.raises(metrics.NotComputableError, match="was computed before any update"):
+        metrics.Accuracy().compute()
+    return True

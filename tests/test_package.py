@@ -50,6 +50,7 @@ def test_public_exceptions_live_in_errors_and_subclass_their_builtins():
     import ember.data
     import ember.errors
     import ember.handlers
+    import ember.metrics
 
     assert ember.checkpoint.CorruptCheckpointError is ember.errors.CorruptCheckpointError
     assert ember.cli.ConfigError is ember.errors.ConfigError
@@ -59,9 +60,11 @@ def test_public_exceptions_live_in_errors_and_subclass_their_builtins():
         "ConfigError": (ValueError,),
         "CorruptCheckpointError": (ValueError,),
         "NonFiniteError": (FloatingPointError,),
+        "NotComputableError": (RuntimeError,),
         "RecordError": (ValueError,),
     }
     assert ember.data.RecordError is ember.errors.RecordError
+    assert ember.metrics.NotComputableError is ember.errors.NotComputableError
 
 
 # What each layer may import (docs: ../shared/DESIGN.md, "Layers"). ember.errors, ember._version, ember._extras

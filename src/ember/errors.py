@@ -49,7 +49,20 @@ class NonFiniteError(FloatingPointError):
     """
 
 
-__all__ = ["ConfigError", "CorruptCheckpointError", "NonFiniteError", "RecordError"]
+class NotComputableError(RuntimeError):
+    """A metric computed before any update: Ignite's ``ignite.exceptions.NotComputableError``, by its name.
+
+    Examples:
+        >>> from ember.metrics import Accuracy, NotComputableError
+        >>> try:
+        ...     Accuracy().compute()
+        ... except NotComputableError as e:
+        ...     print(e)  # doctest: +ELLIPSIS
+        Metric `Accuracy` was computed before any update; attach it to an engine or call `update` first.
+    """
+
+
+__all__ = ["ConfigError", "CorruptCheckpointError", "NonFiniteError", "NotComputableError", "RecordError"]
 
 
 class RecordError(ValueError):

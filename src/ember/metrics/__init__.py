@@ -1,6 +1,7 @@
 """Metrics whose accumulators live on device: Ignite's attach API over mergeable accumulators."""
 
 from ember._protocols import FusableMetric, FusingEngine
+from ember.errors import NotComputableError
 from ember.metrics._classification import Accuracy, Fbeta, Precision, Recall, TopKAccuracy
 from ember.metrics._collect import Collect, Last, RocAuc
 from ember.metrics._composite import AttachedMetric, MetricsLambda
@@ -53,6 +54,7 @@ __all__ = [
     "MetricUsage",
     "MetricsLambda",
     "Min",
+    "NotComputableError",
     "Perplexity",
     "Precision",
     "R2Score",

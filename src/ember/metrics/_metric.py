@@ -12,6 +12,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from ember._multiprocess import gather_text
+from ember.errors import NotComputableError
 from ember.metrics._attach import EngineAttachment
 from ember.metrics._composite import MetricArithmetic
 from ember.metrics._ignite_style import check_device, ignite_update_argument, is_ignite_style
@@ -268,17 +269,17 @@ class Metric(EngineAttachment, MetricArithmetic):
         """The value: a float for scalars, a NumPy array otherwise. The only host read.
 
         Raises:
-            RuntimeError: no update since the last reset.
+            NotComputableError: no update since the last reset (a ``RuntimeError``, Ignite's name).
 
         Examples:
             >>> from ember.metrics import Average
             >>> Average().compute()
             Traceback (most recent call last):
             ...
-            RuntimeError: Metric `Average` was computed before any update; attach it to an engine or call ...
+            ember.errors.NotComputableError: Metric `Average` was computed before any update; attach it to an ...
         """
         if not self._updates:
-            raise RuntimeError(
+            raise NotComputableError(
                 f"Metric `{type(self).__name__}` was computed before any update; attach it to an engine or call "
                 "`update` first."
             )
