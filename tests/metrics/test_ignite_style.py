@@ -79,3 +79,31 @@ def test_a_metric_attached_under_the_empty_name_is_written_there_as_in_ignite():
     assert engine.run([1.0, 2.0]).metrics == {"": 3.0}
     with pytest.raises(TypeError, match=re.escape("`name` must be a string, got int 3.")):
         Sum().attach(engine, 3)
+
+
+# Ignite 0.5.5's values for these inputs, recorded with torch 2.13 (CPU) and pytorch-ignite 0.5.5:
+#   from ignite.metrics import Precision, Recall, Fbeta; m = Precision(); m.update((torch.tensor(SCORES4),
+#   torch.tensor(LABELS4))); m.compute()   ... for each call below
+SCORES4 = np.array(
+    [[0.9, 0.05, 0.03, 0.02], [0.1, 0.8, 0.05, 0.05], [0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7],
+     [0.2, 0.1, 0.6, 0.1], [0.6, 0.2, 0.1, 0.1]],
+    np.float32,
+)  # fmt: skip
+LABELS4 = np.array([0, 1, 2, 3, 0, 0])
+IGNITE = [
+    ("Precision", {}, [2 / 3, 1.0, 0.0, 1.0]),  # average=False, Ignite's default: the per-class values
+    ("Recall", {}, [2 / 3, 1.0, 0.0, 1.0]),
+    ("Precision", {"average": True}, 2 / 3),
+    ("Recall", {"average": "micro"}, 2 / 3),
+    ("Precision", {"average": "weighted"}, 2 / 3),
+    ("Fbeta", {"beta": 1.0}, 2 / 3),  # Fbeta's default is average=True in Ignite
+]
+
+
+@pytest.mark.parametrize(("name", "kwargs", "expected"), IGNITE)
+def test_precision_recall_and_fbeta_defaults_give_ignites_values(name, kwargs, expected):
+    from ember import metrics
+
+    metric = getattr(metrics, name)(**kwargs)
+    metric.update((SCORES4, LABELS4))
+    np.testing.assert_allclose(np.asarray(metric.compute()), expected, rtol=1e-6)

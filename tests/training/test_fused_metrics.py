@@ -26,7 +26,7 @@ def metrics():
     return {
         "loss": Average(key="loss"),
         "accuracy": Accuracy(),
-        "precision": Precision(num_classes=3),
+        "precision": Precision(num_classes=3, average=True),
         "running": RunningAverage(output_transform=lambda out: out["loss"]),
     }
 

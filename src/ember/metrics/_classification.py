@@ -11,7 +11,10 @@ import jax.numpy as jnp
 from ember.metrics._mean import MeanMetric
 from ember.metrics._metric import Metric
 
-Average = Literal["macro", "micro", "weighted"] | None
+Average = Literal["macro", "micro", "weighted"] | bool | None
+
+#: Ignite's ``average`` values by ember's: ``False`` the per-class values (``None``), ``True`` their mean (macro).
+_IGNITE_AVERAGE = {False: None, True: "macro"}
 
 
 def _weights(n: int, mask: Any) -> jax.Array:
@@ -125,24 +128,29 @@ class _ClassCounts(Metric):
 
     def __init__(
         self,
+        output_transform: Callable[[Any], Any] | None = None,
+        average: Average = False,
         *,
-        average: Average = "macro",
         num_classes: int | None = None,
         threshold: float = 0.5,
-        output_transform: Callable[[Any], Any] | None = None,
+        device: Any = None,
         mask_key: str | None = "mask",
     ) -> None:
-        if average not in ("macro", "micro", "weighted", None):
-            raise ValueError(f"`average` must be 'macro', 'micro', 'weighted' or None, got {average!r}.")
+        if average not in ("macro", "micro", "weighted", None, True, False):
+            raise ValueError(
+                f"`average` must be False (per class, Ignite's default), True or 'macro', 'micro', 'weighted', or None "
+                f"(per class), got {average!r}."
+            )
+        chosen: str | None = _IGNITE_AVERAGE[average] if isinstance(average, bool) else average
         if num_classes is not None and (
             not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2
         ):
             raise ValueError(f"`num_classes` must be an int >= 2 or None, got {num_classes!r}.")
-        self.average = average
+        self.average = chosen
         self.num_classes = num_classes
         self.threshold = threshold
         self._binary = False
-        super().__init__(output_transform, mask_key=mask_key)
+        super().__init__(output_transform, device, mask_key=mask_key)
 
     def empty(self) -> Any:
         if self.num_classes is None:
@@ -181,10 +189,11 @@ def _safe_div(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 class Precision(_ClassCounts):
-    """True positives over predicted positives, per class, then averaged.
+    """True positives over predicted positives, per class, or averaged.
 
-    ``average`` is ``"macro"`` (default), ``"micro"``, ``"weighted"`` (by support), or ``None`` for the
-    per-class array. A class never predicted counts 0.
+    ``average`` is Ignite's: ``False`` (default) the per-class array on multiclass data (the positive class's value
+    on binary data), ``True`` or ``"macro"`` their mean, ``"micro"``, ``"weighted"`` (by support); ``None`` is
+    ``False``. A class never predicted counts 0.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -206,10 +215,11 @@ class Recall(_ClassCounts):
     Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import Recall
-        >>> r = Recall(average=None)
-        >>> r.update((jnp.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]), jnp.array([0, 1, 1])))
-        >>> r.compute().tolist()
-        [1.0, 0.5]
+        >>> r, macro = Recall(), Recall(average=True)  # per class (Ignite's default), and their mean
+        >>> for m in (r, macro):
+        ...     m.update((jnp.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]]), jnp.array([0, 1, 1])))
+        >>> r.compute().tolist(), macro.compute()
+        ([1.0, 0.5], 0.75)
     """
 
     def finalize(self, state: Any) -> Any:
@@ -239,7 +249,7 @@ class Fbeta(_ClassCounts):
         self,
         beta: float = 1.0,
         *,
-        average: Average = "macro",
+        average: Average = True,
         num_classes: int | None = None,
         threshold: float = 0.5,
         output_transform: Callable[[Any], Any] | None = None,
