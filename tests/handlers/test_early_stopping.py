@@ -213,3 +213,16 @@ def test_a_resumed_run_keeps_the_patience_it_had():
     stop.load_state_dict({"counter": 1, "best_score": 1.5})
     assert trainer.run([0]).epoch == 6  # epochs 5 and 6: two more calls without improvement
     assert stop.state_dict() == {"counter": 3, "best_score": 1.5}
+
+
+def test_the_reset_handler_is_the_reset_method_itself_as_in_ignite():
+    """``has_event_handler(stop.reset)`` finds it and ``remove_event_handler`` removes it (Ignite's own test)."""
+    trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
+    stop = EarlyStopping(2, lambda e: 0.0, trainer)
+    stop.attach(evaluator)
+    assert trainer.has_event_handler(stop.reset, Events.STARTED)
+    stop.counter = 1
+    trainer.remove_event_handler(stop.reset, Events.STARTED)
+    assert not trainer.has_event_handler(stop.reset)
+    trainer.run([0])
+    assert stop.counter == 1  # no reset ran

@@ -111,8 +111,12 @@ class EarlyStopping:
             self.best_score = score
             self.counter = 0
 
-    def reset(self) -> None:
+    def reset(self, engine: Engine | None = None) -> None:
         """Forget the best score and the count, as at the start (Ignite's ``reset``).
+
+        Registered as the reset handler itself (``engine.has_event_handler(stop.reset)`` finds it, and
+        ``remove_event_handler(stop.reset, Events.STARTED)`` removes it, as in Ignite); called by an engine's STARTED
+        that continues a run (iteration above 0: a resumed checkpoint), it keeps the patience the run had.
 
         Examples:
             >>> from ember import Engine
@@ -122,6 +126,8 @@ class EarlyStopping:
             >>> stop.reset(); stop.state_dict()
             {'counter': 0, 'best_score': None}
         """
+        if engine is not None and engine.last_event_name is Events.STARTED and engine.state.iteration > 0:
+            return  # a run continued (resumed): keep the patience it had
         self.counter, self.best_score = 0, None
 
     def attach(
@@ -165,13 +171,8 @@ class EarlyStopping:
         """
         with collect_handles() as made:
             engine.add_event_handler(event, self)
-            (reset_engine or self.trainer).add_event_handler(reset_event, self._reset_on_start)
+            (reset_engine or self.trainer).add_event_handler(reset_event, self.reset)
         return made.handle
-
-    def _reset_on_start(self, engine: Engine) -> None:
-        if engine.last_event_name is Events.STARTED and engine.state.iteration > 0:
-            return  # a run continued (resumed): keep the patience it had
-        self.reset()
 
     def state_dict(self) -> dict[str, Any]:
         """The counter and best score.
