@@ -266,3 +266,21 @@ def test_iou_refuses_an_ignore_index_that_is_not_a_class(bad):
     cm = ConfusionMatrix(num_classes=3)
     cm.update((jnp.eye(3), jnp.array([0, 1, 1])))
     assert IoU(cm, ignore_index=2).compute().tolist() == [1.0, 0.5]
+
+
+def test_confusion_matrix_averages_as_ignite_and_iou_takes_only_counts_or_samples():
+    scores = jnp.array([[0.9, 0.1, 0.0], [0.3, 0.7, 0.0], [0.6, 0.4, 0.0], [0.1, 0.2, 0.7]])
+    labels = jnp.array([0, 1, 1, 1])
+    values = {}
+    for average in (None, "samples", "recall", "precision"):
+        cm = ConfusionMatrix(3, average=average)
+        cm.update((scores, labels))
+        values[average] = np.asarray(cm.compute()).tolist()
+    assert values[None] == [[1, 0, 0], [1, 1, 1], [0, 0, 0]]
+    assert values["samples"] == [[0.25, 0.0, 0.0], [0.25, 0.25, 0.25], [0.0, 0.0, 0.0]]
+    np.testing.assert_allclose(values["recall"], [[1, 0, 0], [1 / 3, 1 / 3, 1 / 3], [0, 0, 0]], rtol=1e-6)
+    np.testing.assert_allclose(values["precision"], [[0.5, 0, 0], [0.5, 1, 1], [0, 0, 0]], rtol=1e-6)
+    with pytest.raises(ValueError, match=re.escape("IoU needs a ConfusionMatrix with average None or 'samples', got")):
+        IoU(ConfusionMatrix(3, average="recall"))
+    with pytest.raises(ValueError, match=re.escape("`average` must be None, 'samples', 'recall' or 'precision', got")):
+        ConfusionMatrix(3, average="macro")

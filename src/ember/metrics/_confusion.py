@@ -22,22 +22,33 @@ class ConfusionMatrix(Metric):
 
     Args:
         num_classes: C.
+        average: Ignite's: ``None`` the counts; ``"samples"`` over all examples; ``"recall"`` each row over its sum
+            (true classes); ``"precision"`` each column over its sum (predicted classes); an empty row or column
+            gives 0.
 
     Examples:
         >>> import jax.numpy as jnp
         >>> from ember.metrics import ConfusionMatrix
-        >>> cm = ConfusionMatrix(num_classes=2)
-        >>> cm.update((jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4]]), jnp.array([0, 1, 1])))
-        >>> cm.compute().tolist()
-        [[1, 0], [1, 1]]
+        >>> cm, recall = ConfusionMatrix(num_classes=2), ConfusionMatrix(2, average="recall")
+        >>> for m in (cm, recall):
+        ...     m.update((jnp.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4]]), jnp.array([0, 1, 1])))
+        >>> cm.compute().tolist(), recall.compute().tolist()
+        ([[1, 0], [1, 1]], [[1.0, 0.0], [0.5, 0.5]])
     """
 
     def __init__(
-        self, num_classes: int, *, output_transform: Callable[[Any], Any] | None = None, mask_key: str | None = "mask"
+        self,
+        num_classes: int,
+        average: str | None = None,
+        *,
+        output_transform: Callable[[Any], Any] | None = None,
+        mask_key: str | None = "mask",
     ) -> None:
         if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
             raise ValueError(f"`num_classes` must be an int >= 2, got {num_classes!r}.")
-        self.num_classes = num_classes
+        if average not in (None, "samples", "recall", "precision"):
+            raise ValueError(f"`average` must be None, 'samples', 'recall' or 'precision', got {average!r}.")
+        self.num_classes, self.average = num_classes, average
         super().__init__(output_transform, mask_key=mask_key)
 
     def empty(self) -> Any:
@@ -56,7 +67,15 @@ class ConfusionMatrix(Metric):
         return true.T @ pred
 
     def finalize(self, state: Any) -> Any:
-        return state
+        if self.average is None:
+            return state
+        counts = state.astype(jnp.float32)
+        total = {
+            "samples": jnp.sum(counts),
+            "recall": jnp.sum(counts, axis=1, keepdims=True),
+            "precision": jnp.sum(counts, axis=0, keepdims=True),
+        }[self.average]
+        return jnp.where(total > 0, counts / jnp.where(total > 0, total, 1), 0.0)
 
 
 def IoU(cm: ConfusionMatrix, ignore_index: int | None = None) -> MetricsLambda:
@@ -72,6 +91,8 @@ def IoU(cm: ConfusionMatrix, ignore_index: int | None = None) -> MetricsLambda:
     """
     if not isinstance(cm, ConfusionMatrix):
         raise TypeError(f"`cm` must be a ConfusionMatrix, got {type(cm).__name__}.")
+    if cm.average not in (None, "samples"):  # Ignite's rule: a per-row or per-column normalisation is not IoU's input
+        raise ValueError(f"IoU needs a ConfusionMatrix with average None or 'samples', got {cm.average!r}.")
     classes = cm.num_classes
     if ignore_index is not None and (
         not isinstance(ignore_index, int) or isinstance(ignore_index, bool) or not 0 <= ignore_index < classes
