@@ -107,3 +107,35 @@ def test_precision_recall_and_fbeta_defaults_give_ignites_values(name, kwargs, e
     metric = getattr(metrics, name)(**kwargs)
     metric.update((SCORES4, LABELS4))
     np.testing.assert_allclose(np.asarray(metric.compute()), expected, rtol=1e-6)
+
+
+def test_epoch_metric_applies_compute_fn_to_the_whole_epoch_as_ignite():
+    from sklearn.metrics import median_absolute_error
+
+    from ember.metrics import EpochMetric
+
+    engine = Engine(lambda e, batch: batch)
+    binary = [(SCORES[i : i + 4, 0], (LABELS[i : i + 4] == 0).astype(np.int32)) for i in range(0, 24, 4)]
+    EpochMetric(lambda y_pred, y: median_absolute_error(y, y_pred)).attach(engine, "median")  # not a mean of batches
+    assert engine.run(binary).metrics["median"] == median_absolute_error(LABELS == 0, SCORES[:, 0])
+    failing = EpochMetric(lambda y_pred, y: 1 / 0)
+    with pytest.warns(RuntimeWarning, match=re.escape("EpochMetric: `compute_fn` fails on the first batch: Zero")):
+        failing.update(binary[0])
+    EpochMetric(lambda y_pred, y: 1 / 0, check_compute_fn=False).update(binary[0])  # no check, no warning
+    with pytest.raises(TypeError, match=re.escape("`compute_fn` must be callable as compute_fn(y_pred, y), got 3.")):
+        EpochMetric(3)
+
+
+def test_ignites_names_for_top_k_and_roc_auc():
+    from sklearn.metrics import roc_auc_score, top_k_accuracy_score
+
+    from ember.metrics import ROC_AUC, RocAuc, TopKCategoricalAccuracy
+
+    top = TopKCategoricalAccuracy(2)  # Ignite's k first; its default is 5
+    top.update((SCORES, LABELS))
+    assert top.compute() == pytest.approx(top_k_accuracy_score(LABELS, SCORES, k=2))
+    assert TopKCategoricalAccuracy().k == 5
+    assert ROC_AUC is RocAuc
+    auc = ROC_AUC()
+    auc.update((SCORES[:, 1], (LABELS == 1).astype(np.int32)))
+    assert auc.compute() == pytest.approx(roc_auc_score(LABELS == 1, SCORES[:, 1]))

@@ -2,8 +2,8 @@
 
 from ember._protocols import FusableMetric, FusingEngine
 from ember.errors import NotComputableError
-from ember.metrics._classification import Accuracy, Fbeta, Precision, Recall, TopKAccuracy
-from ember.metrics._collect import Collect, Last, RocAuc
+from ember.metrics._classification import Accuracy, Fbeta, Precision, Recall, TopKAccuracy, TopKCategoricalAccuracy
+from ember.metrics._collect import ROC_AUC, Collect, EpochMetric, Last, RocAuc
 from ember.metrics._composite import AttachedMetric, MetricsLambda
 from ember.metrics._confusion import ConfusionMatrix, IoU, mIoU
 from ember.metrics._ignite_style import reinit__is_reduced, sync_all_reduce
@@ -30,6 +30,7 @@ from ember.metrics._usage import (
 __all__ = [
     "BATCH_WISE",
     "EPOCH_WISE",
+    "ROC_AUC",
     "RUNNING_BATCH_WISE",
     "RUNNING_EPOCH_WISE",
     "SINGLE_EPOCH_RUNNING_BATCH_WISE",
@@ -40,6 +41,7 @@ __all__ = [
     "BatchWise",
     "Collect",
     "ConfusionMatrix",
+    "EpochMetric",
     "EpochWise",
     "Fbeta",
     "FusableMetric",
@@ -68,6 +70,7 @@ __all__ = [
     "Std",
     "Sum",
     "TopKAccuracy",
+    "TopKCategoricalAccuracy",
     "mIoU",
     "reinit__is_reduced",
     "sync_all_reduce",

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from ember.metrics._ignite_style import check_device
 from ember.metrics._mean import MeanMetric
 from ember.metrics._metric import Metric
 
@@ -272,3 +273,28 @@ class Fbeta(_ClassCounts):
         num = (1 + b2) * tp
         den = (1 + b2) * tp + b2 * (true - tp) + (pred - tp)
         return self._reduce(_safe_div(num, den), num, den, true)
+
+
+class TopKCategoricalAccuracy(TopKAccuracy):
+    """Ignite's name for [`TopKAccuracy`][ember.metrics.TopKAccuracy], with Ignite's argument order.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from ember.metrics import TopKCategoricalAccuracy
+        >>> top2 = TopKCategoricalAccuracy(k=2)
+        >>> top2.update((jnp.array([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]]), jnp.array([1, 0])))
+        >>> top2.compute()
+        0.5
+    """
+
+    def __init__(
+        self,
+        k: int = 5,
+        output_transform: Callable[[Any], Any] | None = None,
+        device: Any = None,
+        skip_unrolling: bool = False,
+        *,
+        mask_key: str | None = "mask",
+    ) -> None:
+        check_device(device)
+        super().__init__(k, output_transform=output_transform, mask_key=mask_key)

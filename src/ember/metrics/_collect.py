@@ -1,13 +1,15 @@
-"""Metrics that keep what they see: `Last`, `Collect`, and `RocAuc` (computed from the collected values)."""
+"""Metrics that keep what they see: `Last`, `Collect`, and `RocAuc`, `EpochMetric` (computed from what was kept)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
+from ember.metrics._ignite_style import check_device
 from ember.metrics._metric import Metric
 
 
@@ -153,3 +155,59 @@ class RocAuc(Collect):
             raise ValueError(f"ROC AUC needs both classes; the epoch had {pos} positive and {neg} negative examples.")
         ranks = _average_ranks(scores)
         return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+class EpochMetric(Collect):
+    """Ignite's ``EpochMetric``: ``compute_fn(y_pred, y)`` over every prediction and target of the epoch.
+
+    The batches are kept on device and read back once at ``compute`` as numpy arrays (Ignite hands tensors), masked
+    examples dropped. With ``check_compute_fn`` (Ignite's default), ``compute_fn`` is tried on the first batch and a
+    failure is a ``RuntimeWarning`` naming it, then, as in Ignite, training goes on.
+
+    Args:
+        compute_fn: ``compute_fn(y_pred, y)`` -> the value.
+        output_transform: maps the engine's output to ``(y_pred, y)``.
+        check_compute_fn: try ``compute_fn`` on the first batch.
+        device: Ignite's argument, accepted and checked, not used.
+        skip_unrolling: Ignite's argument, accepted.
+
+    Examples:
+        >>> import jax.numpy as jnp, numpy as np
+        >>> from ember.metrics import EpochMetric
+        >>> mae = EpochMetric(lambda y_pred, y: float(np.abs(y_pred - y).mean()))
+        >>> mae.update((jnp.array([1.0, 2.0]), jnp.array([1.5, 2.0]))); mae.update((jnp.array([3.0]), jnp.array([2.0])))
+        >>> mae.compute()
+        0.5
+    """
+
+    def __init__(
+        self,
+        compute_fn: Callable[[np.ndarray, np.ndarray], Any],
+        output_transform: Callable[[Any], Any] | None = None,
+        check_compute_fn: bool = True,
+        device: Any = None,
+        skip_unrolling: bool = False,
+        *,
+        mask_key: str | None = "mask",
+    ) -> None:
+        if not callable(compute_fn):
+            raise TypeError(f"`compute_fn` must be callable as compute_fn(y_pred, y), got {compute_fn!r}.")
+        check_device(device)
+        self.compute_fn, self.check_compute_fn = compute_fn, check_compute_fn
+        super().__init__(output_transform, mask_key=mask_key)
+
+    def update(self, output: Any) -> None:
+        """Keep this batch; the first is tried with ``compute_fn`` if ``check_compute_fn``."""
+        super().update(output)
+        if self.check_compute_fn and self._updates == 1:
+            try:
+                self.compute()
+            except Exception as e:  # Ignite's check: a warning, and the run goes on
+                warnings.warn(f"EpochMetric: `compute_fn` fails on the first batch: {e!r}.", RuntimeWarning, 2)
+
+    def finalize_collected(self, *columns: np.ndarray) -> Any:
+        return self.compute_fn(*columns[:2])
+
+
+#: Ignite's name for [`RocAuc`][ember.metrics.RocAuc] (binary labels, as Ignite's ``ROC_AUC`` with scikit-learn).
+ROC_AUC = RocAuc
