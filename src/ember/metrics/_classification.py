@@ -8,7 +8,6 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-from ember.metrics._ignite_style import check_device
 from ember.metrics._mean import MeanMetric
 from ember.metrics._metric import Metric
 
@@ -104,12 +103,18 @@ class TopKAccuracy(MeanMetric):
     """
 
     def __init__(
-        self, k: int = 5, *, output_transform: Callable[[Any], Any] | None = None, mask_key: str | None = "mask"
+        self,
+        k: int = 5,
+        output_transform: Callable[[Any], Any] | None = None,
+        device: Any = None,
+        skip_unrolling: bool = False,
+        *,
+        mask_key: str | None = "mask",
     ) -> None:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise ValueError(f"`k` must be a positive int, got {k!r}.")
         self.k = k
-        super().__init__(output_transform, mask_key=mask_key)
+        super().__init__(output_transform, device, mask_key=mask_key)
 
     def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
         y_pred, y, mask = _flatten(y_pred, y, mask, 0)
@@ -275,26 +280,5 @@ class Fbeta(_ClassCounts):
         return self._reduce(_safe_div(num, den), num, den, true)
 
 
-class TopKCategoricalAccuracy(TopKAccuracy):
-    """Ignite's name for [`TopKAccuracy`][ember.metrics.TopKAccuracy], with Ignite's argument order.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from ember.metrics import TopKCategoricalAccuracy
-        >>> top2 = TopKCategoricalAccuracy(k=2)
-        >>> top2.update((jnp.array([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]]), jnp.array([1, 0])))
-        >>> top2.compute()
-        0.5
-    """
-
-    def __init__(
-        self,
-        k: int = 5,
-        output_transform: Callable[[Any], Any] | None = None,
-        device: Any = None,
-        skip_unrolling: bool = False,
-        *,
-        mask_key: str | None = "mask",
-    ) -> None:
-        check_device(device)
-        super().__init__(k, output_transform=output_transform, mask_key=mask_key)
+#: Ignite's name for [`TopKAccuracy`][ember.metrics.TopKAccuracy], which takes Ignite's arguments in its order.
+TopKCategoricalAccuracy = TopKAccuracy
