@@ -372,12 +372,12 @@ def _rows_checks() -> dict[str, object]:
                 "metrics/test_ignite_style.py", "test_ignites_documented_custom_metric_attaches_and_computes_each_epoch"
             )
         ),
-        "`TopKCategoricalAccuracy(k=5)`, `ROC_AUC()`, `EpochMetric(compute_fn, output_transform, check_compute_fn)`": (
-            lambda: (
-                metrics.TopKCategoricalAccuracy().k == 5
-                and metrics.ROC_AUC is metrics.RocAuc
-                and accepts(metrics.EpochMetric, compute_fn=len, output_transform=None, check_compute_fn=False)
-            )
+        "`TopKCategoricalAccuracy(k=5)`, `ROC_AUC()`, `EpochMetric(compute_fn, output_transform, check_compute_fn)`, "
+        "`Frequency(output_transform).attach(trainer, name, event_name=...)`": lambda: (
+            metrics.TopKCategoricalAccuracy().k == 5
+            and metrics.ROC_AUC is metrics.RocAuc
+            and accepts(metrics.EpochMetric, compute_fn=len, output_transform=None, check_compute_fn=False) is None
+            and accepts(metrics.Frequency.attach, "self", "trainer", "wps", event_name=None) is None
         ),
         "`ignite.exceptions.NotComputableError` (a metric computed before any update)": lambda: (
             issubclass(metrics.NotComputableError, RuntimeError) and _raises_not_computable()

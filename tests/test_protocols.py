@@ -22,6 +22,7 @@ from ember.metrics import (
     ConfusionMatrix,
     EpochMetric,
     Fbeta,
+    Frequency,
     FusableMetric,
     FusingEngine,
     Last,
@@ -75,6 +76,7 @@ METRICS = {  # every built-in metric, with an output it reads
     "RocAuc": (RocAuc, {"y_pred": jnp.array([0.1, 0.8, 0.4, 0.6]), "y": jnp.array([0, 1, 1, 0])}),
     "ROC_AUC": (ROC_AUC, {"y_pred": jnp.array([0.1, 0.8, 0.4, 0.6]), "y": jnp.array([0, 1, 1, 0])}),
     "TopKCategoricalAccuracy": (lambda: TopKCategoricalAccuracy(2), SCORES),
+    "Frequency": (Frequency, 4),  # written Ignite's way: update takes the count itself
     "EpochMetric": (lambda: EpochMetric(lambda p, y: float(np.mean(p == y)), check_compute_fn=False), VALUES),
 }
 
@@ -93,7 +95,7 @@ def test_a_fusable_metric_updates_inside_a_step_exactly_as_outside(name):
     eager.update(output)
     eager.update(output)
     if not fused.fusable:
-        assert name in {"Collect", "RocAuc", "ROC_AUC", "EpochMetric", "Last"}  # they keep what they see: a handler
+        assert name in {"Collect", "RocAuc", "ROC_AUC", "EpochMetric", "Last", "Frequency"}  # updated by a handler
         return
     step = jax.jit(lambda state, out: (fused.fused_update(state, out),) * 2)
     for _ in range(2):

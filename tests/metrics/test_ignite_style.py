@@ -139,3 +139,20 @@ def test_ignites_names_for_top_k_and_roc_auc():
     auc = ROC_AUC()
     auc.update((SCORES[:, 1], (LABELS == 1).astype(np.int32)))
     assert auc.compute() == pytest.approx(roc_auc_score(LABELS == 1, SCORES[:, 1]))
+
+
+def test_frequency_counts_items_per_second_from_each_epochs_start_as_ignite():
+    """10 items an iteration, 0.5 s apart: 20 per second, reset at each epoch's start, written at event_name."""
+    from ember.metrics import Frequency
+
+    now = [0.0]
+    engine = Engine(lambda e, batch: (now.__setitem__(0, now[0] + 0.5), {"ntokens": 10})[1])
+    Frequency(output_transform=lambda out: out["ntokens"], clock=lambda: now[0]).attach(
+        engine, "tps", event_name=Events.EPOCH_COMPLETED
+    )
+    seen = []
+    engine.add_event_handler(Events.EPOCH_COMPLETED, lambda e: seen.append(e.state.metrics["tps"]))
+    now[0] = 100.0  # the clock's origin does not matter
+    engine.run(range(4), max_epochs=2)
+    assert seen == [20, 20]
+    assert isinstance(seen[0], int)  # Ignite writes an int

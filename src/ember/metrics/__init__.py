@@ -6,6 +6,7 @@ from ember.metrics._classification import Accuracy, Fbeta, Precision, Recall, To
 from ember.metrics._collect import ROC_AUC, Collect, EpochMetric, Last, RocAuc
 from ember.metrics._composite import AttachedMetric, MetricsLambda
 from ember.metrics._confusion import ConfusionMatrix, IoU, mIoU
+from ember.metrics._frequency import Frequency
 from ember.metrics._ignite_style import reinit__is_reduced, sync_all_reduce
 from ember.metrics._metric import Metric
 from ember.metrics._moments import R2Score, Std
@@ -44,6 +45,7 @@ __all__ = [
     "EpochMetric",
     "EpochWise",
     "Fbeta",
+    "Frequency",
     "FusableMetric",
     "FusingEngine",
     "IoU",
