@@ -75,3 +75,30 @@ def test_the_console_writer_prints_above_the_bars_and_no_epoch_line_twice(tmp_pa
         "step 44 | x s/step | val/accuracy x | val/loss x",
     ], drawn
     assert not any(re.match(r"epoch +\d+ +iteration", line.rsplit("\r", 1)[-1]) for line in lines), drawn
+
+
+def test_a_batch_log_gets_one_line_an_epoch_and_no_bar_frames(tmp_path):
+    """A batch log (stdout and stderr to a file: Slurm, CI, nohup), the default config: no bar frames, no escapes."""
+    log = tmp_path / "slurm-123.out"
+    with log.open("w") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "ember.cli", "train", "--output", str(tmp_path / "run"), "trainer.max_epochs=2"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=240,
+            check=False,
+        )
+    text = log.read_text()
+    assert done.returncode == 0, text[-3000:]
+    assert "\r" not in text
+    assert "\x1b" not in text
+    lines = text.splitlines()
+    assert lines[0].startswith("Training on cpu: 1 device")
+    assert [line.split()[:4] for line in lines[1:3]] == [
+        ["epoch", "1", "iteration", "22"],
+        ["epoch", "2", "iteration", "44"],
+    ]
+    assert lines[3].startswith("Done: 2 epochs, 44 iterations in ")
+    assert len(lines) == 4

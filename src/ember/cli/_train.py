@@ -146,7 +146,9 @@ def train(
     out = stream or sys.stdout
     primary = jax.process_index() == 0  # in a run of several processes, process 0 prints and writes the files
 
-    console = cast(TextIO, _AboveBars(out)) if cfg.handlers.progress else out  # lines above the bars, never on one
+    # the bar only on a terminal: a batch log (a file, a pipe: Slurm, CI, nohup) gets one line an epoch, no \r frames
+    bar = cfg.handlers.progress and _on_a_terminal(progress_stream or sys.stderr)
+    console = cast(TextIO, _AboveBars(out)) if bar else out  # lines above the bars, never on one
 
     def say(text: str) -> None:
         if primary:
@@ -187,7 +189,7 @@ def train(
         trainer, Events.ITERATION_COMPLETED(every=h.log_every)
     )
     LRMonitor(writer, tag="train/lr").attach(trainer, Events.ITERATION_COMPLETED(every=h.log_every))
-    if h.progress:  # before Evaluate: each epoch's bar is finished and cleared before the epoch's line is printed
+    if bar:  # before Evaluate: each epoch's bar is finished and cleared before the epoch's line is printed
         ProgressBar(refresh_every=10, persist=True, stream=progress_stream, desc="Epoch").attach(
             trainer, metric_names=["loss"]
         )
@@ -322,6 +324,14 @@ def _length(data: Any) -> int | None:
         return len(data)
     except TypeError:
         return None
+
+
+def _on_a_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal (a bar redrawn in place belongs there, not in a log file)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
 
 
 class _AboveBars(io.TextIOBase):
