@@ -5,12 +5,12 @@ durable tier's deleted newest): the code was right, and nothing said so.
 """
 
 import re
-import time
 
 import numpy as np
 import pytest
 
 from ember.checkpoint import CheckpointStore, OrbaxStore, TieredStore
+from tests.slow_writes import slow_checkpoint_writes
 
 
 def damage(info):
@@ -36,13 +36,7 @@ def test_a_step_found_damaged_a_third_time_is_moved_aside_as_the_first_was(tmp_p
 @pytest.fixture
 def slow_writes(monkeypatch):
     """Every checkpoint write of the folder store takes 1 s more."""
-    write = CheckpointStore._write_files
-
-    def slow(self, prepared):
-        time.sleep(1.0)
-        return write(self, prepared)
-
-    monkeypatch.setattr(CheckpointStore, "_write_files", slow)
+    slow_checkpoint_writes(monkeypatch, 1.0)
 
 
 @pytest.mark.parametrize("kind", ["store", "tiered"])

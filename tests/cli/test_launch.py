@@ -32,11 +32,14 @@ elif mode == "fail":  # process 1 fails once process 0 is ready (its SIGTERM han
         sys.exit(3)
     open(ready, "w").close()
     time.sleep(600)
-elif mode.startswith("lose"):  # "lose1": process 1 is SIGKILLed once both run
-    print(f"ready {os.getpid()}", flush=True)
+elif mode.startswith("lose"):  # "lose1": process 1 is SIGKILLed once the other is ready (its SIGTERM handler set)
+    ready = sys.argv[2]
     if index == int(mode[4:]):
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
+    open(ready, "w").close()
     time.sleep(600)
 elif mode in ("wait", "pid"):
     print(f"ready {os.getpid()}", flush=True)
@@ -78,9 +81,9 @@ def test_the_first_failure_is_the_exit_status_and_the_others_are_stopped(tmp_pat
 
 
 @pytest.mark.parametrize("lost", [0, 1])
-def test_a_lost_process_whichever_it_is_ends_the_run_with_the_requeue_status_naming_it(lost):
+def test_a_lost_process_whichever_it_is_ends_the_run_with_the_requeue_status_naming_it(tmp_path, lost):
     """SIGKILL of the coordinator or of another process: exit 75 (what a requeue loop relaunches on), not 137."""
-    done = run_launcher(f"lose{lost}")
+    done = run_launcher(f"lose{lost}", str(tmp_path / "ready"))
     out, err = done.communicate(timeout=GRACE + 60)
     assert done.returncode == 75, err
     assert (

@@ -50,29 +50,25 @@ def test_custom_filter_receives_engine_and_value():
     assert set(calls) == {"Engine"}
 
 
-def test_every_secs_uses_the_injected_clock():
-    """every_secs fires when the clock advanced by at least that many seconds since the last firing."""
+@pytest.mark.parametrize(
+    ("tick", "expected"),
+    [
+        # readings 0.4, 0.8, ... at iterations 1, 2, ...; the first reading starts the count
+        (0.4, [4, 7, 10]),
+        # readings 0.5 s apart (exact in binary): 1.5 - 0.5 == 1.0 reaches the interval exactly, and fires
+        (0.5, [3, 5, 7, 9]),
+    ],
+)
+def test_every_secs_fires_once_the_injected_clock_advanced_at_least_that_much(tick, expected):
+    """every_secs fires when the clock advanced by at least that many seconds since the last firing (``>=``)."""
     now = [0.0]
-    engine = Engine(lambda e, b: now.__setitem__(0, now[0] + 0.4))
+    engine = Engine(lambda e, b: now.__setitem__(0, now[0] + tick))
     fired = []
     engine.add_event_handler(
         Events.ITERATION_COMPLETED(every_secs=1.0, clock=lambda: now[0]), lambda e: fired.append(e.state.iteration)
     )
     engine.run(range(10))
-    # the clock reads 0.4, 0.8, ... at iterations 1, 2, ...; the first reading starts the count
-    assert fired == [4, 7, 10]
-
-
-def test_every_secs_fires_when_the_interval_is_reached_exactly():
-    """Readings 0.5 s apart (exact in binary): the interval of 1.0 is reached exactly every two iterations."""
-    now = [0.0]
-    engine = Engine(lambda e, b: now.__setitem__(0, now[0] + 0.5))
-    fired = []
-    engine.add_event_handler(
-        Events.ITERATION_COMPLETED(every_secs=1.0, clock=lambda: now[0]), lambda e: fired.append(e.state.iteration)
-    )
-    engine.run(range(10))
-    assert fired == [3, 5, 7, 9]  # the first reading (0.5 at iteration 1) starts the count; 1.5 - 0.5 == 1.0 fires
+    assert fired == expected
 
 
 def test_once_does_not_refire_when_a_value_repeats_after_terminate_epoch():

@@ -440,3 +440,21 @@ def test_a_checkpoint_handlers_keep_every_pins_its_multiples_beside_the_newest(t
     names = ["step_00000004", "step_00000008", "step_00000009", "step_00000010"]
     assert [c.path.name for c in saver.store.checkpoints()] == names
     assert saver.state_dict()["steps"] == [4, 8, 9, 10]
+
+
+@pytest.mark.parametrize("where", ["store", "save handler"])
+def test_a_save_listener_hears_only_the_checkpoints_written(tmp_path, where):
+    """n_saved=1 by score: the second, worse score is not admitted, so no listener call for it."""
+    scores = iter([0.5, 0.3, 0.9])
+    engine = Engine(lambda e, b: b)
+    written = []
+    handler = tmp_path if where == "store" else (lambda checkpoint, filename, metadata=None: written.append(filename))
+    saver = Checkpoint({"trainer": engine}, handler, n_saved=1, score_function=lambda e: next(scores))
+    heard = []
+    saver.add_save_listener(heard.append)
+    saver.attach(engine, Events.ITERATION_COMPLETED)
+    engine.run(range(3))
+    if saver.store is not None:
+        saver.store.close()
+    assert heard == [1, 3]
+    assert len(written) == (0 if where == "store" else 2)

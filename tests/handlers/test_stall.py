@@ -9,6 +9,7 @@ import pytest
 from ember import Engine, Events
 from ember.handlers import StallWatchdog
 from ember.handlers._stall import running_handler
+from tests.slow_writes import slow_checkpoint_writes
 from tests.subprocesses import ROOT, run_python
 
 SCRIPT = ROOT / "tests" / "handlers" / "stall_script.py"
@@ -90,15 +91,7 @@ def test_bad_arguments_are_refused_by_name(tmp_path):
 @pytest.fixture
 def slow_writes(monkeypatch):
     """Every checkpoint write takes 2.5 s more (a slow network file system)."""
-    from ember.checkpoint import CheckpointStore
-
-    write = CheckpointStore._write_files
-
-    def slow(self, prepared):
-        time.sleep(2.5)
-        return write(self, prepared)
-
-    monkeypatch.setattr(CheckpointStore, "_write_files", slow)
+    slow_checkpoint_writes(monkeypatch, 2.5)
 
 
 @pytest.mark.parametrize("save_timeout", [None, 10.0])

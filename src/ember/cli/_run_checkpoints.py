@@ -23,15 +23,15 @@ def attach_checkpoints(
     to_save: dict[str, Any],
     trainer: Engine,
     evaluator: Engine,
+    run_id: str,
     records: Writer | None = None,
-    run_id: str | None = None,
 ) -> tuple[Checkpoint, Checkpoint]:
     """Attach ``checkpoints/best`` (each evaluation) and ``checkpoints/latest`` (each epoch, ``every_iters``, the end).
 
     With ``fast_dir``, the latest go through a `TieredStore` whose durable tier is ``checkpoints/latest`` and whose
-    fast tier is ``<fast_dir>/<run folder's name>-<run id>``: two runs never share one, though their folders have the
-    same name. ``records``, the run's writer, is flushed before each latest save: a relaunch resumes from a
-    checkpoint whose steps' records are all in the files. Returns ``(best, latest)``.
+    fast tier is ``<fast_dir>/<run folder's name>-<run_id>`` (`shared_run_id`): two runs never share one, though
+    their folders have the same name. ``records``, the run's writer, is flushed before each latest save: a relaunch
+    resumes from a checkpoint whose steps' records are all in the files. Returns ``(best, latest)``.
     """
     best = Checkpoint(
         to_save,
@@ -44,7 +44,7 @@ def attach_checkpoints(
     best.attach(evaluator, Events.COMPLETED)
     latest_dir: Path | CheckpointStore = run_dir / "checkpoints" / "latest"
     if config.fast_dir is not None:  # every save into local storage, every k-th and the last into the run folder too
-        fast = Path(config.fast_dir) / f"{run_dir.resolve().name}-{run_id or shared_run_id(run_dir)}"
+        fast = Path(config.fast_dir) / f"{run_dir.resolve().name}-{run_id}"
         latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)
     latest = Checkpoint(to_save, latest_dir, n_saved=config.keep_latest)
     every = Events.EPOCH_COMPLETED | Events.COMPLETED

@@ -212,7 +212,7 @@ def train(
         stopper.attach(evaluator)
         to_save["early_stopping"] = stopper
     run_id = shared_run_id(run_dir)  # the run's own, in run.json: its fast checkpoint tier is its alone
-    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, evaluator, records=writer, run_id=run_id)
+    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, evaluator, run_id, records=writer)
     preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
     preemption.attach(trainer, [evaluator])
     skip_limit = max(steps_per_epoch or SKIP_LIMIT, (cfg.trainer.rollback_after or 0) + 1)

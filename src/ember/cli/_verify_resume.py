@@ -178,10 +178,11 @@ def _compare_checkpoints(straight: Path, resumed: Path, verdict: Verdict, rtol: 
         )
     states_a = a_info.manifest.get("metadata", {}).get("state_dicts")
     states_b = b_info.manifest.get("metadata", {}).get("state_dicts")
+    states_match = _close(states_a, states_b, rtol)
     verdict.check(
-        _close(states_a, states_b, rtol),
+        states_match,
         "counters, data position, metrics' and handlers' states: equal"
-        if _close(states_a, states_b, rtol)
+        if states_match
         else f"counters, data position or handlers' states differ: {_first_difference(states_a, states_b)}",
     )
 

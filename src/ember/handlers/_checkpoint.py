@@ -203,10 +203,11 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
             priority = global_step
         step = engine.state.iteration if global_step is None else global_step
         if self.store is None:
-            self._call_handler(step, global_step, priority, *self._collect())
-            self._saving(step)
+            saved = self._call_handler(step, global_step, priority, *self._collect())
         else:
-            self._save_to_store(engine, step, global_step, priority, metrics)
+            saved = self._save_to_store(engine, step, global_step, priority, metrics)
+        for listener in self._save_listeners if saved else ():
+            listener(step)
 
     def add_save_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(step)`` each time a checkpoint of ``step`` is being written (a ledger kept beside it).
@@ -226,10 +227,6 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
             raise TypeError(f"`listener` must be callable as listener(step), got {listener!r}.")
         self._save_listeners.append(listener)
 
-    def _saving(self, step: int) -> None:
-        for listener in self._save_listeners:
-            listener(step)
-
     def _collect(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """What a checkpoint of now holds: every object's state dict, and the arrays of the tree-stateful ones."""
         states = {k: obj.state_dict() for k, obj in self.to_save.items() if isinstance(obj, Stateful)}
@@ -238,8 +235,8 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
 
     def _save_to_store(
         self, engine: Engine, step: int, global_step: int | None, priority: float, metrics: dict[str, float]
-    ) -> None:
-        """Save into the store if retention admits it.
+    ) -> bool:
+        """Save into the store if retention admits it; return whether it wrote a checkpoint.
 
         The state dicts are collected only then: a best checkpoint that did not improve costs the training thread
         no copy.
@@ -256,7 +253,7 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
         if saved is not None and collected is not None and saved.metrics == metrics and saved.holds(collected[1]):
             if saved.states != self._with_self(collected[0]):
                 self._amend(saved, self._with_self(collected[0]))
-            return
+            return False
         replaces = saved.name if saved is not None and not metrics else None  # a new score is a new best candidate
         if self.store.writing:
             self._wait()  # the previous save is on disk, older ones removed: names are settled
@@ -264,7 +261,7 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
         if replaces is None and self._is_checkpoint(name):
             replaces = name  # a checkpoint of this step from before (a relaunch): this one takes its place
         if not self._ledger.admits(step, priority, replacing=replaces):
-            return
+            return False
         states, trees = collected if collected is not None else self._collect()
         self._before = self._ledger.snapshot()
         gone = [e.filename for e in self._ledger.add(name, step, priority) if e.filename not in (name, replaces)]
@@ -288,9 +285,9 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
                 remove_gone()
                 self._before = None
         self._saved = Saved.of(step, name, trees, states, metrics)
-        self._saving(step)
         if self.background and engine.last_event_name is Events.COMPLETED and outer is None:
             self._wait()  # the run ends here; a watcher added just now would not run in this firing
+        return True
 
     def _with_self(self, states: dict[str, Any]) -> dict[str, Any]:
         return {**states, "checkpointer": self.state_dict()} if self.include_self else states

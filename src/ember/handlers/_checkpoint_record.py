@@ -162,10 +162,13 @@ class CheckpointRecord:
 
     def _call_handler(
         self, step: int, global_step: int | None, priority: float, states: dict[str, Any], trees: dict[str, Any]
-    ) -> None:
-        """Ignite's path: the checkpoint dict to your save handler, then ``remove`` for what is no longer kept."""
+    ) -> bool:
+        """Ignite's path: the checkpoint dict to your save handler, then ``remove`` for what is no longer kept.
+
+        Returns whether a checkpoint was saved (retention may not admit it).
+        """
         if not self._ledger.admits(step, priority):
-            return
+            return False
         filename = self._name(global_step, priority)
         checkpoint: dict[str, Any] = checkpoint_dict(states, trees)
         if len(checkpoint) == 1:
@@ -187,3 +190,4 @@ class CheckpointRecord:
         if mine and isinstance(self.save_handler, SaveHandler):
             for entry in removed:
                 self.save_handler.remove(entry.filename)
+        return True

@@ -137,8 +137,7 @@ def sync_all_reduce(*attrs: str) -> Callable[[Callable[..., Any]], Callable[...,
                 self._is_reduced = True
             return compute(self, *args, **kwargs)
 
-        wrapper._ignite_synced = tuple(name for name, _ in parsed)  # type: ignore[attr-defined]
-        wrapper._ignite_ops = tuple(parsed)  # type: ignore[attr-defined]
+        wrapper._ignite_ops = tuple(parsed)  # type: ignore[attr-defined]  # (name, operation) of each counter
         return wrapper
 
     return decorate
@@ -158,7 +157,7 @@ def reduce_over_processes(metric: Any, attrs: list[tuple[str, str]]) -> None:
 
 def saved_attributes(cls: type) -> tuple[str, ...]:
     """The counters a checkpoint saves: those ``sync_all_reduce`` names, and Ignite's ``_state_dict_all_req_keys``."""
-    synced = getattr(getattr(cls, "compute", None), "_ignite_synced", ())
+    synced = tuple(name for name, _ in _parsed(cls))
     declared = tuple(getattr(cls, "_state_dict_all_req_keys", ()))
     return tuple(dict.fromkeys((*synced, *declared)))
 

@@ -85,10 +85,9 @@ class Metric(EngineAttachment, MetricArithmetic):
         self.mask_key = mask_key
         self._update_fn = jax.jit(self._merge_batch)
         EngineAttachment.__init__(self)
-        self._state: Any = None
         self._zeros: Any = _UNSET  # empty() fetched once: a reset copies it on the host and dispatches nothing
-        self._published: Any = None  # the value the last step published (published_value), on device
-        self._updates = 0
+        # the accumulators, the value the last step published (published_value, on device), the updates counted
+        self._state, self._published, self._updates = None, None, 0
         self.reset()
 
     # -- what subclasses define ------------------------------------------------------------------
@@ -131,10 +130,10 @@ class Metric(EngineAttachment, MetricArithmetic):
         return (tuple(out) if isinstance(out, tuple | list) else (out,)), None  # Ignite's [y_pred, y] too
 
     def _from_engine(self, output: Any) -> Any:  # a metric written Ignite's way: after output_transform, as Ignite
-        if self._ignite_style:
-            self._updates += 1
-            return ignite_update_argument(self, output)
-        return output
+        if not self._ignite_style:
+            return output
+        self._updates += 1
+        return ignite_update_argument(self, output)
 
     def reset(self) -> None:
         """Zero the accumulators.
@@ -213,9 +212,7 @@ class Metric(EngineAttachment, MetricArithmetic):
         else:
             state, updates = self._checked(state_dict)
         self._restore_state(state)
-        self._updates = updates
-        self._published = None
-        self._restored = True
+        self._updates, self._published, self._restored = updates, None, True
 
     def _saved_state(self) -> Any:
         """What [`state_dict`][ember.metrics.Metric.state_dict] saves: the accumulators (a subclass may keep more)."""
