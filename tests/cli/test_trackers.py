@@ -172,13 +172,16 @@ def sigkill_once_wandb_holds(run_dir, env, step):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 180
-    while proc.poll() is None and time.monotonic() < deadline:
-        if any(s > step for _, s, _ in history(run_dir)):
-            break
-        time.sleep(0.05)
-    proc.kill()
-    return proc.wait(timeout=60)
+    try:
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any(s > step for _, s, _ in history(run_dir)):
+                break
+            time.sleep(0.05)
+    finally:  # killed and reaped whatever happens here: no process outlives the test
+        proc.kill()
+        status = proc.wait(timeout=60)
+    return status
 
 
 WANDB_RUN = [*RUN, "trainer.max_epochs=40", "handlers.writers=[wandb]"]

@@ -47,12 +47,16 @@ def new_trainer():
 
 
 def children() -> list[str]:
-    """This process's child processes (Grain's workers), by command line; multiprocessing's tracker left out."""
+    """This process's live child processes (Grain's workers), by command line; multiprocessing's tracker left out.
+
+    A zombie (state ``Z``: exited, not yet reaped, with no command line) is not a running worker: another test's
+    process that has ended but not been waited for must not count here.
+    """
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == os.getpid():
+            state, ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if int(ppid) == os.getpid() and state != "Z":
                 found.append((proc / "cmdline").read_text().replace("\0", " "))
         except (FileNotFoundError, ProcessLookupError):  # it exited while we looked
             continue

@@ -7,6 +7,7 @@ W&B's own reader moved into its Go core; the framing is small: a 7-byte header, 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,23 @@ def read_records(path: str | Path) -> list[Any]:
     return records
 
 
+def offline_files(run_dir: str | Path) -> list[Path]:
+    """Every offline launch's ``run-*.wandb`` file under ``run_dir``, oldest launch first.
+
+    ``os.walk`` and not ``rglob``: a live run's checkpoint writes come and go while we look, and a folder that
+    vanishes between listing and entering is skipped, not an error.
+    """
+    found = []
+    for folder, _, files in os.walk(run_dir):
+        if Path(folder).name.startswith("offline-run-"):
+            found += [Path(folder) / f for f in files if f.startswith("run-") and f.endswith(".wandb")]
+    return sorted(found)
+
+
 def history(run_dir: str | Path) -> list[tuple[str, int, dict[str, Any]]]:
     """``(run id, step, values)`` of every history row of every offline run under ``run_dir``, launch by launch."""
     rows = []
-    for path in sorted(Path(run_dir).rglob("offline-run-*/run-*.wandb")):
+    for path in offline_files(run_dir):
         run_id = path.stem.removeprefix("run-")
         for record in read_records(path):
             if record.WhichOneof("record_type") == "history":
@@ -58,7 +72,7 @@ def exit_codes(run_dir: str | Path) -> list[int]:
     """The exit code each offline launch under ``run_dir`` finished with (none for a launch that died)."""
     return [
         r.exit.exit_code
-        for path in sorted(Path(run_dir).rglob("offline-run-*/run-*.wandb"))
+        for path in offline_files(run_dir)
         for r in read_records(path)
         if r.WhichOneof("record_type") == "exit"
     ]
