@@ -4,13 +4,15 @@ import time
 
 
 def slow_checkpoint_writes(monkeypatch, seconds):
-    """Make every ``CheckpointStore`` write (and so a ``TieredStore``'s) take ``seconds`` more, for one test."""
-    from ember.checkpoint import CheckpointStore
+    """Make every msgpack write (a ``CheckpointStore``'s, each tier's of a ``TieredStore``) take ``seconds`` more."""
+    from ember.checkpoint._msgpack import MsgpackFormat
+    from ember.checkpoint._shards import ShardFormat
 
-    write = CheckpointStore._write_files
+    for format in (MsgpackFormat, ShardFormat):
+        write = format.write
 
-    def slow(self, prepared):
-        time.sleep(seconds)
-        return write(self, prepared)
+        def slow(self, draft, root, write=write):
+            time.sleep(seconds)
+            return write(self, draft, root)
 
-    monkeypatch.setattr(CheckpointStore, "_write_files", slow)
+        monkeypatch.setattr(format, "write", slow)

@@ -72,7 +72,7 @@ def measured_resume(store) -> dict:
     gc.collect()
     baseline = most_on_one_device()  # the new trainer's own state and whatever else this process holds
     peaks = []
-    read, put = store._read, trainer.placement.put_state
+    read, put = store.format.read, trainer.placement.put_state
 
     def counted_read(*args, **kwargs):
         out = read(*args, **kwargs)
@@ -84,7 +84,7 @@ def measured_resume(store) -> dict:
         peaks.append(most_on_one_device())
         return out
 
-    store._read, trainer.placement.put_state = counted_read, counted_put
+    store.format.read, trainer.placement.put_state = counted_read, counted_put
     saver = Checkpoint({"trainer": trainer}, store)
     host = host_growth(saver.resume)
     restored = float(trainer.state.train_state.params["w1"][0, 0])

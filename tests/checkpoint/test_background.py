@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import ember.checkpoint._store as store_module
+import ember.checkpoint._msgpack as store_module
 from ember.checkpoint import CheckpointStore
 
 

@@ -87,3 +87,19 @@ def test_an_orbax_step_found_damaged_a_third_time_is_moved_aside_too(tmp_path):
         "corrupt-step_00000002.3",
     ]
     store.close()
+
+
+def test_a_listing_skips_a_file_or_a_folder_that_vanishes_while_it_looks(tmp_path, monkeypatch):
+    """A manifest being replaced (an amend on a writer thread) and a checkpoint deleted meanwhile break no listing.
+
+    The vanishing is made certain: a dangling link stands for a temporary manifest already renamed, and a listed
+    folder that is not there for one deleted after the folder was listed.
+    """
+    store = CheckpointStore(tmp_path)
+    store.save({"w": np.zeros(1)}, step=1)
+    store.save({"w": np.zeros(1)}, step=2)
+    (tmp_path / "step_00000001" / ".tmp-manifest.json-host.1-ab").symlink_to(tmp_path / "gone")
+    (tmp_path / "step_00000002" / "notes.txt").symlink_to(tmp_path / "gone")
+    listed = CheckpointStore._candidates
+    monkeypatch.setattr(CheckpointStore, "_candidates", lambda self: [*listed(self), tmp_path / "step_00000003"])
+    assert [c.step for c in store.checkpoints()] == [1, 2]

@@ -165,7 +165,7 @@ def test_an_error_that_is_not_damage_moves_nothing_aside(two_checkpoints, tmp_pa
     def broken(*args, **kwargs):
         raise ValueError("an orbax bug")
 
-    monkeypatch.setattr(store._checkpointer, "restore", broken)
+    monkeypatch.setattr(store.format._checkpointer, "restore", broken)
     with pytest.raises(
         RuntimeError,
         match=re.escape("although every file of it matches its size and CRC-32 (ValueError: an orbax bug)"),

@@ -1,6 +1,7 @@
 import json
 import os
 import stat
+import time
 import zlib
 
 import jax
@@ -206,7 +207,7 @@ def test_a_store_made_on_a_folder_leaves_a_write_in_flight_alone(tmp_path, monke
     """A second store on the folder (a reader, another process's store) while a background save runs: it commits."""
     import threading
 
-    import ember.checkpoint._store as store_module
+    import ember.checkpoint._msgpack as store_module
 
     release = threading.Event()
     real = store_module.write_leaves
@@ -218,6 +219,9 @@ def test_a_store_made_on_a_folder_leaves_a_write_in_flight_alone(tmp_path, monke
     monkeypatch.setattr(store_module, "write_leaves", held)
     writer = CheckpointStore(tmp_path)
     writer.save_in_background({"w": np.arange(3.0)}, step=1)
+    deadline = time.monotonic() + 30  # the writer thread makes the folder, then is held in write_leaves
+    while not any(tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.01)
     in_flight = [p.name for p in tmp_path.iterdir()]
     assert len(in_flight) == 1
     assert in_flight[0].startswith(".tmp-step_00000001-")

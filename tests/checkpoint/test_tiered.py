@@ -161,7 +161,7 @@ def test_a_full_fast_tier_fails_the_save_and_leaves_nothing_behind(tmp_path, mon
     """ENOSPC in the fast tier: the save raises it, naming the checkpoint; no temporary folder is left."""
     store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=1)
     store.save(filled(1), step=1)
-    import ember.checkpoint._store as written
+    import ember.checkpoint._msgpack as written
 
     def full(f, leaves):
         raise OSError(28, "No space left on device")
@@ -239,7 +239,7 @@ def test_the_count_of_saves_goes_on_across_relaunches(tmp_path):
     again.save(filled(3), step=3)
     assert steps(again.durable) == [3]
     again.save(filled(4), step=4)
-    assert TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=3)._since == 1
+    assert TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=3)._count.since_durable == 1
 
 
 def test_two_runs_given_one_fast_folder_never_read_each_others_checkpoints(tmp_path):

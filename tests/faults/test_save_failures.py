@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-import ember.checkpoint._store as store_module
+import ember.checkpoint._msgpack as store_module
 from ember import Engine, Events
 from ember.checkpoint import CheckpointStore
 from ember.handlers import Checkpoint

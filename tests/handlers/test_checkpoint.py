@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-import ember.checkpoint._store as store_module
+import ember.checkpoint._msgpack as store_module
 from ember import Engine, Events
 from ember.checkpoint import CheckpointStore
 from ember.data import ArrayDataset
@@ -127,7 +127,7 @@ def test_a_failed_background_write_stops_the_run(tmp_path, monkeypatch):
 
     def until_the_write_failed() -> None:  # after iteration 2's check: the error surfaces at iteration 3's
         released.set()
-        while not saver.store._pending.done():
+        while not saver.store._writer.pending.done():
             time.sleep(0.01)
 
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=2), until_the_write_failed)

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-import ember.checkpoint._store as store_module
+import ember.checkpoint._msgpack as store_module
 from ember import Engine, Events
 from ember.data import ArrayDataset
 from ember.handlers import BaseSaveHandler, Checkpoint, SaveHandler, global_step_from_engine

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import ember.checkpoint._store as store_module  # noqa: E402
+import ember.checkpoint._msgpack as store_module  # noqa: E402
 from ember import Engine, Events  # noqa: E402
 from ember.checkpoint import CheckpointStore  # noqa: E402
 from ember.handlers import Checkpoint  # noqa: E402

@@ -9,26 +9,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jax
-import numpy as np
-from flax import serialization, traverse_util
 
+from ember._atomic_file import TMP_PREFIX
 from ember.checkpoint._atomic import remove
-from ember.checkpoint._files import checksum_problem, size_problem, wrong_size
-from ember.checkpoint._format import parse_leaves, read_file
+from ember.checkpoint._contract import Format
+from ember.checkpoint._files import checksum_problem, size_problem
 from ember.checkpoint._info import CheckpointInfo, file_records
-from ember.checkpoint._manifest import (
-    MANIFEST,
-    CorruptCheckpointError,
-    WrongStoreError,
-    check_structure,
-    corrupt,
-    read_manifest,
-    wrong_store,
-)
+from ember.checkpoint._manifest import CorruptCheckpointError, WrongStoreError, corrupt, read_manifest
+from ember.checkpoint._msgpack import MsgpackFormat
 from ember.checkpoint._order import check_mode, check_retention, newer, preferred
-from ember.checkpoint._snapshot import flat_leaves
 
-DATA = "state.msgpack"
 CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, moved aside (never deleted)
 
 
@@ -36,7 +26,12 @@ class CheckpointFolder:
     """The checkpoints in one folder, as a store reads them; ``CheckpointStore`` adds writing.
 
     Every checkpoint it returns has been verified (manifest checksum, data size and CRC-32); a damaged one
-    is moved aside as ``corrupt-<name>``, with a warning, and the next valid one is used.
+    is moved aside as ``corrupt-<name>``, with a warning, and the next valid one is used. Its format (msgpack by
+    default) recognises its own checkpoints and reads their arrays; the rest is the folder's, for every format.
+
+    Args:
+        root: the folder (a relative path is taken from the working folder now).
+        format: how the checkpoints hold their arrays; msgpack by default.
 
     Examples:
         >>> import tempfile, numpy as np
@@ -47,8 +42,10 @@ class CheckpointFolder:
         ([5], 5)
     """
 
-    root: Path
-    _verified: dict[tuple[Any, ...], CheckpointInfo]  # by `_written`, for checkpoints()
+    def __init__(self, root: str | os.PathLike[str], format: Format | None = None) -> None:
+        self.root = Path(os.path.abspath(root))  # resolved once: a later chdir changes nothing
+        self.format: Format = format if format is not None else MsgpackFormat()
+        self._verified: dict[tuple[Any, ...], CheckpointInfo] = {}  # by `_written`, for checkpoints()
 
     def prune(
         self,
@@ -121,8 +118,8 @@ class CheckpointFolder:
     # -- finding ---------------------------------------------------------------------------------
 
     def _writes_manifests(self) -> bool:
-        """Whether this process writes, renames and deletes in this folder (process 0 of a multi-process run)."""
-        return jax.process_index() == 0
+        """Whether this process writes, renames and deletes in this folder (process 0, or each in its own folder)."""
+        return self.format.writers == "own" or jax.process_index() == 0
 
     def find(self, name: str) -> CheckpointInfo | None:
         """The valid checkpoint named ``name``, or ``None`` (there is none, or it is damaged).
@@ -197,17 +194,11 @@ class CheckpointFolder:
             manifest = read_manifest(path)
         except FileNotFoundError:
             raise ValueError("it has no manifest (it is not a checkpoint, or its write did not finish)") from None
-        self._check_kind(path, manifest)
+        self.format.check_kind(path, manifest)
         problem = (checksum_problem if full else size_problem)(path, file_records(manifest))
         if problem is not None:
             raise corrupt(path, *problem)
         return CheckpointInfo(path, manifest["step"], dict(manifest["metrics"]), manifest)
-
-    def _check_kind(self, path: Path, manifest: dict[str, Any]) -> None:
-        """Raise ``ValueError`` if another kind of store wrote the checkpoint in ``path``."""
-        expected = manifest["files"].get(DATA)
-        if not isinstance(expected, dict) or not isinstance(expected.get("bytes"), int):
-            raise wrong_store(manifest, type(self).__name__)
 
     def set_aside(self, path: Path, why: Exception) -> None:
         """Move a checkpoint that failed verification out of the way (renamed ``corrupt-<name>``), with a warning.
@@ -251,10 +242,10 @@ class CheckpointFolder:
         """
         known, self._verified = self._verified, {}
         for path in self._candidates():
-            key = _written(path)  # a checkpoint is verified again only when one of its files was rewritten
             try:
+                key = _written(path)  # a checkpoint is verified again only when one of its files was rewritten
                 self._verified[key] = known[key] if key in known else self.verify(path)
-            except ValueError:
+            except (ValueError, FileNotFoundError):  # damaged, or deleted since it was listed
                 continue
         return sorted(self._verified.values(), key=newer)
 
@@ -350,53 +341,43 @@ class CheckpointFolder:
             [1.0, 1.0]
         """
         if checkpoint is not None:
-            return self._read(checkpoint, target, on_verified), checkpoint
-        for info in self.ranked():
-            try:
-                return self._read(info, target, on_verified), info
-            except CorruptCheckpointError as why:
-                self.set_aside(info.path, why)
-        raise FileNotFoundError(f"No valid checkpoint in {self._places()}.")
+            return self.format.read(checkpoint, target, on_verified), checkpoint
+        return first_readable(
+            self.ranked(), lambda c: self.format.read(c, target, on_verified), self.set_aside, self.root
+        )
 
-    def _places(self) -> str:
-        """Where this store's checkpoints are, as its errors name it."""
-        return str(self.root)
 
-    def _read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
-        if target is not None:
-            check_structure(info.manifest["tree"], flat_leaves(target))
-        buf = self._data(info)
-        if on_verified is not None:
-            on_verified()
-        leaves = parsed(buf, info.path / DATA)
-        nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
-        return nested if target is None else serialization.from_state_dict(target, nested)
+def first_readable(
+    ranked: list[CheckpointInfo],
+    read: Callable[[CheckpointInfo], Any],
+    set_aside: Callable[[Path, Exception], None],
+    where: object,
+) -> tuple[Any, CheckpointInfo]:
+    """The first of ``ranked`` that ``read`` reads, with its info; each found damaged on the way is set aside.
 
-    def _data(self, info: CheckpointInfo) -> np.ndarray:
-        """The bytes of the checkpoint's data file, once their size and CRC-32 match the manifest."""
+    Raises ``FileNotFoundError`` naming ``where`` if none can be read.
+    """
+    for info in ranked:
         try:
-            with open(info.path / DATA, "rb") as f:
-                buf, crc = read_file(f)
-        except FileNotFoundError:
-            raise corrupt(info.path, DATA, "is missing") from None
-        if len(buf) != info.manifest["files"][DATA]["bytes"]:
-            raise corrupt(info.path, DATA, wrong_size(len(buf), info.manifest["files"][DATA]["bytes"]))
-        if crc != info.manifest["files"][DATA].get("crc32"):
-            raise corrupt(info.path, DATA, f"does not match the checksum in {MANIFEST}")
-        return buf
-
-
-def parsed(buf: np.ndarray, path: Path) -> dict[str, Any]:
-    """The leaves in ``buf`` (read from ``path``, intact); a ``ValueError`` saying so if they do not parse."""
-    try:
-        return parse_leaves(buf)
-    except Exception as e:  # intact bytes that do not parse: not damage, so nothing is moved aside
-        raise ValueError(
-            f"{path} matches its checksum but cannot be parsed ({type(e).__name__}: {e}); was it "
-            "written by another version of ember?"
-        ) from e
+            return read(info), info
+        except CorruptCheckpointError as why:
+            set_aside(info.path, why)
+    raise FileNotFoundError(f"No valid checkpoint in {where}.")
 
 
 def _written(path: Path) -> tuple[Any, ...]:
-    """The folder's name with the modification time and size of each of its files."""
-    return (path.name, *sorted((p.name, st.st_mtime_ns, st.st_size) for p in path.iterdir() for st in [p.stat()]))
+    """The folder's name with the modification time and size of each of its files.
+
+    A temporary file (a manifest being replaced, by this process or another) is not one of them, and may be gone
+    before it is looked at.
+    """
+    found = []
+    for p in path.iterdir():
+        if p.name.startswith(TMP_PREFIX):
+            continue
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # replaced while we looked: the folder changed, and the new file counts next time
+            continue
+        found.append((p.name, st.st_mtime_ns, st.st_size))
+    return (path.name, *sorted(found))

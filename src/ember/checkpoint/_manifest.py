@@ -14,7 +14,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from ember._atomic_file import replace_file
 from ember._version import __version__
+from ember.checkpoint._info import CheckpointInfo
 from ember.errors import CorruptCheckpointError
 
 MANIFEST = "manifest.json"
@@ -174,3 +176,15 @@ def wrong_store(manifest: dict[str, Any], reader: str) -> WrongStoreError:
         f"it was written by {writer} (its manifest lists the files {sorted(files)}), and {reader} cannot read it; "
         f"open the folder with {writer} (ember.checkpoint.open_store picks it)"
     )
+
+
+def amend_manifest(
+    path: Path, metrics: Mapping[str, float] | None, metadata: Mapping[str, Any] | None
+) -> CheckpointInfo:
+    """Replace the metrics or the metadata (those given) of the checkpoint in ``path``; its arrays stay as they are.
+
+    Only the manifest is written again, atomically: a temporary file, fsynced, renamed over it.
+    """
+    manifest = amended(read_manifest(path), metrics, metadata)
+    replace_file(path, MANIFEST, manifest_text(manifest))
+    return CheckpointInfo(path, manifest["step"], manifest["metrics"], manifest)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -42,3 +43,22 @@ def committed(root: Path, problem: BaseException | None) -> BaseException | None
     if problem is not None:
         return problem
     return rebuilt(0, answer) if answer else None
+
+
+def gathered(
+    root: Path, files: dict[str, Any], problem: BaseException | None
+) -> tuple[dict[str, Any], BaseException | None]:
+    """A save that every process wrote its share of: every process's file records, merged, and the first error.
+
+    Each process hands the others its records (or its error); with an error anywhere, every process has one, so
+    none commits and all raise. Call it once per such save on every process, in the same order.
+    """
+    mine = json.dumps([describe(problem) if problem is not None else "", files])
+    everyone = [json.loads(v) for v in exchange(f"save:{root}", mine)]
+    failed = [(p, why) for p, (why, _) in enumerate(everyone) if why]
+    if problem is None and failed:
+        problem = rebuilt(*failed[0])
+    merged: dict[str, Any] = {}
+    for _, part in everyone:
+        merged.update(part)
+    return merged, problem

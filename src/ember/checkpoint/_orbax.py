@@ -8,23 +8,23 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 from flax import serialization
 
-from ember._atomic_file import TMP_PREFIX, fsync_path, owner, temporary_name
+from ember._atomic_file import TMP_PREFIX, owner, temporary_name
 from ember._extras import missing
 from ember._multiprocess import exchange
+from ember.checkpoint._contract import Draft, Writers
 from ember.checkpoint._files import checksum_problem, list_files, record, size_problem
-from ember.checkpoint._info import file_records
-from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, new_manifest, write_manifest, wrong_store
-from ember.checkpoint._notice import committed, describe, rebuilt
-from ember.checkpoint._shards import ShardStore
+from ember.checkpoint._info import CheckpointInfo, file_records
+from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, describe_tree, wrong_store
+from ember.checkpoint._shards import ShardFormat
 from ember.checkpoint._snapshot import flat_leaves
-from ember.checkpoint._store import CheckpointInfo, CheckpointStore, Prepared, naming
+from ember.checkpoint._store import CheckpointStore
 
 ITEM = "state"  # the orbax item inside each checkpoint folder
 
@@ -60,123 +60,97 @@ class OrbaxStore(CheckpointStore):
         >>> store.close()
     """
 
-    collective_saves = True
-
     def __init__(self, root: str | os.PathLike[str]) -> None:
+        super().__init__(root, format=OrbaxFormat(Path(os.path.abspath(root))))
+
+
+class OrbaxFormat:
+    """The arrays written and read by orbax-checkpoint: every process its shards, into one folder.
+
+    ``prepare`` starts orbax's save (orbax copies the arrays off the devices before it returns and writes on its own
+    threads); ``write`` waits for it and records this process's share of the files.
+    """
+
+    writers: Writers = "every"
+    sharded = True
+
+    def __init__(self, root: Path) -> None:
         try:
             import orbax.checkpoint as ocp
         except ImportError as e:  # pragma: no cover - flax depends on orbax-checkpoint today
             raise ImportError(missing("OrbaxStore", "orbax-checkpoint", "orbax")) from e
-        super().__init__(root)
         self._ocp = ocp
         self._checkpointer = self._new_checkpointer()
+        self._root = root
         self._writer_id: str | None = None  # process 0's owner id: it makes each save's folder (learnt at the first)
         self._saves = 0
-        _QUIET.folders.add(str(self.root / TMP_PREFIX))  # orbax's own error logs for ember's writes: raised instead
+        self._quiet: set[str] = set()  # the saves counted in _QUIET.writing
+        _QUIET.folders.add(str(root / TMP_PREFIX))  # orbax's own error logs for ember's writes: raised instead
 
-    def _prepare(
-        self,
-        tree: Any,
-        step: int,
-        metrics: Mapping[str, float] | None,
-        metadata: Mapping[str, Any] | None,
-        name: str | None,
-        replaces: str | None,
-    ) -> Prepared:
-        name = self._new_name(step, name, replaces)
-        manifest = new_manifest(step, metrics, metadata, flat_leaves(tree))
+    def prepare(self, draft: Draft, tree: Any, root: Path, *, background: bool) -> None:
+        draft.manifest["tree"] = describe_tree(flat_leaves(tree))
         # the same on every process (orbax's save is collective): process 0's, numbered by the saves so far
         if self._writer_id is None:
-            self._writer_id = exchange(f"owner:{self.root}", owner())[0]
-        tmp = self.root / temporary_name(f"{name}-orbax", self._writer_id, unique=self._saves)
+            self._writer_id = exchange(f"owner:{root}", owner())[0]
+        draft.tmp = root / temporary_name(f"{draft.name}-orbax", self._writer_id, unique=self._saves)
         self._saves += 1
-        _QUIET.saving(+1)  # until _write has finished, or this fails
+        self._quieting(draft, +1)  # until write has finished, or the save is abandoned
         try:
             if jax.process_index() == 0:
-                tmp.mkdir()
-            # orbax copies the arrays off the devices before this returns, and writes on its own threads
-            self._checkpointer.save(tmp / ITEM, args=self._ocp.args.StandardSave(serialization.to_state_dict(tree)))
+                draft.tmp.mkdir()
+            state = serialization.to_state_dict(tree)
+            self._checkpointer.save(draft.tmp / ITEM, args=self._ocp.args.StandardSave(state))
         except BaseException as e:
-            self._renew()  # orbax's threads are done with the folder before it goes
-            _QUIET.saving(-1)
+            self.abandon(draft)
             if jax.process_index() == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise _os_error(e, name, self.root) from None
-        return Prepared(name, manifest, replaces, tmp=tmp)
+                shutil.rmtree(draft.tmp, ignore_errors=True)
+            raise _os_error(e) from None
 
-    def _new_checkpointer(self) -> Any:
-        return self._ocp.AsyncCheckpointer(self._ocp.StandardCheckpointHandler())
+    def write(self, draft: Draft, root: Path) -> dict[str, Any]:
+        """Wait for orbax's write; return this process's share of its files' records (process 0's names the item)."""
+        assert draft.tmp is not None  # made by prepare
+        try:
+            self._checkpointer.wait_until_finished()  # every process's files are written once this returns
+            names = list_files(draft.tmp / ITEM)
+            mine = record(draft.tmp / ITEM, names[jax.process_index() :: jax.process_count()])
+        except BaseException as e:
+            raise _os_error(e) from None  # quiet until the store has abandoned the save
+        self._quieting(draft, -1)
+        item = {ITEM: {"format": "orbax"}} if jax.process_index() == 0 else {}
+        return item | {f"{ITEM}/{k}": v for k, v in mine.items()}
 
-    def _renew(self) -> None:
-        """After a failed save: drain the errors orbax's threads still hold, and go on with a new checkpointer.
+    def abandon(self, draft: Draft) -> None:
+        """Drain the errors orbax's threads still hold, and go on with a new checkpointer.
 
         orbax keeps a failure of each of its writer threads (the arrays', the metadata's) and raises the next one at
-        its next call, even a restore; a store whose save failed must not hand that to what comes after.
+        its next call, even a restore; a store whose save failed must not hand that to what comes after. orbax's
+        threads are done with the folder when this returns.
         """
         old, self._checkpointer = self._checkpointer, self._new_checkpointer()
         for _ in range(4):  # each wait raises one kept error, and clears it
             try:
                 old.close()
-                return
+                break
             except Exception:  # the failure was raised already, by the save it belongs to
                 continue
+        self._quieting(draft, -1)
 
-    def _write(self, prepared: Prepared) -> CheckpointInfo:
-        """Finish orbax's write and commit it (`_finish`); orbax's threads are done with it when this returns."""
-        try:
-            return self._finish(prepared)
-        finally:
-            _QUIET.saving(-1)
+    def _quieting(self, draft: Draft, change: int) -> None:
+        """Count ``draft`` among the saves whose orbax errors ember raises itself (+1), or no longer (-1, once)."""
+        if (change > 0) != (draft.name in self._quiet):
+            self._quiet.symmetric_difference_update({draft.name})
+            _QUIET.saving(change)
 
-    def _finish(self, prepared: Prepared) -> CheckpointInfo:
-        """Finish orbax's write, record every file's size and CRC-32, and commit (process 0), on every process.
+    def _new_checkpointer(self) -> Any:
+        return self._ocp.AsyncCheckpointer(self._ocp.StandardCheckpointHandler())
 
-        Two rounds of `exchange` keep the processes together: each hands process 0 its files' records (or its
-        error), and process 0 tells all whether the commit went through, so every process returns once the
-        checkpoint is on disk, or raises the same error.
-        """
-        tmp, name, manifest = prepared.tmp, prepared.name, prepared.manifest
-        assert tmp is not None  # set by _prepare
-        problem: BaseException | None = None
-        files: dict[str, Any] = {}
-        try:
-            self._checkpointer.wait_until_finished()  # every process's files are written once this returns
-            names = list_files(tmp / ITEM)
-            files = record(tmp / ITEM, names[jax.process_index() :: jax.process_count()])  # this process's share
-        except BaseException as e:
-            problem = _os_error(e, name, self.root)
-        mine = json.dumps([describe(problem) if problem is not None else "", files])
-        everyone = [json.loads(v) for v in exchange(f"save:{self.root}", mine)]
-        failed = [(p, why) for p, (why, _) in enumerate(everyone) if why]
-        if problem is None and failed:
-            problem = rebuilt(*failed[0])
-        if jax.process_index() == 0:
-            try:
-                if problem is None:
-                    manifest["files"] = {ITEM: {"format": "orbax"}}
-                    for _, part in everyone:
-                        manifest["files"].update({f"{ITEM}/{k}": v for k, v in part.items()})
-                    write_manifest(tmp, manifest)
-                    fsync_path(tmp)
-                    self._commit(tmp, prepared)
-            except BaseException as e:
-                problem = e
-        if problem is not None:
-            self._renew()  # orbax's threads are done with the folder before it goes
-            if jax.process_index() == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-        problem = committed(self.root, problem)  # process 0's word: every process returns once it is on disk
-        if problem is not None:
-            raise problem
-        return CheckpointInfo(self.root / name, manifest["step"], manifest["metrics"], manifest)
-
-    def _check_kind(self, path: Path, manifest: dict[str, Any]) -> None:
+    def check_kind(self, path: Path, manifest: dict[str, Any]) -> None:
         if ITEM not in manifest["files"]:
-            raise wrong_store(manifest, type(self).__name__)
+            raise wrong_store(manifest, "OrbaxStore")
         if not (path / ITEM).is_dir():
             raise corrupt(path, ITEM, "folder is missing")
 
-    def _read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
+    def read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
         args = self._ocp.args.StandardRestore()  # no target: the arrays as they were saved
         if target is not None:
             check_structure(info.manifest["tree"], flat_leaves(target))
@@ -205,35 +179,27 @@ class OrbaxStore(CheckpointStore):
             names = sorted(records)
             mine = names[jax.process_index() :: jax.process_count()]
             problem = checksum_problem(info.path, {n: records[n] for n in mine})
-        found = [json.loads(v) for v in exchange(f"restore:{self.root}", json.dumps(problem))]
+        found = [json.loads(v) for v in exchange(f"restore:{self._root}", json.dumps(problem))]
         damage = next((p for p in found if p is not None), None)
         if damage is not None:
             raise corrupt(info.path, *damage)
 
     def close(self) -> None:
-        """Wait for writes in flight and stop orbax's threads.
-
-        Examples:
-            >>> import tempfile
-            >>> from ember.checkpoint import OrbaxStore
-            >>> OrbaxStore(tempfile.mkdtemp()).close()
-        """
-        super().close()
         self._checkpointer.close()
 
 
 _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
 
 
-def _os_error(error: BaseException, name: str, root: Path) -> BaseException:
+def _os_error(error: BaseException) -> BaseException:
     """An orbax or tensorstore failure that carries an OS error code, as that ``OSError``; others as they are."""
     if isinstance(error, OSError):
-        return naming(error, name, root)
+        return error
     found = _OS_ERROR_CODE.search(str(error))
     if found is None:
         return error
     code = int(found.group(1))
-    return naming(OSError(code, os.strerror(code)), name, root)
+    return OSError(code, os.strerror(code))
 
 
 class _QuietFilter(logging.Filter):
@@ -287,7 +253,7 @@ def open_store(root: str | os.PathLike[str]) -> CheckpointStore:
         return OrbaxStore(path)
     one = next((c / MANIFEST for c in path.iterdir() if (c / MANIFEST).is_file()), None) if path.is_dir() else None
     if one is not None and _has_layout(one):
-        return ShardStore(path)  # one process's folder of a TieredStore's fast tier
+        return CheckpointStore(path, format=ShardFormat())  # one process's folder of a TieredStore's fast tier
     return CheckpointStore(path)
 
 

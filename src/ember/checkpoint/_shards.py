@@ -1,4 +1,4 @@
-"""`ShardStore`: one process's own shards of each array, in a folder of its own: a `TieredStore`'s fast tier.
+"""`ShardFormat`: one process's own shards of each array, in a folder of its own: a `TieredStore`'s fast tier.
 
 Every process writes the shards its devices hold (each distinct shard once) into its own folder, without waiting for
 the others, as a msgpack checkpoint with ember's atomic commit, manifest and CRC-32. A restore puts each shard back
@@ -10,19 +10,20 @@ tiered store then reads the durable tier.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from flax import serialization, traverse_util
 
-from ember.checkpoint._folder import DATA, parsed
+from ember.checkpoint._contract import Draft, Writers
 from ember.checkpoint._info import CheckpointInfo
-from ember.checkpoint._manifest import CorruptCheckpointError, check_structure, describe_tree, new_manifest
-from ember.checkpoint._snapshot import detach, flat_leaves
-from ember.checkpoint._store import CheckpointStore, Prepared
+from ember.checkpoint._manifest import CorruptCheckpointError, check_structure, describe_tree
+from ember.checkpoint._msgpack import DATA, check_data_file, parsed, read_data, write_data
+from ember.checkpoint._snapshot import detach, flat_leaves, on_host
 
 SHARD = "#"  # separates a leaf's path from a shard's index in the data file: "params/w#0:4,0:8"
 
@@ -34,55 +35,56 @@ class NotHere(CorruptCheckpointError):
     """
 
 
-class ShardStore(CheckpointStore):
-    """One process's shards of every array, committed and verified as a ``CheckpointStore`` commits its files.
+@dataclass
+class SaveCount:
+    """A tiered store's count of saves since its durable tier's newest, which each fast save's manifest records."""
 
-    Every process saves, amends, prunes and sets aside in its own folder, with no collective: a `TieredStore` agrees
-    across processes, through ``agree``, which checkpoints all of them can restore.
+    since_durable: int = 0
+
+
+class ShardFormat:
+    """One process's shards of every array, in a msgpack data file of its own folder (a tiered store's fast tier).
+
+    Every process saves, amends, prunes and sets aside in its own folder, with no collective. A restore asks
+    ``agree`` for every process's verdict on the checkpoint (a `TieredStore` exchanges them), so every process
+    reads it or none does; alone, its own verdict stands.
     """
 
-    collective_saves = True  # every process saves (its own shards), and takes its own copy in _prepare
+    writers: Writers = "own"
+    sharded = True
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
         agree: Callable[[CheckpointInfo, BaseException | None], BaseException | None] | None = None,
+        count: SaveCount | None = None,
     ) -> None:
-        super().__init__(root)
-        #: called by a restore with the checkpoint and this process's problem with it (or ``None``); returns the
-        #: verdict of every process, the same on all (a `TieredStore` exchanges them). Alone: its own verdict.
         self.agree = agree if agree is not None else (lambda info, problem: problem)
-        #: recorded in each save's manifest (``layout``): a `TieredStore`'s count of saves since its last durable one
-        self.since_durable = 0
+        self.count = count if count is not None else SaveCount()
+        self._pool: list[np.ndarray] = []  # host buffers reused from save to save (see detach)
 
-    def _writes_manifests(self) -> bool:
-        return True  # the folder is this process's own
-
-    def _prepare(
-        self,
-        tree: Any,
-        step: int,
-        metrics: Mapping[str, float] | None,
-        metadata: Mapping[str, Any] | None,
-        name: str | None,
-        replaces: str | None,
-    ) -> Prepared:
-        name = self._new_name(step, name, replaces)
+    def prepare(self, draft: Draft, tree: Any, root: Path, *, background: bool) -> None:
         leaves = flat_leaves(tree)
-        manifest = new_manifest(step, metrics, metadata)
-        manifest["layout"] = {
+        draft.manifest["layout"] = {
             "process": jax.process_index(),
             "processes": jax.process_count(),
             "tree": describe_tree(leaves),
-            "since_durable": self.since_durable,
+            "since_durable": self.count.since_durable,
         }
         # a copy training cannot change (on the host): the write may run on the writer thread
-        return Prepared(name, manifest, replaces, leaves=detach(local_shards(leaves), self._host_buffers))
+        draft.leaves = detach(local_shards(leaves), self._pool)
 
-    def _write(self, prepared: Prepared) -> CheckpointInfo:
-        return self._write_files(prepared)  # no notice to the other processes: each writes its own folder
+    def write(self, draft: Draft, root: Path) -> dict[str, Any]:
+        leaves = on_host(draft.leaves)
+        draft.manifest["tree"] = describe_tree(leaves)
+        return write_data(draft, root, leaves)
 
-    def _read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
+    def abandon(self, draft: Draft) -> None:
+        return None
+
+    def check_kind(self, path: Path, manifest: dict[str, Any]) -> None:
+        check_data_file(manifest, "a TieredStore's fast tier")
+
+    def read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
         layout = info.manifest.get("layout")
         if not isinstance(layout, dict):
             raise ValueError(f"{info.path} was not written by a TieredStore's fast tier (its manifest has no layout).")
@@ -92,7 +94,7 @@ class ShardStore(CheckpointStore):
         problem: BaseException | None = None
         makers: dict[str, Callable[[], Any]] = {}
         try:
-            makers = rebuilders(layout["tree"], parsed(self._data(info), info.path / DATA), wanted)
+            makers = rebuilders(layout["tree"], parsed(read_data(info), info.path / DATA), wanted)
         except (CorruptCheckpointError, OSError) as e:  # NotHere is one too
             problem = e
         problem = self.agree(info, problem)  # every process restores this checkpoint, or none does
@@ -103,6 +105,9 @@ class ShardStore(CheckpointStore):
         leaves = {path: make() for path, make in makers.items()}
         nested = traverse_util.unflatten_dict(leaves, sep="/") if "" not in leaves else leaves[""]
         return nested if target is None else serialization.from_state_dict(target, nested)
+
+    def close(self) -> None:
+        return None
 
 
 def local_shards(leaves: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,31 +6,23 @@ import functools
 import os
 import shutil
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
+from concurrent.futures import Future
 from typing import Any
 
 import jax
-import numpy as np
 
-from ember.checkpoint._amend import Amending
-from ember.checkpoint._amend import then_after as _then
-from ember.checkpoint._atomic import abandoned, commit, temporary_dir
-from ember.checkpoint._folder import DATA, CheckpointFolder
-from ember.checkpoint._format import lower_thread_priority, write_leaves
+from ember.checkpoint._atomic import abandoned, commit
+from ember.checkpoint._contract import Draft, Format
+from ember.checkpoint._folder import CheckpointFolder
 from ember.checkpoint._info import CheckpointInfo
-from ember.checkpoint._manifest import (
-    CorruptCheckpointError,
-    describe_tree,
-    new_manifest,
-    write_manifest,
-)
-from ember.checkpoint._notice import committed
-from ember.checkpoint._snapshot import check_gatherable, detach, flat_leaves, on_host
+from ember.checkpoint._manifest import CorruptCheckpointError, amend_manifest, new_manifest, write_manifest
+from ember.checkpoint._msgpack import MsgpackFormat
+from ember.checkpoint._notice import committed, gathered
+from ember.checkpoint._snapshot import check_gatherable
+from ember.checkpoint._writer import WriterThread
 
 
-class CheckpointStore(Amending, CheckpointFolder):
+class CheckpointStore(CheckpointFolder):
     """Checkpoints in one folder, each committed atomically and verified before it is ever returned.
 
     A checkpoint is a folder holding ``state.msgpack`` (the tree, streamed leaf by leaf) and
@@ -54,9 +46,15 @@ class CheckpointStore(Amending, CheckpointFolder):
     thread fetches the copy while training goes on: training loses no time to the transfer, at the price of one more
     copy of the state in device memory while it lasts. On the CPU backend both are the same copy.
 
+    The store holds a format, which writes and reads the data files (msgpack here; orbax-checkpoint in an
+    [`OrbaxStore`][ember.checkpoint.OrbaxStore]); the store itself names, commits, verifies, lists, prunes, amends,
+    writes in the background and agrees across processes, the same for every format.
+
     Args:
         root: the folder; created if missing.
         device_snapshot: snapshot accelerator arrays on the device rather than on the host (see above).
+        format: how the arrays are written and read: ember's stores pass theirs (``OrbaxStore``, a ``TieredStore``'s
+            fast tier); msgpack, by default. The contract is in ``src/ember/checkpoint/README.md``.
 
     Examples:
         >>> import tempfile, numpy as np
@@ -69,18 +67,17 @@ class CheckpointStore(Amending, CheckpointFolder):
         (2, [0.0, 2.0, 4.0])
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, device_snapshot: bool = False) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, device_snapshot: bool = False, format: Format | None = None
+    ) -> None:
         if not isinstance(device_snapshot, bool):
             raise TypeError(f"`device_snapshot` must be True or False, got {device_snapshot!r}.")
+        super().__init__(root, format if format is not None else MsgpackFormat(device_snapshot=device_snapshot))
         self.device_snapshot = device_snapshot
-        self.root = Path(os.path.abspath(root))  # resolved once: a later chdir changes nothing
         self.root.mkdir(parents=True, exist_ok=True)
         for leftover in abandoned(self.root):  # an interrupted write; never one still in flight
             shutil.rmtree(leftover, ignore_errors=True)
-        self._writer: ThreadPoolExecutor | None = None
-        self._pending: Future[CheckpointInfo] | None = None
-        self._host_buffers: list[np.ndarray] = []  # reused by background saves (see detach)
-        self._verified = {}
+        self._writer = WriterThread(self.root)
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -119,7 +116,7 @@ class CheckpointStore(Amending, CheckpointFolder):
         elsewhere = self._start_save(tree, step, metrics, name)
         if elsewhere is not None:
             return self._heard(elsewhere)
-        return self._write(self._prepare(tree, step, metrics, metadata, name, replaces))
+        return self._write(self._draft(tree, step, metrics, metadata, name, replaces, background=False))
 
     def save_in_background(
         self,
@@ -152,26 +149,73 @@ class CheckpointStore(Amending, CheckpointFolder):
         """
         elsewhere = self._start_save(tree, step, metrics, name)
         if elsewhere is not None:  # process 0 writes; this process hears when it has, on its own writer thread
-            self._pending = self._submit(_then, functools.partial(self._heard, elsewhere), then)
-            return self._pending
-        if not self.collective_saves:  # a collective store (orbax) takes its own copy, shard by shard
-            tree = detach(tree, self._host_buffers, on_device=self.device_snapshot)
-        prepared = self._prepare(tree, step, metrics, metadata, name, replaces)
-        self._pending = self._submit(_then, functools.partial(self._write, prepared), then)
-        return self._pending
+            return self._writer.submit(functools.partial(self._heard, elsewhere), then)
+        draft = self._draft(tree, step, metrics, metadata, name, replaces, background=True)
+        return self._writer.submit(functools.partial(self._write, draft), then)
 
-    def _submit(self, *task: Any) -> Future[CheckpointInfo]:
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="ember-checkpoint", initializer=lower_thread_priority
+    def amend(
+        self, name: str, *, metrics: Mapping[str, float] | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> CheckpointInfo:
+        """Replace the metrics or the metadata of checkpoint ``name`` (those given); its arrays stay as they are.
+
+        For a save of a step whose arrays have not changed since it was saved (the same state, saved again at the
+        epoch's end with ``epoch_completed`` now true): only the manifest is written again, atomically, and no
+        second copy of the arrays is made. Waits for a background save in flight first.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save({"w": np.ones(2)}, step=3, metadata={"epoch_completed": False})
+            >>> info = store.amend("step_00000003", metadata={"epoch_completed": True})
+            >>> info.manifest["metadata"], [c.path.name for c in store.checkpoints()]
+            ({'epoch_completed': True}, ['step_00000003'])
+        """
+        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here
+        previous = self._writer.pending
+        self.wait()
+        return self._amend(previous, name, metrics, metadata)
+
+    def amend_in_background(
+        self,
+        name: str,
+        *,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        then: Callable[[], object] | None = None,
+    ) -> Future[CheckpointInfo]:
+        """[`amend`][ember.checkpoint.CheckpointStore.amend] on the writer thread, after the save in flight.
+
+        The training thread waits for nothing: a save of ``name`` still being written is amended once it is on disk
+        (and if it fails, this fails with its error). ``then`` runs after, as for a background save.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save_in_background({"w": np.ones(2)}, step=3)
+            >>> _ = store.amend_in_background("step_00000003", metrics={"loss": 0.5})
+            >>> store.wait().metrics
+            {'loss': 0.5}
+        """
+        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here, in the caller's thread
+        amend = functools.partial(self._amend, self._writer.pending, name, metrics, metadata)
+        return self._writer.submit(amend, then)
+
+    def _amend(
+        self,
+        previous: Future[CheckpointInfo] | None,
+        name: str,
+        metrics: Mapping[str, float] | None,
+        metadata: Mapping[str, Any] | None,
+    ) -> CheckpointInfo:
+        saved = previous.result() if previous is not None else None  # on disk (or its error is this one's)
+        if not self._writes_manifests():  # process 0 amends; the info says what it writes
+            step = saved.step if saved is not None else -1
+            return CheckpointInfo(
+                self.root / name, step, dict(metrics or {}), {"step": step, "written_by": "process 0"}
             )
-        return self._writer.submit(*task)
-
-    def _writes_manifests(self) -> bool:  # the folder's (Amending only declares it)
-        return CheckpointFolder._writes_manifests(self)
-
-    #: Whether every process takes part in a save (orbax) or only process 0 writes (this store).
-    collective_saves = False
+        return amend_manifest(self.root / name, metrics, metadata)
 
     def _start_save(
         self, tree: Any, step: int, metrics: Mapping[str, float] | None, name: str | None
@@ -181,7 +225,7 @@ class CheckpointStore(Amending, CheckpointFolder):
         On a process other than 0 (which writes nothing) it returns the info the save would have.
         """
         self.wait()
-        if self.collective_saves:
+        if self.format.writers != "primary":  # every process writes its share, or its own folder
             return None
         if jax.process_count() > 1:  # one process addresses every array
             check_gatherable(tree)  # on every process, so all of them fail alike
@@ -206,19 +250,7 @@ class CheckpointStore(Amending, CheckpointFolder):
             >>> CheckpointStore(tempfile.mkdtemp()).wait() is None
             True
         """
-        pending = self._pending
-        if pending is None:
-            return None
-        try:
-            info = pending.result(timeout)
-        except TimeoutError:
-            raise TimeoutError(
-                f"The checkpoint being written into {self.root} was not done within {timeout} s."
-            ) from None
-        finally:
-            if pending.done():
-                self._pending = None
-        return info
+        return self._writer.wait(timeout)
 
     def close(self) -> None:
         """Wait for a write in flight (raising its error) and stop the writer thread; a later save starts another.
@@ -232,11 +264,9 @@ class CheckpointStore(Amending, CheckpointFolder):
             1
         """
         try:
-            self.wait()
+            self._writer.close()
         finally:
-            if self._writer is not None:
-                self._writer.shutdown()
-                self._writer = None
+            self.format.close()
 
     def finish(self) -> CheckpointInfo | None:
         """Make every save so far as safe as this store makes any: here, wait for the write in flight.
@@ -264,7 +294,7 @@ class CheckpointStore(Amending, CheckpointFolder):
             >>> CheckpointStore(tempfile.mkdtemp()).writing
             False
         """
-        return self._pending is not None
+        return self._writer.pending is not None
 
     def raise_if_failed(self) -> None:
         """Re-raise the error of a background save that has already failed; never blocks.
@@ -274,13 +304,9 @@ class CheckpointStore(Amending, CheckpointFolder):
             >>> from ember.checkpoint import CheckpointStore
             >>> CheckpointStore(tempfile.mkdtemp()).raise_if_failed()
         """
-        pending = self._pending
-        if pending is not None and pending.done() and pending.exception() is not None:
-            self._pending = None
-            # the ignore below: done() was true, so exception() is the raised error or None (checked above)
-            raise pending.exception()  # type: ignore[misc]
+        self._writer.raise_if_failed()
 
-    def _prepare(
+    def _draft(
         self,
         tree: Any,
         step: int,
@@ -288,10 +314,16 @@ class CheckpointStore(Amending, CheckpointFolder):
         metadata: Mapping[str, Any] | None,
         name: str | None,
         replaces: str | None,
-    ) -> Prepared:
-        name = self._new_name(step, name, replaces)
-        manifest = new_manifest(step, metrics, metadata)  # the tree is described by _write, off the training thread
-        return Prepared(name, manifest, replaces, leaves=flat_leaves(tree))
+        *,
+        background: bool,
+    ) -> Draft:
+        """Check the save and begin it (the format takes its copy); the tree is described off the training thread."""
+        draft = Draft(self._new_name(step, name, replaces), new_manifest(step, metrics, metadata), replaces)
+        try:
+            self.format.prepare(draft, tree, self.root, background=background)
+        except OSError as e:
+            raise naming(e, draft.name, self.root) from None
+        return draft
 
     def _new_name(self, step: int, name: str | None, replaces: str | None = None) -> str:
         """Check ``step``, ``name`` and ``replaces``; return the folder name of a new checkpoint."""
@@ -319,64 +351,48 @@ class CheckpointStore(Amending, CheckpointFolder):
             raise problem
         return info
 
-    def _write(self, prepared: Prepared) -> CheckpointInfo:
+    def _write(self, draft: Draft) -> CheckpointInfo:
+        """Write the data files (the format), gather every process's records if all wrote, commit, tell the others.
+
+        Every process that takes part returns once the checkpoint is on disk, or raises the same error.
+        """
+        writers = self.format.writers
+        commits = writers == "own" or jax.process_index() == 0
+        problem: BaseException | None = None
+        files: dict[str, Any] = {}
         try:
-            info = self._write_files(prepared)
+            files = self.format.write(draft, self.root)
         except BaseException as e:
-            if jax.process_count() > 1:
-                committed(self.root, e)  # the others raise it too
-            raise
-        if jax.process_count() > 1:
-            committed(self.root, None)
-        return info
-
-    def _write_files(self, prepared: Prepared) -> CheckpointInfo:
-        leaves = on_host(prepared.leaves)  # device snapshots (or, saving in the foreground, the state) come over here
-        manifest = prepared.manifest
-        manifest["tree"] = describe_tree(leaves)
-        tmp = temporary_dir(self.root, prepared.name)
-        try:
-            with open(tmp / DATA, "wb") as f:
-                size, crc = write_leaves(f, list(leaves.items()))
-                f.flush()
-                os.fsync(f.fileno())
-            manifest["files"] = {DATA: {"bytes": size, "crc32": crc}}
-            write_manifest(tmp, manifest)
-            self._commit(tmp, prepared)
-        except OSError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise naming(e, prepared.name, self.root) from None
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return CheckpointInfo(self.root / prepared.name, manifest["step"], manifest["metrics"], manifest)
-
-    def _commit(self, tmp: Path, prepared: Prepared) -> None:
-        replaces = self.root / prepared.replaces if prepared.replaces is not None else None
-        commit(tmp, self.root / prepared.name, replaces=replaces)
+            problem = naming(e, draft.name, self.root)
+        if writers == "every":  # every process wrote its share: process 0 gets their records (or the first error)
+            files, problem = gathered(self.root, files, problem)
+        if problem is None and commits:
+            try:
+                assert draft.tmp is not None  # made by the format
+                draft.manifest["files"] = files
+                write_manifest(draft.tmp, draft.manifest)
+                replaces = self.root / draft.replaces if draft.replaces is not None else None
+                commit(draft.tmp, self.root / draft.name, replaces=replaces)
+            except BaseException as e:
+                problem = naming(e, draft.name, self.root)
+        if problem is not None:
+            self.format.abandon(draft)
+            if commits and draft.tmp is not None:
+                shutil.rmtree(draft.tmp, ignore_errors=True)
+        if writers != "own" and jax.process_count() > 1:
+            problem = committed(self.root, problem)  # process 0's word, on every process
+        if problem is not None:
+            raise problem
+        manifest = draft.manifest
+        return CheckpointInfo(self.root / draft.name, manifest["step"], manifest["metrics"], manifest)
 
 
-def naming(error: OSError, name: str, root: Path) -> OSError:
-    """``error``, of its own type and errno, saying which checkpoint could not be written.
+def naming(error: BaseException, name: str, root: os.PathLike[str] | str) -> BaseException:
+    """``error``, if an ``OSError``, of its own type and errno, saying which checkpoint could not be written.
 
-    Both stores say it alike: ``[Errno 28] No space left on device (could not write checkpoint 'step_00000004' in
-    /runs/x)``.
+    Every format says it alike: ``[Errno 28] No space left on device (could not write checkpoint 'step_00000004' in
+    /runs/x)``. Other errors, and one named already, are returned as they are.
     """
-    if error.errno is None:
+    if not isinstance(error, OSError) or error.errno is None or "(could not write checkpoint" in str(error):
         return error
     return type(error)(error.errno, f"{error.strerror} (could not write checkpoint {name!r} in {root})")
-
-
-@dataclass
-class Prepared:
-    """A save checked and started in the caller's thread, which ``_write`` finishes (maybe on the writer thread).
-
-    ``leaves`` is the tree to write (this store's); a collective store's save has written its arrays into ``tmp``
-    already.
-    """
-
-    name: str
-    manifest: dict[str, Any]
-    replaces: str | None
-    leaves: dict[str, Any] = field(default_factory=dict[str, Any])
-    tmp: Path | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import warnings
@@ -14,16 +15,17 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ember.checkpoint._fast_owner import owned_fast_root
+from ember.checkpoint._fast_owner import owned_fast_root, tier_roots
 from ember.checkpoint._info import CheckpointInfo
+from ember.checkpoint._manifest import new_manifest
 from ember.checkpoint._orbax import open_store
 from ember.checkpoint._order import newer
-from ember.checkpoint._shards import NotHere, ShardStore
+from ember.checkpoint._shards import NotHere, SaveCount, ShardFormat
 from ember.checkpoint._store import CheckpointStore
-from ember.checkpoint._tiered_read import TieredReading
+from ember.checkpoint._two_tiers import TwoTiers
 
 
-class TieredStore(TieredReading, CheckpointStore):
+class TieredStore(TwoTiers):
     """Checkpoints in two tiers: every save into a fast folder, every ``durable_every``-th and the last into a durable.
 
     The fast tier is a folder on local, quick storage (``/dev/shm/run``, a node's NVMe) that a relaunch on the same
@@ -46,6 +48,9 @@ class TieredStore(TieredReading, CheckpointStore):
     Retention: a [`Checkpoint`][ember.handlers.Checkpoint]'s ``n_saved`` applies to the checkpoints as one sequence,
     in both tiers, except that the durable tier's newest checkpoint is kept until the durable tier has a newer one
     (the fast tier's later saves never leave the durable tier empty).
+
+    It is a composite, not a store of its own: it holds two stores (the fast tier is a ``CheckpointStore`` writing
+    each process's shards), and each tier writes on its own one writer thread.
 
     Args:
         fast: the fast tier's folder (each process uses its own folder inside it).
@@ -75,34 +80,16 @@ class TieredStore(TieredReading, CheckpointStore):
         durable_every: int = 5,
         keep_fast: int = 2,
     ) -> None:
-        for label, value in (("durable_every", durable_every), ("keep_fast", keep_fast)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"`{label}` must be a positive int, got {value!r}.")
-        if not isinstance(fast, str | os.PathLike):
-            raise TypeError(f"`fast` must be a folder (a str or a path), got {type(fast).__name__}.")
-        for label, given in (("fast", fast), ("durable", durable)):
-            if isinstance(given, str | os.PathLike) and not os.fspath(given).strip():
-                raise ValueError(f"`{label}` must name a folder, got {os.fspath(given)!r} (the working folder?).")
-            if isinstance(given, str | os.PathLike) and os.path.exists(given) and not os.path.isdir(given):
-                raise ValueError(f"`{label}` must be a folder, got {os.fspath(given)!r}, which is a file.")
-        if isinstance(durable, TieredStore) or not isinstance(durable, CheckpointStore | str | os.PathLike):
-            raise TypeError(
-                f"`durable` must be a folder, a CheckpointStore or an OrbaxStore, got {type(durable).__name__}."
-            )
-        fast_root = Path(os.path.abspath(fast))
-        durable_root = durable.root if isinstance(durable, CheckpointStore) else Path(os.path.abspath(durable))
-        if fast_root == durable_root or durable_root in fast_root.parents or fast_root in durable_root.parents:
-            raise ValueError(
-                f"`fast` and `durable` must be separate folders, neither inside the other; got {str(fast_root)!r} "
-                f"and {str(durable_root)!r}."
-            )
-        self.durable: CheckpointStore = durable if isinstance(durable, CheckpointStore) else open_store(durable)
-        super().__init__(self.durable.root)
+        fast_root, durable_root = tier_roots(fast, durable, durable_every=durable_every, keep_fast=keep_fast)
+        durable_store = durable if isinstance(durable, CheckpointStore) else open_store(durable)
         self.fast_root = owned_fast_root(fast_root, Path(os.path.abspath(durable_root)))  # another run's: a subfolder
-        self.fast = ShardStore(self.fast_root / f"process-{jax.process_index()}-of-{jax.process_count()}", self._agree)
+        # saves since the durable tier's newest, which each fast save's manifest records (the relaunch counts on)
+        self._count = SaveCount()
+        own = self.fast_root / f"process-{jax.process_index()}-of-{jax.process_count()}"
+        super().__init__(CheckpointStore(own, format=ShardFormat(self._agree, self._count)), durable_store)
         self.durable_every, self.keep_fast = durable_every, keep_fast
-        # saves since the durable tier's newest, counted on across relaunches (process 0's count: all agree)
-        self._since = int(json.loads(self._exchange("count", self._since_durable())[0]))
+        # process 0's count: all agree
+        self._count.since_durable = int(json.loads(self._exchange("count", self._since_durable())[0]))
         self._last: _Last | None = None  # the newest save: what `finish` copies into the durable tier
         self._doomed: set[str] = set()  # deleted while the durable tier's newest: deleted once it has a newer one
 
@@ -132,7 +119,7 @@ class TieredStore(TieredReading, CheckpointStore):
         self.wait()
         durable = self._due(replaces)
         info = self.fast.save(tree, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces)
-        self._last = _Last(info.path.name, _abstract(tree, self.durable.collective_saves), durable)
+        self._last = _Last(info.path.name, _abstract(tree, self.durable.format.sharded), durable)
         if durable:
             info = self.durable.save(tree, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces)
         self._tidy(durable)
@@ -164,26 +151,41 @@ class TieredStore(TieredReading, CheckpointStore):
         """
         self.wait()
         durable = self._due(replaces)
-        self.fast.save_in_background(tree, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces)
-        self._last = _Last(name or f"step_{step:08d}", _abstract(tree, self.durable.collective_saves), durable)
-        if durable:
-            self.durable.save_in_background(
-                tree, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces
-            )
-        self._pending = self._submit(self._settle, durable, then)
-        return self._pending
+        self._last = _Last(name or f"step_{step:08d}", _abstract(tree, self.durable.format.sharded), durable)
+        args: dict[str, Any] = {"step": step, "metrics": metrics, "metadata": metadata, "name": name}
+        if not durable:
+            done = functools.partial(self._after, None, self._tidy_fast, then)
+            return self.fast.save_in_background(tree, **args, replaces=replaces, then=done)
+        fast = self.fast.save_in_background(tree, **args, replaces=replaces, then=self._tidy_fast)
+        done = functools.partial(self._after, fast, self._tidy_durable, then)
+        return self.durable.save_in_background(tree, **args, replaces=replaces, then=done)
 
-    def _writing(self, name: str) -> bool:
-        return self._last is not None and self._last.name == name and self.writing
+    def _after(
+        self,
+        fast: Future[CheckpointInfo] | None,
+        tidy: Callable[[], None] | None,
+        then: Callable[[], object] | None,
+    ) -> None:
+        """On the last tier's writer thread, once both tiers' writes are done: ``tidy`` that tier, then ``then``.
+
+        Each tier is tidied on its own thread (the fast tier after its write, the durable tier here). Nothing runs if
+        the fast tier's write failed: its error is the one [`wait`][ember.checkpoint.TieredStore.wait] raises, once.
+        """
+        if fast is not None and fast.exception() is not None:
+            return
+        if tidy is not None:
+            tidy()
+        if then is not None:
+            then()
 
     def _due(self, replaces: str | None) -> bool:
         """Whether the save being made goes into the durable tier too; count it (the fast tier's manifest says)."""
-        self._since += 1
-        due = self._since >= self.durable_every or (replaces is not None and (self.durable.root / replaces).is_dir())
-        if due:
-            self._since = 0
-        self.fast.since_durable = self._since
-        return due
+        self._count.since_durable += 1
+        due = self._count.since_durable >= self.durable_every
+        if due or (replaces is not None and (self.durable.root / replaces).is_dir()):
+            self._count.since_durable = 0
+            return True
+        return False
 
     def _since_durable(self) -> int:
         """How many saves the fast tier has had since the durable tier's newest, as its newest manifest records."""
@@ -192,27 +194,20 @@ class TieredStore(TieredReading, CheckpointStore):
             return 0
         return int(fast[-1].manifest["layout"].get("since_durable", 0))
 
-    def _settle(self, durable: bool, then: Callable[[], object] | None) -> CheckpointInfo:
-        """On the writer thread: wait for both tiers' writes, tidy, then ``then``."""
-        try:
-            info = self.fast.wait()
-        finally:
-            if durable:
-                info = self.durable.wait()
-        self._tidy(durable)
-        if then is not None:
-            then()
-        assert info is not None  # each tier had a save in flight
-        return info
-
     def _tidy(self, durable: bool) -> None:
         """After a save: the fast tier keeps its newest ``keep_fast``; deletions put off for the durable tier happen."""
-        self.fast.prune(keep_latest=self.keep_fast)
+        self._tidy_fast()
         if durable:
-            newest = self._durable_newest()
-            for name in sorted(self._doomed - {newest}):
-                self.durable.delete(name)
-                self._doomed.discard(name)
+            self._tidy_durable()
+
+    def _tidy_fast(self) -> None:
+        self.fast.prune(keep_latest=self.keep_fast)
+
+    def _tidy_durable(self) -> None:
+        newest = self._durable_newest()
+        for name in sorted(self._doomed - {newest}):
+            self.durable.delete(name)
+            self._doomed.discard(name)
 
     def _durable_newest(self) -> str | None:
         found = self.durable.checkpoints()
@@ -256,28 +251,10 @@ class TieredStore(TieredReading, CheckpointStore):
         self._tidy(True)
         return saved
 
-    def close(self) -> None:
-        """Wait for writes in flight and stop both tiers' writer threads.
-
-        Examples:
-            >>> import tempfile
-            >>> from ember.checkpoint import TieredStore
-            >>> TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp()).close()
-        """
-        super().close()
-        self.fast.close()
-        self.durable.close()
-
-    def _amend(
-        self,
-        previous: Future[CheckpointInfo] | None,
-        name: str,
-        metrics: Mapping[str, float] | None,
-        metadata: Mapping[str, Any] | None,
+    def amend(
+        self, name: str, *, metrics: Mapping[str, float] | None = None, metadata: Mapping[str, Any] | None = None
     ) -> CheckpointInfo:
-        """Rewrite checkpoint ``name``'s manifest in each tier that holds it, once ``previous`` is on disk.
-
-        ``amend`` and ``amend_in_background`` (the store's) call it, in the caller's thread or on the writer's.
+        """Rewrite checkpoint ``name``'s manifest in each tier that holds it (see ``CheckpointStore.amend``).
 
         Examples:
             >>> import tempfile, numpy as np
@@ -287,12 +264,59 @@ class TieredStore(TieredReading, CheckpointStore):
             >>> store.amend("step_00000003", metrics={"loss": 0.5}).metrics, store.fast.latest().metrics
             ({'loss': 0.5}, {'loss': 0.5})
         """
-        if previous is not None:
-            previous.result()  # on disk in both tiers (or its error is this one's)
-        found = [tier for tier in (self.fast, self.durable) if (tier.root / name).is_dir()]
+        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here
+        self.wait()
+        return [tier.amend(name, metrics=metrics, metadata=metadata) for tier in self._holding(name)][-1]
+
+    def amend_in_background(
+        self,
+        name: str,
+        *,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        then: Callable[[], object] | None = None,
+    ) -> Future[CheckpointInfo]:
+        """``amend`` on each tier's writer thread, after the save in flight there; ``then`` once both are done.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp(), durable_every=1)
+            >>> _ = store.save_in_background({"w": np.ones(2)}, step=3)
+            >>> _ = store.amend_in_background("step_00000003", metrics={"loss": 0.5})
+            >>> store.wait().metrics, store.fast.latest().metrics
+            ({'loss': 0.5}, {'loss': 0.5})
+        """
+        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here, in the caller's thread
+        tiers = self._holding(name)
+        fast = tiers[0].amend_in_background(name, metrics=metrics, metadata=metadata) if len(tiers) == 2 else None
+        done = functools.partial(self._after, fast, None, then)
+        return tiers[-1].amend_in_background(name, metrics=metrics, metadata=metadata, then=done)
+
+    def _holding(self, name: str) -> list[CheckpointStore]:
+        """The tiers that hold checkpoint ``name``, or are writing it (the newest save), fast first."""
+        last = self._last if self._last is not None and self._last.name == name else None
+        found = [self.fast] if last is not None or (self.fast.root / name).is_dir() else []
+        if (last is not None and last.durable) or (self.durable.root / name).is_dir():
+            found.append(self.durable)
         if not found:
             raise FileNotFoundError(f"No checkpoint named {name!r} in {self.fast.root} or {self.root}.")
-        return [tier.amend(name, metrics=metrics, metadata=metadata) for tier in found][-1]
+        return found
+
+    def path_of(self, name: str) -> Path:
+        """The fast tier's folder of checkpoint ``name`` if that tier holds it (or is writing it), else the durable's.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp())
+            >>> _ = store.save({"w": np.zeros(1)}, step=7)
+            >>> store.path_of("step_00000007").parent == store.fast.root
+            True
+        """
+        fast = self.fast.root / name
+        writing = self._last is not None and self._last.name == name and self.writing
+        return fast if fast.is_dir() or writing else self.durable.path_of(name)
 
     def delete(self, checkpoint: CheckpointInfo | str) -> None:
         """Remove a checkpoint from both tiers; the durable tier's newest goes once that tier has a newer one.

@@ -42,7 +42,7 @@ def attach_checkpoints(
         global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED),  # the trainer's step
     )
     best.attach(evaluator, Events.COMPLETED)
-    latest_dir: Path | CheckpointStore = run_dir / "checkpoints" / "latest"
+    latest_dir: Path | CheckpointStore | TieredStore = run_dir / "checkpoints" / "latest"
     if config.fast_dir is not None:  # every save into local storage, every k-th and the last into the run folder too
         fast = Path(config.fast_dir) / f"{run_dir.resolve().name}-{run_id}"
         latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)

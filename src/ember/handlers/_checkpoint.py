@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 import jax
 
-from ember.checkpoint import CheckpointInfo, CheckpointStore, check_retention
+from ember.checkpoint import CheckpointInfo, check_retention
+from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, Stateful, collect_handles
 from ember.handlers._checkpoint_files import CheckpointFiles
 from ember.handlers._checkpoint_record import CheckpointRecord
@@ -98,13 +99,7 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
     def __init__(
         self,
         to_save: Mapping[str, Any],
-        save_handler: CheckpointStore
-        | DiskSaver
-        | SaveHandler
-        | Callable[..., Any]
-        | str
-        | os.PathLike[str]
-        | None = None,
+        save_handler: Store | DiskSaver | SaveHandler | Callable[..., Any] | str | os.PathLike[str] | None = None,
         filename_prefix: str = "",
         score_function: Callable[[Engine], float] | None = None,
         score_name: str | None = None,
@@ -323,7 +318,7 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
     @staticmethod
     def load_objects(
         to_load: Mapping[str, Any],
-        checkpoint: CheckpointInfo | CheckpointStore | Mapping[str, Any] | str | os.PathLike[str],
+        checkpoint: CheckpointInfo | Store | Mapping[str, Any] | str | os.PathLike[str],
     ) -> CheckpointInfo | None:
         """Ignite's ``Checkpoint.load_objects``: from a checkpoint's folder, a folder (its latest), or a dict.
 
@@ -371,9 +366,9 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
         return made.handle
 
 
-def _where(save_handler: Any) -> tuple[Any, CheckpointStore | None]:
+def _where(save_handler: Any) -> tuple[Any, Store | None]:
     """The handler as kept in ``save_handler``, and the store it writes to (``None`` for a user's handler)."""
-    if isinstance(save_handler, CheckpointStore):
+    if isinstance(save_handler, Store):
         return save_handler, save_handler
     if isinstance(save_handler, DiskSaver):
         return save_handler, save_handler.store

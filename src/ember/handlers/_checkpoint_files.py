@@ -6,7 +6,8 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ember.checkpoint import CheckpointInfo, CheckpointStore
+from ember.checkpoint import CheckpointInfo
+from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events
 from ember.handlers._readers import CheckpointReader
 from ember.handlers._retention import Ledger
@@ -16,7 +17,7 @@ from ember.handlers._same_arrays import Saved
 class CheckpointFiles:
     """What a [`Checkpoint`][ember.handlers.Checkpoint] does with a store: it inherits this."""
 
-    store: CheckpointStore | None
+    store: Store | None
     to_save: Mapping[str, Any]
     score_name: str | None
     score_function: Any
@@ -38,7 +39,7 @@ class CheckpointFiles:
     def _metadata(self, priority: float) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _store(self, what: str) -> CheckpointStore:
+    def _store(self, what: str) -> Store:
         if self.store is None:
             raise TypeError(
                 f"{what} reads ember's checkpoint store; this Checkpoint saves through your own save_handler. Load "

@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-from ember.checkpoint import CheckpointStore
+from ember.checkpoint._stores import Store
 from ember.engine import Engine
 from ember.handlers._retention import Ledger, priority_text
 from ember.handlers._save_handlers import SaveHandler, checkpoint_dict, render_filename, setup_filename_pattern
@@ -21,7 +21,7 @@ class CheckpointRecord:
     Ignite's ``last_checkpoint``, ``state_dict``, ``reset``, the file names, and the save to your own save handler.
     """
 
-    store: CheckpointStore | None
+    store: Store | None
     save_handler: Any
     to_save: Mapping[str, Any]
     score_name: str | None

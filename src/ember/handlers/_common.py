@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ember.checkpoint import CheckpointStore
+from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events
 from ember.handlers._checkpoint import Checkpoint
 from ember.handlers._logging import ScalarLogger
@@ -26,7 +26,7 @@ def setup_common_training_handlers(
     to_save: Mapping[str, Any] | None = None,
     save_every_iters: int = 1000,
     output_path: str | os.PathLike[str] | None = None,
-    save_handler: CheckpointStore | DiskSaver | Callable[..., Any] | str | os.PathLike[str] | None = None,
+    save_handler: Store | DiskSaver | Callable[..., Any] | str | os.PathLike[str] | None = None,
     n_saved: int | None = 2,
     output_names: Iterable[str] | None = None,
     with_pbars: bool = True,

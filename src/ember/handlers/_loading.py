@@ -10,7 +10,8 @@ from typing import Any, overload
 import jax
 import numpy as np
 
-from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, open_store
+from ember.checkpoint import CheckpointInfo, CorruptCheckpointError, open_store
+from ember.checkpoint._stores import Store
 from ember.engine import Stateful, TreeStateful
 
 
@@ -27,25 +28,23 @@ def kind_of(name: str, obj: Any) -> str:
 
 
 @overload
-def load_objects(
-    to_load: Mapping[str, Any], checkpoint: Mapping[str, Any], *, store: CheckpointStore | None = None
-) -> None: ...
+def load_objects(to_load: Mapping[str, Any], checkpoint: Mapping[str, Any], *, store: Store | None = None) -> None: ...
 
 
 @overload
 def load_objects(
     to_load: Mapping[str, Any],
-    checkpoint: CheckpointInfo | CheckpointStore | str | os.PathLike[str],
+    checkpoint: CheckpointInfo | Store | str | os.PathLike[str],
     *,
-    store: CheckpointStore | None = None,
+    store: Store | None = None,
 ) -> CheckpointInfo: ...
 
 
 def load_objects(
     to_load: Mapping[str, Any],
-    checkpoint: CheckpointInfo | CheckpointStore | Mapping[str, Any] | str | os.PathLike[str],
+    checkpoint: CheckpointInfo | Store | Mapping[str, Any] | str | os.PathLike[str],
     *,
-    store: CheckpointStore | None = None,
+    store: Store | None = None,
 ) -> CheckpointInfo | None:
     """Restore ``to_load`` in place from one checkpoint's folder, a store (its latest valid one), or a dict.
 
@@ -82,7 +81,7 @@ def load_objects(
     if isinstance(checkpoint, CheckpointInfo):
         store, info = store or open_store(checkpoint.path.parent), checkpoint
     else:
-        store = checkpoint if isinstance(checkpoint, CheckpointStore) else open_store(checkpoint)
+        store = checkpoint if isinstance(checkpoint, Store) else open_store(checkpoint)
         info = store.latest()
         if info is None:
             raise FileNotFoundError(f"No valid checkpoint in {store.root} to load from.")
@@ -175,7 +174,7 @@ def abstract(tree: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _one_checkpoint(folder: Path, store: CheckpointStore | None) -> CheckpointInfo:
+def _one_checkpoint(folder: Path, store: Store | None) -> CheckpointInfo:
     """The checkpoint whose folder is ``folder``, read through the store of its parent folder."""
     store = store or open_store(folder.parent)
     for info in store.checkpoints():

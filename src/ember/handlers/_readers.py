@@ -6,7 +6,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ember.checkpoint import CheckpointInfo, CheckpointStore, CorruptCheckpointError, open_store
+from ember.checkpoint import CheckpointInfo, CorruptCheckpointError, open_store
+from ember.checkpoint._stores import Store
 from ember.handlers._loading import load_objects
 
 
@@ -30,8 +31,8 @@ class CheckpointReader:
         None
     """
 
-    def __init__(self, directory: str | os.PathLike[str] | CheckpointStore) -> None:
-        self.store = directory if isinstance(directory, CheckpointStore) else open_store(directory)
+    def __init__(self, directory: str | os.PathLike[str] | Store) -> None:
+        self.store = directory if isinstance(directory, Store) else open_store(directory)
 
     def candidates(self) -> list[CheckpointInfo]:
         """The valid checkpoints, the one to use first."""
@@ -58,7 +59,7 @@ class CheckpointReader:
 class _BestReader(CheckpointReader):
     mode: Literal["min", "max"]
 
-    def __init__(self, directory: str | os.PathLike[str] | CheckpointStore, metric: str) -> None:
+    def __init__(self, directory: str | os.PathLike[str] | Store, metric: str) -> None:
         super().__init__(directory)
         if not isinstance(metric, str) or not metric:
             raise TypeError(f"`metric` must be the name of a checkpoint metric, got {metric!r}.")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember.checkpoint import CheckpointStore
+from ember.checkpoint._stores import Store
 from ember.engine import Engine
 
 
@@ -55,9 +56,9 @@ class DiskSaver:
         return f"DiskSaver({str(self.store.root)!r})"
 
 
-def as_store(save_handler: Any) -> CheckpointStore:
+def as_store(save_handler: Any) -> Store:
     """The store a ``save_handler`` (a folder, a store, a [`DiskSaver`][ember.handlers.DiskSaver]) names."""
-    if isinstance(save_handler, CheckpointStore):
+    if isinstance(save_handler, Store):
         return save_handler
     if isinstance(save_handler, DiskSaver):
         return save_handler.store

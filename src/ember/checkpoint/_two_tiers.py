@@ -1,33 +1,43 @@
-"""The read side of a `TieredStore`: its two tiers listed, ranked, verified and restored as one store."""
+"""`TwoTiers`: a `TieredStore`'s two stores as one: listed, ranked, verified, restored, waited for and closed."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from ember._multiprocess import exchange
+from ember.checkpoint._folder import first_readable
 from ember.checkpoint._info import CheckpointInfo
 from ember.checkpoint._manifest import CorruptCheckpointError
 from ember.checkpoint._order import check_mode, newer, preferred
-from ember.checkpoint._shards import NotHere, ShardStore, verdict
+from ember.checkpoint._shards import NotHere, verdict
 from ember.checkpoint._store import CheckpointStore
 
 
-class TieredReading:
-    """What a [`TieredStore`][ember.checkpoint.TieredStore] reads with: it inherits this (before ``CheckpointStore``).
+class TwoTiers:
+    """The two tiers of a [`TieredStore`][ember.checkpoint.TieredStore], held as one store: read, waited for, closed.
 
-    Every method is that of [`CheckpointFolder`][ember.checkpoint.CheckpointFolder] over the fast tier (this process's
-    folder of it) and the durable tier together.
+    It holds the fast tier (this process's folder of it) and the durable tier, each a
+    [`CheckpointStore`][ember.checkpoint.CheckpointStore] with its own writer thread; each method is that of a
+    store over both together. ``TieredStore`` adds the policy of saving: which save goes where, and what is kept.
+
+    Examples:
+        >>> import tempfile, numpy as np
+        >>> from ember.checkpoint import TieredStore
+        >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp(), durable_every=2)
+        >>> _ = store.save({"w": np.zeros(1)}, step=1)
+        >>> store.latest().step, store.root == store.durable.root
+        (1, True)
     """
 
-    root: Path
-    fast: ShardStore
-    durable: CheckpointStore
-    _writing: Callable[[str], bool]  # whether the newest save, still in flight, is ``name``
+    def __init__(self, fast: CheckpointStore, durable: CheckpointStore) -> None:
+        self.fast, self.durable = fast, durable
+        self.root = durable.root
 
     def checkpoints(self) -> list[CheckpointInfo]:
         """Every valid checkpoint of both tiers, oldest step first; of a step in both, the fast tier's.
@@ -78,11 +88,45 @@ class TieredReading:
                 listed.append(durable[c.path.name])
         return listed
 
-    def _read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
-        """Read ``info`` through the tier that holds it; ``restore`` (the folder's) goes down the ranked list.
+    def latest(self) -> CheckpointInfo | None:
+        """The valid checkpoint of either tier with the highest step, or ``None``.
 
-        A fast checkpoint that some process cannot give (damaged, gone, saved with another layout) raises, on every
-        process, and the next is read: the same step or an older one from the durable tier.
+        Examples:
+            >>> import tempfile
+            >>> from ember.checkpoint import TieredStore
+            >>> TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp()).latest() is None
+            True
+        """
+        ranked = self.ranked()
+        return ranked[0] if ranked else None
+
+    def best(self, metric: str, mode: Literal["min", "max"] = "max") -> CheckpointInfo | None:
+        """The valid checkpoint of either tier with the best value of ``metric`` (ties: the later step), or ``None``.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp())
+            >>> for step, acc in ((1, 0.7), (2, 0.9), (3, 0.8)):
+            ...     _ = store.save({"w": np.zeros(1)}, step=step, metrics={"accuracy": acc})
+            >>> store.best("accuracy").step
+            2
+        """
+        ranked = self.ranked(metric, mode)
+        return ranked[0] if ranked else None
+
+    def restore(
+        self,
+        target: Any = None,
+        checkpoint: CheckpointInfo | None = None,
+        *,
+        on_verified: Callable[[], object] | None = None,
+    ) -> tuple[Any, CheckpointInfo]:
+        """Read the newest checkpoint of either tier that reads back whole (or ``checkpoint``), through its tier.
+
+        The arguments are those of [`CheckpointFolder.restore`][ember.checkpoint.CheckpointFolder.restore]. A fast
+        checkpoint that some process cannot give (damaged, gone, saved with another layout) raises, on every process,
+        and the next is read: the same step or an older one from the durable tier.
 
         Examples:
             >>> import tempfile, shutil, numpy as np
@@ -95,11 +139,14 @@ class TieredReading:
             >>> TieredStore(fast, store.durable.root).restore()[1].step
             2
         """
-        tier = self.fast if self.fast.holds(info) else self.durable
-        return tier.restore(target, info, on_verified=on_verified)[0]
 
-    def _places(self) -> str:
-        return f"{self.fast.root} or {self.root}"
+        def read(info: CheckpointInfo) -> Any:
+            tier = self.fast if self.fast.holds(info) else self.durable
+            return tier.restore(target, info, on_verified=on_verified)[0]
+
+        if checkpoint is not None:
+            return read(checkpoint), checkpoint
+        return first_readable(self.ranked(), read, self.set_aside, f"{self.fast.root} or {self.root}")
 
     def verify(self, path: str | os.PathLike[str], *, full: bool = False) -> CheckpointInfo:
         """The info of the checkpoint in folder ``path``, of whichever tier holds it (see ``CheckpointFolder.verify``).
@@ -151,20 +198,6 @@ class TieredReading:
         """
         return self.fast.find(name) or self.durable.find(name)
 
-    def path_of(self, name: str) -> Path:
-        """The fast tier's folder of checkpoint ``name`` if that tier holds it (or is writing it), else the durable's.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import TieredStore
-            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp())
-            >>> _ = store.save({"w": np.zeros(1)}, step=7)
-            >>> store.path_of("step_00000007").parent == store.fast.root
-            True
-        """
-        fast = self.fast.root / name
-        return fast if fast.is_dir() or self._writing(name) else self.durable.path_of(name)
-
     def holds(self, info: CheckpointInfo) -> bool:
         """Whether ``info`` is a checkpoint of either tier.
 
@@ -176,6 +209,73 @@ class TieredReading:
             True
         """
         return self.fast.holds(info) or self.durable.holds(info)
+
+    def close(self) -> None:
+        """Wait for writes in flight and stop both tiers' writer threads.
+
+        Examples:
+            >>> import tempfile
+            >>> from ember.checkpoint import TieredStore
+            >>> TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp()).close()
+        """
+        try:
+            self.wait()
+        finally:
+            try:
+                self.fast.close()
+            finally:
+                self.durable.close()
+
+    def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
+        """Block until both tiers' writes are on disk; re-raise an error of either; return the last save's info.
+
+        With ``timeout`` (seconds, for both together), raise ``TimeoutError`` if they are not done by then.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp(), durable_every=1)
+            >>> _ = store.save_in_background({"w": np.zeros(2)}, step=1)
+            >>> store.wait().path.parent == store.durable.root
+            True
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            try:
+                info = self.fast.wait(timeout)
+            finally:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                durable = self.durable.wait(left)
+        except TimeoutError:  # the store's own folder named, as a CheckpointStore's wait names its
+            raise TimeoutError(
+                f"The checkpoint being written into {self.root} was not done within {timeout} s."
+            ) from None
+        return durable if durable is not None else info
+
+    @property
+    def writing(self) -> bool:
+        """Whether either tier has a background write that was not yet waited for.
+
+        Examples:
+            >>> import tempfile
+            >>> from ember.checkpoint import TieredStore
+            >>> TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp()).writing
+            False
+        """
+        return self.fast.writing or self.durable.writing
+
+    def raise_if_failed(self) -> None:
+        """Re-raise the error of either tier's background write that has already failed; never blocks.
+
+        Examples:
+            >>> import tempfile
+            >>> from ember.checkpoint import TieredStore
+            >>> TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp()).raise_if_failed()
+        """
+        try:
+            self.fast.raise_if_failed()
+        finally:
+            self.durable.raise_if_failed()
 
     # -- agreeing ----------------------------------------------------------------------------------
 
