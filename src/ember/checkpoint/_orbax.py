@@ -205,8 +205,9 @@ def _os_error(error: BaseException) -> BaseException:
 class _QuietFilter(logging.Filter):
     """Drops orbax's warnings and errors about ember's writes, which ember raises itself.
 
-    Those that name one of ember's temporary checkpoint folders, and, while one of ember's saves is in flight
-    (``writing``), an orbax thread's logged ``OSError`` (a full disk's ENOSPC from a write or a flush names no file).
+    Those that name one of ember's temporary checkpoint folders (from orbax's loggers, and asyncio's for orbax's
+    tasks), and, while one of ember's saves is in flight (``writing``), an orbax thread's logged ``OSError`` (a full
+    disk's ENOSPC from a write or a flush names no file).
     """
 
     def __init__(self) -> None:
@@ -231,6 +232,9 @@ class _QuietFilter(logging.Filter):
 
 _QUIET = _QuietFilter()
 logging.getLogger("absl").addFilter(_QUIET)
+# orbax's writes run as asyncio tasks; a failed one that orbax did not await (a full disk fails several at once) is
+# logged by asyncio whenever it is collected ("Task exception was never retrieved"), naming ember's folder
+logging.getLogger("asyncio").addFilter(_QUIET)
 
 
 def open_store(root: str | os.PathLike[str]) -> CheckpointStore:

@@ -2,31 +2,25 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-import warnings
-from collections.abc import Callable, Generator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
-import jax
-
-from ember.checkpoint import CheckpointInfo, check_retention
+from ember.checkpoint import CheckpointInfo
 from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, Stateful, collect_handles
-from ember.handlers._checkpoint_files import CheckpointFiles
-from ember.handlers._checkpoint_record import CheckpointRecord
+from ember.handlers._checkpoint_args import check_arguments, destination, needs_store, writing
+from ember.handlers._checkpoint_files import StoreWriting
+from ember.handlers._checkpoint_names import Naming, metric_score, ranked
 from ember.handlers._loading import kind_of, load_objects
 from ember.handlers._retention import Item, Ledger
-from ember.handlers._same_arrays import Saved, score_of
-from ember.handlers._save_handlers import (
-    SaveHandler,
-    takes_metadata,
-)
+from ember.handlers._save_handlers import SaveHandler, setup_filename_pattern
 from ember.handlers._savers import DiskSaver
 
 
-class Checkpoint(CheckpointRecord, CheckpointFiles):
+class Checkpoint:
     """Saves ``to_save`` when its event fires, Ignite's way, into one of ember's stores or a save handler of yours.
 
     Ignite's arguments: ``Checkpoint(to_save, save_handler, filename_prefix, score_function, score_name, n_saved,
@@ -37,17 +31,14 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
 
     Into a store (a folder, a [`CheckpointStore`][ember.checkpoint.CheckpointStore] or a
     [`DiskSaver`][ember.handlers.DiskSaver]), each checkpoint is a folder (``mnist_step_00000400-acc=0.9731``, or
-    ``filename_pattern``) written atomically and verified. Objects with ``state_dict()``/``load_state_dict()``
-    (engines, handlers) go into the manifest; objects with ``tree_state_dict()``/``load_tree_state_dict()`` (a
-    trainer: its train state) go into the array file. Writes run in the background (the host copy is made before
-    the handler returns); an error in a background write is raised at the next iteration and at COMPLETED, which
-    also waits until everything is on disk. A checkpoint that retention no longer keeps is deleted only once its
-    successor is on disk.
+    ``filename_pattern``) written atomically and verified: state dicts (engines, handlers) in the manifest, tree
+    states (a trainer's train state) in the array file. Writes run in the background (the host copy is made before
+    the handler returns); a failed write is raised at the next iteration and at COMPLETED, which waits until all is
+    on disk. A checkpoint retention no longer keeps is deleted once its successor is on disk.
 
-    A ``save_handler`` that is a function ``(checkpoint, filename, metadata)`` or an object with Ignite's
-    ``BaseSaveHandler`` methods ([`SaveHandler`][ember.handlers.SaveHandler]) is called on the training thread,
-    as Ignite calls it, with a dict of host values and Ignite's file name (``checkpoint_400.ckpt``); its ``remove``
-    is called for a checkpoint no longer kept, after the new one was saved.
+    A ``save_handler`` of your own (a function ``(checkpoint, filename, metadata)`` or Ignite's ``BaseSaveHandler``:
+    [`SaveHandler`][ember.handlers.SaveHandler]) is called on the training thread with a dict of host values and
+    Ignite's file name (``checkpoint_400.ckpt``), and its ``remove`` for a checkpoint no longer kept.
 
     Args:
         to_save: what to save, by name.
@@ -115,55 +106,26 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
         background: bool = True,
         on_error: Literal["raise", "warn"] = "raise",
     ) -> None:
-        if not isinstance(to_save, Mapping) or not to_save:
-            raise TypeError(f"`to_save` must be a non-empty mapping of names to objects, got {to_save!r}.")
-        if include_self and not isinstance(to_save, MutableMapping):
-            raise TypeError(
-                f"`include_self=True` needs `to_save` to be mutable (a dict), got {type(to_save).__name__}."
-            )
-        if include_self and "checkpointer" in to_save:
-            raise ValueError(
-                "`to_save` has the key 'checkpointer', which `include_self=True` saves this handler under."
-            )
         if score_function is None and score_name is not None:
             score_function = self.get_default_score_fn(score_name)
-        if score_function is not None and not callable(score_function):
-            raise TypeError(f"`score_function` must be callable as score_function(engine), got {score_function!r}.")
-        if global_step_transform is not None and not callable(global_step_transform):
-            raise TypeError(
-                "`global_step_transform` must be callable as global_step_transform(engine, event_name), "
-                f"got {global_step_transform!r}."
-            )
-        if filename_pattern is not None and not isinstance(filename_pattern, str):
-            raise TypeError(f"`filename_pattern` must be a str or None, got {type(filename_pattern).__name__}.")
-        if n_saved is not None and (not isinstance(n_saved, int) or isinstance(n_saved, bool) or n_saved < 1):
-            raise ValueError(f"`n_saved` must be a positive int or None (keep every checkpoint), got {n_saved!r}.")
-        check_retention(None, None, keep_every, mode)
-        if on_error not in ("raise", "warn"):
-            raise ValueError(f'`on_error` must be "raise" or "warn", got {on_error!r}.')
+        checks = (to_save, include_self, score_function, global_step_transform, filename_pattern, n_saved, on_error)
+        check_arguments(*checks, keep_every=keep_every, mode=mode)
         self._kinds = {name: kind_of(name, obj) for name, obj in to_save.items()}
-        self.on_error = on_error
         self.to_save = to_save if include_self else dict(to_save)
-        self.save_handler, self.store = _where(save_handler)
-        self._with_metadata = takes_metadata(self.save_handler) if self.store is None else True
-        self.n_saved, self.keep_every = n_saved, keep_every
+        self.save_handler, self.store = destination(save_handler)
+        self.n_saved, self.keep_every, self.mode, self.on_error = n_saved, keep_every, mode, on_error
         self.score_function = score_function
-        self.mode: Literal["min", "max"] = mode
         self.score_name = score_name or ("score" if score_function is not None else None)
         self.global_step_transform = global_step_transform
         self.filename_prefix, self.filename_pattern = filename_prefix, filename_pattern
         self.include_self, self.greater_or_equal, self.save_on_rank = include_self, greater_or_equal, save_on_rank
-        self._prefix = f"{filename_prefix}_" if filename_prefix else ""  # Ignite's separator: mnist_step_...
         self.background = background
         self._ledger = Ledger.for_checkpoint(
-            n_saved=n_saved,
-            mode=mode,
-            keep_every=keep_every,
-            greater_or_equal=greater_or_equal,
+            n_saved=n_saved, mode=mode, keep_every=keep_every, greater_or_equal=greater_or_equal
         )
-        self._seeded = self.store is None  # a store's earlier checkpoints join the ledger at the first save
-        self._before: Any = None  # the ledger before the save in flight, put back if that save fails
-        self._saved: Saved | None = None  # the checkpoint written (or resumed from) last, and what it holds
+        naming = Naming(filename_prefix, filename_pattern, self.score_name, score_function is not None, self.ext)
+        where = (self.save_handler, self.store, self._ledger, naming)
+        self._to = writing(*where, background=background, on_error=on_error, mode=mode, save_on_rank=save_on_rank)
         #: seconds the calling (training) thread has spent in this handler's saves: copying, waiting on the last write
         self.blocked = 0.0
         self._save_listeners: list[Callable[[int], None]] = []
@@ -187,22 +149,39 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
             self.blocked += time.perf_counter() - start
 
     def _save(self, engine: Engine) -> None:
-        transform = self.global_step_transform
-        global_step = int(transform(engine, engine.last_event_name)) if transform is not None else None
-        metrics: dict[str, float] = {}
-        if self.score_function is not None and self.score_name is not None:
-            priority = score_of(self.score_function(engine))
-            metrics[self.score_name] = priority
+        scoring = (self.score_function, self.score_name, self.global_step_transform)
+        step, global_step, priority, metrics = ranked(engine, *scoring)
+        if isinstance(self._to, StoreWriting):
+            saved = self._to.save(
+                engine, self.to_save, self._collect, self._with_self, step, global_step, priority, metrics
+            )
         else:
-            global_step = engine.state.iteration if global_step is None else global_step
-            priority = global_step
-        step = engine.state.iteration if global_step is None else global_step
-        if self.store is None:
-            saved = self._call_handler(step, global_step, priority, *self._collect())
-        else:
-            saved = self._save_to_store(engine, step, global_step, priority, metrics)
+            self_state = self.state_dict if self.include_self else None
+            saved = self._to.save(self.to_save, *self._collect(), self_state, step, global_step, priority)
         for listener in self._save_listeners if saved else ():
             listener(step)
+
+    def _given(self, to_save: Mapping[str, Any]) -> None:
+        """What to save from now on (a ``ModelCheckpoint`` is given it at each call)."""
+        self.to_save, self._kinds = dict(to_save), {name: kind_of(name, obj) for name, obj in to_save.items()}
+
+    def _collect(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What a checkpoint of now holds: every object's state dict, and the arrays of the tree-stateful ones."""
+        states = {k: obj.state_dict() for k, obj in self.to_save.items() if isinstance(obj, Stateful)}
+        return states, self._trees()
+
+    def _trees(self) -> dict[str, Any]:
+        return {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
+
+    def _with_self(self, states: dict[str, Any]) -> dict[str, Any]:
+        return {**states, "checkpointer": self.state_dict()} if self.include_self else states
+
+    @property
+    def _writing(self) -> StoreWriting | None:
+        return self._to if isinstance(self._to, StoreWriting) else None
+
+    def _store(self, what: str) -> StoreWriting:
+        return needs_store(self._writing, what)
 
     def add_save_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(step)`` each time a checkpoint of ``step`` is being written (a ledger kept beside it).
@@ -222,98 +201,180 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
             raise TypeError(f"`listener` must be callable as listener(step), got {listener!r}.")
         self._save_listeners.append(listener)
 
-    def _collect(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """What a checkpoint of now holds: every object's state dict, and the arrays of the tree-stateful ones."""
-        states = {k: obj.state_dict() for k, obj in self.to_save.items() if isinstance(obj, Stateful)}
-        trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
-        return states, trees
+    def save_now(self, engine: Engine) -> CheckpointInfo:
+        """Save, wait until the checkpoint is on disk, and return [`last_checkpoint`]'s info.
 
-    def _save_to_store(
-        self, engine: Engine, step: int, global_step: int | None, priority: float, metrics: dict[str, float]
-    ) -> bool:
-        """Save into the store if retention admits it; return whether it wrote a checkpoint.
+        When retention does not keep a checkpoint of this score, nothing is written and the best kept is returned.
 
-        The state dicts are collected only then: a best checkpoint that did not improve costs the training thread
-        no copy.
+        Examples:
+            >>> import tempfile
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint
+            >>> trainer = Engine(lambda e, b: b)
+            >>> _ = trainer.run([1, 2])
+            >>> Checkpoint({"trainer": trainer}, tempfile.mkdtemp()).save_now(trainer).step
+            2
         """
-        assert self.store is not None
-        outer = engine.outer_engine  # an evaluator's run inside a trainer's: the trainer's run ends the writing
-        for watched in (engine,) if outer is None else (engine, outer):
-            if not watched.has_event_handler(self._finish, Events.COMPLETED):  # add_event_handler, Ignite's way
-                self._watch(watched)
-        default = f"{self._prefix}step_{step:08d}" + (f"-{self.score_name}={priority:.4f}" if metrics else "")
-        name = self._name(global_step, priority, default=default)
-        saved = self._saved if self._saved is not None and self._saved.step == step else None
-        collected = self._collect() if saved is not None else None
-        if saved is not None and collected is not None and saved.metrics == metrics and saved.holds(collected[1]):
-            if saved.states != self._with_self(collected[0]):
-                self._amend(saved, self._with_self(collected[0]))
-            return False
-        replaces = saved.name if saved is not None and not metrics else None  # a new score is a new best candidate
-        if self.store.writing:
-            self._wait()  # the previous save is on disk, older ones removed: names are settled
-        self._seed()
-        if replaces is None and self._is_checkpoint(name):
-            replaces = name  # a checkpoint of this step from before (a relaunch): this one takes its place
-        if not self._ledger.admits(step, priority, replacing=replaces):
-            return False
-        states, trees = collected if collected is not None else self._collect()
-        self._before = self._ledger.snapshot()
-        gone = [e.filename for e in self._ledger.add(name, step, priority) if e.filename not in (name, replaces)]
-        if replaces is not None and replaces != name:
-            self._ledger.forget(replaces)
-        states = self._with_self(states)
-        metadata = {"state_dicts": states, "checkpoint": self._metadata(priority)}
+        writing = self._store("save_now()")
+        self(engine)
+        return writing.best_on_disk()
 
-        def remove_gone() -> None:
-            if jax.process_index() == 0:  # only process 0 deletes, as it alone commits
-                for old in gone:
-                    self.store.delete(old)  # type: ignore[union-attr]  # a store: tested above
+    def wait(self) -> CheckpointInfo | None:
+        """Wait for a background save to be on disk (raising its error); return it, or ``None`` if none was in flight.
 
-        with self._failures():
-            if self.background:
-                self.store.save_in_background(
-                    trees, step=step, metrics=metrics, metadata=metadata, name=name, then=remove_gone, replaces=replaces
-                )
-            else:
-                self.store.save(trees, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces)
-                remove_gone()
-                self._before = None
-        self._saved = Saved.of(step, name, trees, states, metrics)
-        if self.background and engine.last_event_name is Events.COMPLETED and outer is None:
-            self._wait()  # the run ends here; a watcher added just now would not run in this firing
-        return True
+        Examples:
+            >>> import tempfile
+            >>> from ember import Engine, Events
+            >>> from ember.handlers import Checkpoint
+            >>> trainer = Engine(lambda e, b: b)
+            >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
+            >>> _ = trainer.add_event_handler(Events.ITERATION_COMPLETED, saver)
+            >>> @trainer.on(Events.ITERATION_COMPLETED(once=2))
+            ... def on_disk(engine):
+            ...     print(saver.last_checkpoint.name, saver.wait().step)
+            >>> _ = trainer.run([1, 2])
+            step_00000002 2
+        """
+        return self._writing.wait() if self._writing is not None else None
 
-    def _with_self(self, states: dict[str, Any]) -> dict[str, Any]:
-        return {**states, "checkpointer": self.state_dict()} if self.include_self else states
+    def resume(self, reader: Any = None) -> CheckpointInfo | None:
+        """Restore everything in ``to_save`` from the latest valid checkpoint; ``None`` if there is none.
 
-    def _amend(self, saved: Saved, states: dict[str, Any]) -> None:
-        """Write the new state dicts into the manifest of the checkpoint ``saved`` describes; its arrays stay."""
-        assert self.store is not None
-        with self._failures():
-            if self.background:
-                self.store.amend_in_background(saved.name, metadata={"state_dicts": states})
-            else:
-                self.store.amend(saved.name, metadata={"state_dicts": states})
-        saved.states = states
+        One call resumes a run exactly: the trainer's train state and counters, the data position, and every stateful
+        handler in ``to_save``. ``reader`` picks another checkpoint
+        ([`HighestCheckpointReader`][ember.handlers.HighestCheckpointReader], ...); it reads this handler's store by
+        default.
 
-    @contextlib.contextmanager
-    def _failures(self) -> Generator[None]:
-        """Let a failed write raise, or with ``on_error="warn"`` turn it into a warning; the ledger is put back."""
-        try:
-            yield
-        except OSError as e:
-            if self._before is not None:
-                self._ledger.restore(self._before)
-                self._before = None
-            if self.on_error == "raise":
-                raise
-            warnings.warn(
-                f"A checkpoint could not be written ({type(e).__name__}: {e}); training goes on, and the "
-                "earlier checkpoints are intact.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        Examples:
+            >>> import tempfile
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint
+            >>> folder = tempfile.mkdtemp()
+            >>> trainer = Engine(lambda e, b: b)
+            >>> print(Checkpoint({"trainer": trainer}, folder).resume())  # first run: from scratch
+            None
+            >>> _ = trainer.run([1, 2, 3]); _ = Checkpoint({"trainer": trainer}, folder).save_now(trainer)
+            >>> again = Engine(lambda e, b: b)
+            >>> Checkpoint({"trainer": again}, folder).resume().step, again.state.iteration
+            (3, 3)
+        """
+        return self._store("resume()").resume(reader, self.to_save, self._trees)
+
+    def latest_committed(self) -> CheckpointInfo | None:
+        """The newest checkpoint of this handler committed on disk, or ``None``.
+
+        Read from the store's folder: a background save counts once its write is finished, whichever run wrote it.
+        Damaged checkpoints are left out (without the warning a restore gives).
+
+        Examples:
+            >>> import tempfile
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint
+            >>> trainer = Engine(lambda e, b: b)
+            >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
+            >>> print(saver.latest_committed())
+            None
+            >>> _ = trainer.run([1, 2]); _ = saver.save_now(trainer)
+            >>> saver.latest_committed().step
+            2
+        """
+        mine = self._store("latest_committed()").mine(self.to_save)
+        return mine[-1] if mine else None
+
+    @property
+    def last_checkpoint(self) -> Path | str | None:
+        """The checkpoint Ignite's ``last_checkpoint`` names: the best kept (by score, else the newest), or ``None``.
+
+        A ``pathlib.Path`` (the checkpoint's folder) with a store, the file name with your own save handler. It is
+        set as soon as the save is scheduled, so a background write may still be in flight: ``saver.wait()``
+        returns once it is on disk. A relaunched handler knows the checkpoints of its own already in the store.
+        """
+        if self._writing is not None:
+            self._writing.seed(self.to_save)
+        best = self._ledger.best()
+        if best is None:
+            return None
+        return self.store.path_of(best.filename) if self.store is not None else best.filename
+
+    def reset(self) -> None:
+        """Forget the checkpoints kept so far (Ignite's ``reset``): later saves never remove them.
+
+        Call it at STARTED when one handler serves several independent runs (folds).
+
+        Examples:
+            >>> import tempfile
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint
+            >>> trainer = Engine(lambda e, b: b)
+            >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
+            >>> _ = trainer.run([1, 2]); _ = saver.save_now(trainer)
+            >>> saver.reset(); print(saver.last_checkpoint)
+            None
+        """
+        self._ledger.restore(([], 0))
+        self._ledger.settle()
+        if self._writing is not None:
+            self._writing.seeded()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this handler keeps, as Ignite's ``{"_saved": [(priority, filename), ...]}`` (and the steps).
+
+        Examples:
+            >>> import tempfile
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint
+            >>> trainer = Engine(lambda e, b: b)
+            >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
+            >>> _ = trainer.run([1, 2]); _ = saver.save_now(trainer)
+            >>> saver.state_dict()
+            {'_saved': [(2, 'step_00000002')], 'steps': [2]}
+        """
+        if self._writing is not None:
+            self._writing.seed(self.to_save)
+        return self._ledger.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take over what a saved handler kept; its checkpoints are removed as later saves push them out.
+
+        Examples:
+            >>> import tempfile
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint
+            >>> saver = Checkpoint({"trainer": Engine(lambda e, b: b)}, tempfile.mkdtemp())
+            >>> saver.load_state_dict({"_saved": [(4, "step_00000004")]}); saver.last_checkpoint.name
+            'step_00000004'
+        """
+        self._ledger.load_state_dict(state_dict)
+        self._ledger.settle()
+        if self._writing is not None:
+            self._writing.seeded()
+
+    @staticmethod
+    def setup_filename_pattern(
+        with_prefix: bool = True, with_score: bool = True, with_score_name: bool = True, with_global_step: bool = True
+    ) -> str:
+        """Ignite's default file name pattern, with the parts asked for.
+
+        Examples:
+            >>> from ember.handlers import Checkpoint
+            >>> Checkpoint.setup_filename_pattern(with_score=False, with_score_name=False)
+            '{filename_prefix}_{name}_{global_step}.{ext}'
+        """
+        return setup_filename_pattern(with_prefix, with_score, with_score_name, with_global_step)
+
+    @staticmethod
+    def get_default_score_fn(metric_name: str, score_sign: float = 1.0) -> Callable[[Engine], float]:
+        """A ``score_function`` reading ``engine.state.metrics[metric_name]``, times ``score_sign`` (1 or -1).
+
+        Examples:
+            >>> from ember import Engine
+            >>> from ember.handlers import Checkpoint
+            >>> engine = Engine(lambda e, b: b)
+            >>> engine.state.metrics["loss"] = 0.25
+            >>> Checkpoint.get_default_score_fn("loss", -1.0)(engine)
+            -0.25
+        """
+        return metric_score(metric_name, score_sign)
 
     @staticmethod
     def load_objects(
@@ -361,28 +422,9 @@ class Checkpoint(CheckpointRecord, CheckpointFiles):
         """
         with collect_handles() as made:
             engine.add_event_handler(event, self)
-            if self.store is not None:
-                self._watch(engine)
+            if self._writing is not None:
+                self._writing.watch(engine)
         return made.handle
-
-
-def _where(save_handler: Any) -> tuple[Any, Store | None]:
-    """The handler as kept in ``save_handler``, and the store it writes to (``None`` for a user's handler)."""
-    if isinstance(save_handler, Store):
-        return save_handler, save_handler
-    if isinstance(save_handler, DiskSaver):
-        return save_handler, save_handler.store
-    if isinstance(save_handler, str | os.PathLike):
-        saver = DiskSaver(save_handler, require_empty=False)
-        return saver, saver.store
-    if save_handler is None:
-        raise TypeError("`save_handler` is required: a folder, a CheckpointStore, a DiskSaver or a save handler.")
-    if callable(save_handler):
-        return save_handler, None
-    raise TypeError(
-        "`save_handler` must be a folder, a CheckpointStore, a DiskSaver, or a callable "
-        f"(checkpoint, filename, metadata) such as a BaseSaveHandler; got {type(save_handler).__name__}."
-    )
 
 
 def checkpoints_given(checkpoints: Sequence[Any]) -> list[Checkpoint]:

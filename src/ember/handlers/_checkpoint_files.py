@@ -1,209 +1,200 @@
-"""`CheckpointFiles`: the store side of a `Checkpoint`: waiting for writes, finding its checkpoints, resuming."""
+"""`StoreWriting`: a `Checkpoint`'s saves into one of ember's stores, its background writes, and its relaunch."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
+
+import jax
 
 from ember.checkpoint import CheckpointInfo
 from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events
+from ember.handlers._checkpoint_names import Naming
 from ember.handlers._readers import CheckpointReader
-from ember.handlers._retention import Ledger
+from ember.handlers._retention import Ledger, failures
 from ember.handlers._same_arrays import Saved
 
+#: What a checkpoint of now holds: every object's state dict, and the arrays of the tree-stateful ones.
+Collect = Callable[[], tuple[dict[str, Any], dict[str, Any]]]
 
-class CheckpointFiles:
-    """What a [`Checkpoint`][ember.handlers.Checkpoint] does with a store: it inherits this."""
 
-    store: Store | None
-    to_save: Mapping[str, Any]
-    score_name: str | None
-    score_function: Any
-    mode: Literal["min", "max"]
-    background: bool
-    _prefix: str
-    _kinds: dict[str, str]
-    _ledger: Ledger
-    _seeded: bool
-    _before: Any
-    _saved: Saved | None
+class StoreWriting:
+    """What a [`Checkpoint`][ember.handlers.Checkpoint] does with a store: it holds one of these.
 
-    def _failures(self) -> contextlib.AbstractContextManager[None]:
-        raise NotImplementedError
+    It owns what only a store has: the checkpoint written last (to amend it rather than write its arrays again),
+    whether the store's earlier checkpoints have joined the ledger (a relaunch), the background writes (waited for,
+    their errors surfaced each iteration), and finishing at COMPLETED.
+    """
 
-    def __call__(self, engine: Engine) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        store: Store,
+        ledger: Ledger,
+        naming: Naming,
+        *,
+        background: bool,
+        on_error: Literal["raise", "warn"],
+        mode: Literal["min", "max"],
+    ) -> None:
+        self.store, self.ledger, self.naming, self.background = store, ledger, naming, background
+        self.on_error: Literal["raise", "warn"] = on_error
+        self.mode: Literal["min", "max"] = mode
+        self.saved: Saved | None = None  # the checkpoint written (or resumed from) last, and what it holds
+        self._seeded = False  # the store's earlier checkpoints join the ledger at the first save
 
-    def _metadata(self, priority: float) -> dict[str, Any]:
-        raise NotImplementedError
+    def save(
+        self,
+        engine: Engine,
+        to_save: Mapping[str, Any],
+        collect: Collect,
+        with_self: Callable[[dict[str, Any]], dict[str, Any]],
+        step: int,
+        global_step: int | None,
+        priority: float,
+        metrics: dict[str, float],
+    ) -> bool:
+        """Save into the store if retention admits it; return whether it wrote a checkpoint.
 
-    def _store(self, what: str) -> Store:
-        if self.store is None:
-            raise TypeError(
-                f"{what} reads ember's checkpoint store; this Checkpoint saves through your own save_handler. Load "
-                "what it saved with Checkpoint.load_objects(to_load, checkpoint_dict)."
-            )
-        return self.store
-
-    def save_now(self, engine: Engine) -> CheckpointInfo:
-        """Save, wait until the checkpoint is on disk, and return [`last_checkpoint`]'s info.
-
-        When retention does not keep a checkpoint of this score, nothing is written and the best kept is returned.
-
-        Examples:
-            >>> import tempfile
-            >>> from ember import Engine
-            >>> from ember.handlers import Checkpoint
-            >>> trainer = Engine(lambda e, b: b)
-            >>> _ = trainer.run([1, 2])
-            >>> Checkpoint({"trainer": trainer}, tempfile.mkdtemp()).save_now(trainer).step
-            2
+        The state dicts are collected only then: a best checkpoint that did not improve costs the training thread
+        no copy.
         """
-        store = self._store("save_now()")
-        self(engine)
-        self._wait()
-        best = self._ledger.best()
+        outer = engine.outer_engine  # an evaluator's run inside a trainer's: the trainer's run ends the writing
+        for watched in (engine,) if outer is None else (engine, outer):
+            if not watched.has_event_handler(self.finish, Events.COMPLETED):  # add_event_handler, Ignite's way
+                self.watch(watched)
+        name = self.naming.store_name(to_save, step, global_step, priority, scored=bool(metrics))
+        saved = self.saved if self.saved is not None and self.saved.step == step else None
+        collected = collect() if saved is not None else None
+        if saved is not None and collected is not None and saved.metrics == metrics and saved.holds(collected[1]):
+            if saved.states != with_self(collected[0]):
+                self.amend(saved, with_self(collected[0]))
+            return False
+        replaces = saved.name if saved is not None and not metrics else None  # a new score is a new best candidate
+        if self.store.writing:
+            self.wait()  # the previous save is on disk, older ones removed: names are settled
+        self.seed(to_save)
+        if replaces is None and self.store.find(name) is not None:
+            replaces = name  # a checkpoint of this step from before (a relaunch): this one takes its place
+        if not self.ledger.admits(step, priority, replacing=replaces):
+            return False
+        states, trees = collected if collected is not None else collect()
+        self.ledger.begin()
+        gone = [e.filename for e in self.ledger.add(name, step, priority) if e.filename not in (name, replaces)]
+        if replaces is not None and replaces != name:
+            self.ledger.forget(replaces)
+        states = with_self(states)
+        metadata = {"state_dicts": states, "checkpoint": self.naming.metadata(to_save, priority)}
+
+        def remove_gone() -> None:
+            if jax.process_index() == 0:  # only process 0 deletes, as it alone commits
+                for old in gone:
+                    self.store.delete(old)
+
+        with failures(self.on_error, self.ledger):
+            if self.background:
+                self.store.save_in_background(
+                    trees, step=step, metrics=metrics, metadata=metadata, name=name, then=remove_gone, replaces=replaces
+                )
+            else:
+                self.store.save(trees, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces)
+                remove_gone()
+                self.ledger.settle()
+        self.saved = Saved.of(step, name, trees, states, metrics)
+        if self.background and engine.last_event_name is Events.COMPLETED and outer is None:
+            self.wait()  # the run ends here; a watcher added just now would not run in this firing
+        return True
+
+    def amend(self, saved: Saved, states: dict[str, Any]) -> None:
+        """Write the new state dicts into the manifest of the checkpoint ``saved`` describes; its arrays stay."""
+        with failures(self.on_error, self.ledger):
+            if self.background:
+                self.store.amend_in_background(saved.name, metadata={"state_dicts": states})
+            else:
+                self.store.amend(saved.name, metadata={"state_dicts": states})
+        saved.states = states
+
+    def best_on_disk(self) -> CheckpointInfo:
+        """Once the save in flight is on disk: the best checkpoint kept (``save_now``'s answer), found in the store."""
+        self.wait()
+        best = self.ledger.best()
         if best is None:
-            raise RuntimeError(f"No checkpoint could be written to {store.root}.")
-        info = store.find(best.filename)
+            raise RuntimeError(f"No checkpoint could be written to {self.store.root}.")
+        info = self.store.find(best.filename)
         if info is None:
             raise RuntimeError(
-                f"The checkpoint {best.filename!r} is not in {store.root}, although it was just written."
+                f"The checkpoint {best.filename!r} is not in {self.store.root}, although it was just written."
             )
         return info
 
     def wait(self) -> CheckpointInfo | None:
-        """Wait for a background save to be on disk (raising its error); return it, or ``None`` if none was in flight.
-
-        Examples:
-            >>> import tempfile
-            >>> from ember import Engine, Events
-            >>> from ember.handlers import Checkpoint
-            >>> trainer = Engine(lambda e, b: b)
-            >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
-            >>> _ = trainer.add_event_handler(Events.ITERATION_COMPLETED, saver)
-            >>> @trainer.on(Events.ITERATION_COMPLETED(once=2))
-            ... def on_disk(engine):
-            ...     print(saver.last_checkpoint.name, saver.wait().step)
-            >>> _ = trainer.run([1, 2])
-            step_00000002 2
-        """
-        if self.store is None:
-            return None
+        """The background save in flight, once on disk (its error raised, or warned of); ``None`` if none."""
         info = None
-        with self._failures():
+        with failures(self.on_error, self.ledger):
             info = self.store.wait()
-        self._before = None
+        self.ledger.settle()
         return info
 
-    def _wait(self) -> None:
-        self.wait()
-
-    def resume(self, reader: Any = None) -> CheckpointInfo | None:
-        """Restore everything in ``to_save`` from the latest valid checkpoint; ``None`` if there is none.
-
-        One call resumes a run exactly: the trainer's train state and counters, the data position, and every stateful
-        handler in ``to_save``. ``reader`` picks another checkpoint
-        ([`HighestCheckpointReader`][ember.handlers.HighestCheckpointReader], ...); it reads this handler's store by
-        default.
-
-        Examples:
-            >>> import tempfile
-            >>> from ember import Engine
-            >>> from ember.handlers import Checkpoint
-            >>> folder = tempfile.mkdtemp()
-            >>> trainer = Engine(lambda e, b: b)
-            >>> print(Checkpoint({"trainer": trainer}, folder).resume())  # first run: from scratch
-            None
-            >>> _ = trainer.run([1, 2, 3]); _ = Checkpoint({"trainer": trainer}, folder).save_now(trainer)
-            >>> again = Engine(lambda e, b: b)
-            >>> Checkpoint({"trainer": again}, folder).resume().step, again.state.iteration
-            (3, 3)
-        """
-        store = self._store("resume()")
-        reader = reader if reader is not None else CheckpointReader(store)
+    def resume(
+        self, reader: Any, to_load: Mapping[str, Any], trees: Callable[[], dict[str, Any]]
+    ) -> CheckpointInfo | None:
+        """Restore ``to_load`` through ``reader`` (this store's latest by default); remember what was restored."""
+        reader = reader if reader is not None else CheckpointReader(self.store)
         if not isinstance(reader, CheckpointReader):
             raise TypeError(f"`reader` must be a CheckpointReader, got {type(reader).__name__}.")
-        info = reader.load(self.to_save)
-        if info is not None and store.holds(info):  # saving this step again amends it
-            trees = {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
+        info = reader.load(to_load)
+        if info is not None and self.store.holds(info):  # saving this step again amends it
             states = info.manifest.get("metadata", {}).get("state_dicts", {})
-            self._saved = Saved.of(info.step, info.path.name, trees, states, dict(info.metrics))
+            self.saved = Saved.of(info.step, info.path.name, trees(), states, dict(info.metrics))
         return info
 
-    def latest_committed(self) -> CheckpointInfo | None:
-        """The newest checkpoint of this handler committed on disk, or ``None``.
+    def mine(self, to_save: Mapping[str, Any]) -> list[CheckpointInfo]:
+        """This handler's valid checkpoints in the store, oldest first."""
+        return [c for c in self.store.checkpoints() if self.naming.is_mine(c, to_save)]
 
-        Read from the store's folder: a background save counts once its write is finished, whichever run wrote it.
-        Damaged checkpoints are left out (without the warning a restore gives).
-
-        Examples:
-            >>> import tempfile
-            >>> from ember import Engine
-            >>> from ember.handlers import Checkpoint
-            >>> trainer = Engine(lambda e, b: b)
-            >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
-            >>> print(saver.latest_committed())
-            None
-            >>> _ = trainer.run([1, 2]); _ = saver.save_now(trainer)
-            >>> saver.latest_committed().step
-            2
-        """
-        mine = [c for c in self._store("latest_committed()").checkpoints() if self._is_mine(c)]
-        return mine[-1] if mine else None
-
-    def _is_mine(self, info: CheckpointInfo) -> bool:
-        """Whether ``info`` was written by a handler like this one: its basename, or (older ones) its prefix."""
-        recorded = info.manifest.get("metadata", {}).get("checkpoint")
-        if isinstance(recorded, Mapping) and "basename" in recorded:
-            return recorded["basename"] == self._metadata(0)["basename"]
-        return info.path.name.startswith(self._prefix)
-
-    def _seed(self) -> None:
+    def seed(self, to_save: Mapping[str, Any]) -> None:
         """At the first save, the handler's checkpoints already in the store join what it keeps (a relaunch)."""
-        if self._seeded or self.store is None:
+        if self._seeded:
             return
         self._seeded = True
-        scored = self.score_function is not None and self.score_name is not None
+        score_name = self.naming.score_name
+        scored = self.naming.scored and score_name is not None
         worst = float("-inf") if self.mode == "max" else float("inf")
         found = []
-        for info in self.store.checkpoints():
-            if not self._is_mine(info):
-                continue
+        for info in self.mine(to_save):
             recorded = info.manifest.get("metadata", {}).get("checkpoint") or {}
             if "priority" in recorded:
                 priority = recorded["priority"]
             elif scored:
-                priority = info.metrics.get(self.score_name, worst)  # type: ignore[arg-type]  # scored: a name
+                priority = info.metrics.get(score_name, worst)  # type: ignore[arg-type]  # scored: a name
             else:
                 priority = info.step
             found.append((info.path.name, info.step, priority))
-        self._ledger.seed(found)
+        self.ledger.seed(found)
 
-    def _is_checkpoint(self, name: str) -> bool:
-        """Whether a valid checkpoint is named ``name`` (a damaged one the store moves aside as it writes)."""
-        return self._store("a save").find(name) is not None
+    def seeded(self) -> None:
+        """The ledger was set from elsewhere (``reset``, ``load_state_dict``): the store's checkpoints stay out."""
+        self._seeded = True
 
-    def _check(self) -> None:  # every iteration: a failed background write surfaces at the next one
-        if self.store is not None and self.store.writing:
+    def check(self) -> None:
+        """Every iteration: a failed background write surfaces at the next one."""
+        if self.store.writing:
             try:
                 self.store.raise_if_failed()
             except OSError as failed:  # the failure handling (raise, or warn) only when there is a failure
-                with self._failures():
+                with failures(self.on_error, self.ledger):
                     raise failed
 
-    def _finish(self, engine: Engine) -> None:
+    def finish(self, engine: Engine) -> None:
         """At COMPLETED: the saves are on disk, and the store has made them as safe as it makes any (``finish``)."""
-        if engine.outer_engine is not None or self.store is None:
+        if engine.outer_engine is not None:
             return
         if self.background:
-            self._wait()
-        with self._failures():
+            self.wait()
+        with failures(self.on_error, self.ledger):
             self.store.finish()
 
-    def _watch(self, engine: Engine) -> None:
+    def watch(self, engine: Engine) -> None:
         """Surface background errors each iteration; finish writing at COMPLETED (after a save there)."""
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self._check)
-        engine.add_event_handler(Events.COMPLETED, self._finish)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self.check)
+        engine.add_event_handler(Events.COMPLETED, self.finish)

@@ -8,7 +8,6 @@ from typing import Any
 
 from ember.engine import Engine
 from ember.handlers._checkpoint import Checkpoint
-from ember.handlers._loading import kind_of
 from ember.handlers._savers import DiskSaver
 
 
@@ -96,7 +95,7 @@ class ModelCheckpoint(Checkpoint):
                 raise ValueError(
                     "`to_save` has the key 'checkpointer', which `include_self=True` saves this handler under."
                 )
-            self.to_save, self._kinds = dict(to_save), {name: kind_of(name, obj) for name, obj in to_save.items()}
+            self._given(to_save)
         super().__call__(engine)
 
 

@@ -5,13 +5,15 @@ ties in the order they were saved). A new checkpoint is saved only while fewer t
 or when its priority beats the lowest (``>`` it, or ``>=`` with ``greater_or_equal``); the lowest then
 goes. The ledger keeps that list for ember's stores and for users' save handlers alike, and adds ember's
 policies on top: ``keep_every`` pins checkpoints whose step is a multiple (never removed, still counted
-among the kept).
+among the kept). A save that fails puts the ledger back (`failures`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -75,6 +77,7 @@ class Ledger:
         self.greater_or_equal = greater_or_equal
         self.entries: list[Entry] = []
         self._order = 0
+        self._before: tuple[list[Entry], int] | None = None  # as it was before the save in flight (`begin`)
 
     @classmethod
     def for_checkpoint(
@@ -161,6 +164,20 @@ class Ledger:
         """Put back a `snapshot`."""
         self.entries, self._order = list(snapshot[0]), snapshot[1]
 
+    def begin(self) -> None:
+        """A save starts: `roll_back` puts the ledger back as it is now, until the save is `settle`d."""
+        self._before = self.snapshot()
+
+    def settle(self) -> None:
+        """The save in flight is on disk: nothing is put back any more."""
+        self._before = None
+
+    def roll_back(self) -> None:
+        """The save in flight failed: the ledger is as it was when it began (nothing if none is in flight)."""
+        if self._before is not None:
+            self.restore(self._before)
+            self._before = None
+
     def state_dict(self) -> dict[str, Any]:
         """Ignite's ``Checkpoint.state_dict()``: ``{"_saved": [(priority, filename), ...]}``, and the steps.
 
@@ -184,6 +201,23 @@ class Ledger:
             raise ValueError(f"A Checkpoint's state_dict lists {len(saved)} checkpoints but {len(steps)} steps.")
         self.entries, self._order = [], 0
         self.seed([(str(f), int(s), p) for (p, f), s in zip(saved, steps, strict=True)])
+
+
+@contextlib.contextmanager
+def failures(on_error: Literal["raise", "warn"], ledger: Ledger) -> Generator[None]:
+    """Let a failed write raise, or with ``on_error="warn"`` turn it into a warning; the ledger is put back."""
+    try:
+        yield
+    except OSError as e:
+        ledger.roll_back()
+        if on_error == "raise":
+            raise
+        warnings.warn(
+            f"A checkpoint could not be written ({type(e).__name__}: {e}); training goes on, and the "
+            "earlier checkpoints are intact.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _as_step(priority: Any) -> int:

@@ -3,7 +3,8 @@
 A ``Checkpoint`` writes into one of ember's stores by default (atomic, verified, in the background). Its
 ``save_handler`` may instead be a function ``(checkpoint, filename, metadata)`` or an object with Ignite's
 ``BaseSaveHandler`` methods (``__call__``, ``remove``): a saver to S3 or a database, or a mock in a test.
-Such a handler is called on the training thread with a plain dict of host values, as Ignite calls it.
+Such a handler is called on the training thread with a plain dict of host values, as Ignite calls it
+(`HandlerWriting`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import jax
 import numpy as np
+
+from ember.handlers._retention import Ledger, failures
+
+if TYPE_CHECKING:
+    from ember.handlers._checkpoint_names import Naming
 
 
 @runtime_checkable
@@ -160,3 +166,61 @@ def render_filename(pattern: str, parts: Mapping[str, Any]) -> str:
         raise ValueError(
             f"`filename_pattern` {pattern!r} uses the field {e}; it may use {', '.join(sorted(parts))}."
         ) from None
+
+
+class HandlerWriting:
+    """A `Checkpoint`'s saves through a save handler of yours, Ignite's way, on the training thread.
+
+    The handler gets Ignite's checkpoint dict (host values; a single object's state as it is) and Ignite's file name,
+    and its ``remove`` is called for a checkpoint no longer kept, after the new one was saved; only process
+    ``save_on_rank`` calls it.
+    """
+
+    def __init__(
+        self,
+        save_handler: Callable[..., Any],
+        ledger: Ledger,
+        naming: Naming,
+        *,
+        save_on_rank: int,
+        on_error: Literal["raise", "warn"],
+    ) -> None:
+        self.save_handler, self.ledger, self.naming, self.save_on_rank = save_handler, ledger, naming, save_on_rank
+        self.on_error: Literal["raise", "warn"] = on_error
+        self.with_metadata = takes_metadata(save_handler)
+
+    def save(
+        self,
+        to_save: Mapping[str, Any],
+        states: dict[str, Any],
+        trees: dict[str, Any],
+        self_state: Callable[[], dict[str, Any]] | None,
+        step: int,
+        global_step: int | None,
+        priority: float,
+    ) -> bool:
+        """Call the save handler if retention admits the checkpoint; return whether it did."""
+        if not self.ledger.admits(step, priority):
+            return False
+        filename = self.naming.ignite_name(to_save, global_step, priority)
+        checkpoint: dict[str, Any] = checkpoint_dict(states, trees)
+        if len(checkpoint) == 1:
+            checkpoint = next(iter(checkpoint.values()))  # Ignite saves a single object's state as it is
+        before = self.ledger.snapshot()
+        removed = self.ledger.add(filename, step, priority)
+        if self_state is not None:
+            checkpoint["checkpointer"] = self_state()
+        mine = jax.process_index() == self.save_on_rank
+        try:
+            with failures(self.on_error, self.ledger):
+                if mine and self.with_metadata:
+                    self.save_handler(checkpoint, filename, self.naming.metadata(to_save, priority))
+                elif mine:
+                    self.save_handler(checkpoint, filename)
+        except BaseException:
+            self.ledger.restore(before)
+            raise
+        if mine and isinstance(self.save_handler, SaveHandler):
+            for entry in removed:
+                self.save_handler.remove(entry.filename)
+        return True
