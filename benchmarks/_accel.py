@@ -18,7 +18,7 @@ from typing import Any
 import jax
 from _runs import interleaved
 
-from ember.handlers._throughput import PEAK_FLOPS
+from ember.handlers._reporting.throughput import PEAK_FLOPS
 
 
 @dataclass

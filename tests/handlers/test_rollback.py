@@ -45,7 +45,7 @@ def test_a_poisoned_window_is_rolled_back_and_the_run_ends_as_without_it(tmp_pat
     rollback.attach(trainer)
     reasons = []
     trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: reasons.append(int(e.state.output["skip_reason"])))
-    with caplog.at_level(logging.WARNING, logger="ember.handlers._rollback"):
+    with caplog.at_level(logging.WARNING, logger="ember.handlers._resilience.rollback"):
         trainer.run(data)
     assert trainer.state.iteration == 30
     assert reasons[17:20] == [1, 3, 1]

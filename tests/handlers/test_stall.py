@@ -8,7 +8,7 @@ import pytest
 
 from ember import Engine, Events
 from ember.handlers import StallWatchdog
-from ember.handlers._stall import running_handler
+from ember.handlers._resilience.stall import running_handler
 from tests.slow_writes import slow_checkpoint_writes
 from tests.subprocesses import ROOT, run_python
 

@@ -95,7 +95,7 @@ def test_with_k_steps_per_call_each_step_has_its_own_flag(bad_step):
 
 def test_the_fused_check_makes_no_call_of_its_own_per_iteration(monkeypatch):
     """The check is traced into the step once; per iteration the handler only takes the step's flag."""
-    import ember.handlers._terminate_on_nan as module
+    import ember.handlers._resilience.terminate_on_nan as module
 
     calls = []
     check = module._all_finite

@@ -146,7 +146,7 @@ def test_spaced_checks_stop_at_the_next_multiple_and_default_by_process_count(mo
     import jax
 
     from ember.handlers import Checkpoint, Preemption
-    from ember.handlers._agreement import check_interval
+    from ember.handlers._resilience.agreement import check_interval
 
     engine = Engine(lambda e, b: b)
     TimeLimit(3, check_every=4, clock=lambda: float(engine.state.iteration)).attach(engine)  # a second a step

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from ember.cli._schema import Config
 from ember.handlers import EarlyStopping, Preemption
-from ember.handlers._rollback import REASONS
+from ember.handlers._resilience.rollback import REASONS
 
 #: Updates skipped in a row that stop a run whose data has no length (else: an epoch's worth).
 SKIP_LIMIT = 100

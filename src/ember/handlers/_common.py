@@ -10,12 +10,12 @@ from typing import Any
 
 from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events
-from ember.handlers._checkpoint import Checkpoint
-from ember.handlers._logging import ScalarLogger
-from ember.handlers._lr_monitor import LRMonitor
-from ember.handlers._progress import ProgressBar
-from ember.handlers._savers import DiskSaver
-from ember.handlers._terminate_on_nan import TerminateOnNan
+from ember.handlers._checkpointing.checkpoint import Checkpoint
+from ember.handlers._checkpointing.savers import DiskSaver
+from ember.handlers._reporting.loggers import ScalarLogger
+from ember.handlers._reporting.lr_monitor import LRMonitor
+from ember.handlers._reporting.progress import ProgressBar
+from ember.handlers._resilience.terminate_on_nan import TerminateOnNan
 from ember.writers import Writer
 
 

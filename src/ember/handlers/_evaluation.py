@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
-from ember.handlers._logging import ScalarLogger, as_async
+from ember.handlers._reporting.loggers import ScalarLogger, as_async
 from ember.writers import Writer
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
-from ember.handlers._agreement import any_process, check_interval, positive_or_none
+from ember.handlers._resilience.agreement import any_process, check_interval, positive_or_none
 
 log = logging.getLogger("ember")
 Event = Events | FilteredEvent | EventsList

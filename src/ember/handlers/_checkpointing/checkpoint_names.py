@@ -8,9 +8,9 @@ from typing import Any
 
 from ember.checkpoint import CheckpointInfo
 from ember.engine import Engine
-from ember.handlers._retention import priority_text
-from ember.handlers._same_arrays import score_of
-from ember.handlers._save_handlers import render_filename, setup_filename_pattern
+from ember.handlers._checkpointing.retention import priority_text
+from ember.handlers._checkpointing.same_arrays import score_of
+from ember.handlers._checkpointing.save_handlers import render_filename, setup_filename_pattern
 
 
 def ranked(
@@ -61,7 +61,7 @@ class Naming:
     ``to_save`` is given to each method (a ``ModelCheckpoint`` learns it at each call).
 
     Examples:
-        >>> from ember.handlers._checkpoint_names import Naming
+        >>> from ember.handlers._checkpointing.checkpoint_names import Naming
         >>> naming = Naming("mnist", None, "acc", scored=True)
         >>> naming.store_name({"model": 1}, 400, None, 0.97312, scored=True)
         'mnist_step_00000400-acc=0.9731'

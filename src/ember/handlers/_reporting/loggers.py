@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
-from ember.handlers._values import check_names, check_transform, pick
+from ember.handlers._reporting.values import check_names, check_transform, pick
 from ember.writers import AsyncWriter, Writer
 
 _async_for: weakref.WeakKeyDictionary[Writer, AsyncWriter] = weakref.WeakKeyDictionary()

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 import jax
 import numpy as np
 
-from ember.handlers._retention import Ledger, failures
+from ember.handlers._checkpointing.retention import Ledger, failures
 
 if TYPE_CHECKING:
-    from ember.handlers._checkpoint_names import Naming
+    from ember.handlers._checkpointing.checkpoint_names import Naming
 
 
 @runtime_checkable

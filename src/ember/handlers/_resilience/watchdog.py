@@ -11,7 +11,7 @@ from typing import Any
 
 from ember._multiprocess import REQUEUE_STATUS, coordination_client
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
-from ember.handlers._checkpoint import Checkpoint
+from ember.handlers._checkpointing.checkpoint import Checkpoint
 
 #: The exit status of a process the watchdog ends: EX_TEMPFAIL, "try again" (relaunch every process).
 EXIT_CODE = REQUEUE_STATUS

@@ -12,7 +12,7 @@ from typing import Any
 
 from ember._ledger_file import CATEGORIES, FILENAME, read_records
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
-from ember.handlers._checkpoint import Checkpoint, checkpoints_given
+from ember.handlers._checkpointing.checkpoint import Checkpoint, checkpoints_given
 
 
 def _process_start(clock: Callable[[], float]) -> float:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
-from ember.handlers._checkpoint import Checkpoint, checkpoints_given
-from ember.handlers._watchdog import EXIT_CODE
+from ember.handlers._checkpointing.checkpoint import Checkpoint, checkpoints_given
+from ember.handlers._resilience.watchdog import EXIT_CODE
 
 
 def _seconds(name: str, value: object, *, optional: bool = False) -> float:

@@ -11,13 +11,13 @@ from typing import Any, Literal
 from ember.checkpoint import CheckpointInfo
 from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, Stateful, collect_handles
-from ember.handlers._checkpoint_args import check_arguments, destination, needs_store, writing
-from ember.handlers._checkpoint_files import StoreWriting
-from ember.handlers._checkpoint_names import Naming, metric_score, ranked
-from ember.handlers._loading import kind_of, load_objects
-from ember.handlers._retention import Item, Ledger
-from ember.handlers._save_handlers import SaveHandler, setup_filename_pattern
-from ember.handlers._savers import DiskSaver
+from ember.handlers._checkpointing.checkpoint_args import check_arguments, destination, needs_store, writing
+from ember.handlers._checkpointing.checkpoint_files import StoreWriting
+from ember.handlers._checkpointing.checkpoint_names import Naming, metric_score, ranked
+from ember.handlers._checkpointing.loading import kind_of, load_objects
+from ember.handlers._checkpointing.retention import Item, Ledger
+from ember.handlers._checkpointing.save_handlers import SaveHandler, setup_filename_pattern
+from ember.handlers._checkpointing.savers import DiskSaver
 
 
 class Checkpoint:

@@ -8,11 +8,11 @@ from typing import Any, Literal
 
 from ember.checkpoint import check_retention
 from ember.checkpoint._stores import Store
-from ember.handlers._checkpoint_files import StoreWriting
-from ember.handlers._checkpoint_names import Naming
-from ember.handlers._retention import Ledger
-from ember.handlers._save_handlers import HandlerWriting
-from ember.handlers._savers import DiskSaver
+from ember.handlers._checkpointing.checkpoint_files import StoreWriting
+from ember.handlers._checkpointing.checkpoint_names import Naming
+from ember.handlers._checkpointing.retention import Ledger
+from ember.handlers._checkpointing.save_handlers import HandlerWriting
+from ember.handlers._checkpointing.savers import DiskSaver
 
 
 def destination(save_handler: Any) -> tuple[Any, Store | None]:

@@ -17,7 +17,7 @@ def check_interval(check_every: int | None) -> int:
     Every process computes the same interval, so all check, and agree, at the same iterations.
 
     Examples:
-        >>> from ember.handlers._agreement import check_interval
+        >>> from ember.handlers._resilience.agreement import check_interval
         >>> check_interval(None), check_interval(4)
         (1, 4)
     """

@@ -9,7 +9,7 @@ import numpy as np
 
 from ember._extras import missing
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
-from ember.handlers._values import check_names, check_transform, pick
+from ember.handlers._reporting.values import check_names, check_transform, pick
 from ember.writers import is_primary_process
 from ember.writers._async import start_host_copy
 

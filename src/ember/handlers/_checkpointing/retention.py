@@ -53,7 +53,7 @@ class Ledger:
             one goes); by default it is not, as in Ignite.
 
     Examples:
-        >>> from ember.handlers._retention import Ledger
+        >>> from ember.handlers._checkpointing.retention import Ledger
         >>> ledger = Ledger.for_checkpoint(n_saved=2, mode="max")
         >>> for step, score in ((1, 0.5), (2, 0.9), (3, 0.7), (4, 0.6)):
         ...     if ledger.admits(step, score):
@@ -182,7 +182,7 @@ class Ledger:
         """Ignite's ``Checkpoint.state_dict()``: ``{"_saved": [(priority, filename), ...]}``, and the steps.
 
         Examples:
-            >>> from ember.handlers._retention import Ledger
+            >>> from ember.handlers._checkpointing.retention import Ledger
             >>> ledger = Ledger.for_checkpoint(n_saved=None, mode="max")
             >>> _ = ledger.add("step_4", 4, 4)
             >>> ledger.state_dict()
@@ -229,7 +229,7 @@ def priority_text(priority: float) -> str:
     """A priority as Ignite writes it in a file name: an integer as is, anything else with 4 decimals.
 
     Examples:
-        >>> from ember.handlers._retention import priority_text
+        >>> from ember.handlers._checkpointing.retention import priority_text
         >>> priority_text(400), priority_text(0.97312), priority_text(float("inf"))
         ('400', '0.9731', 'inf')
     """

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
-from ember.handlers._logging import attach_writer
+from ember.handlers._reporting.loggers import attach_writer
 from ember.writers import AsyncWriter, Writer
 
 #: Peak dense bfloat16 FLOP/s per device, by ``jax.Device.device_kind`` (vendor figures; no sparsity).

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo, CorruptCheckpointError, open_store
 from ember.checkpoint._stores import Store
-from ember.handlers._loading import load_objects
+from ember.handlers._checkpointing.loading import load_objects
 
 
 class CheckpointReader:

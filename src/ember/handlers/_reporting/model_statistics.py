@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
-from ember.handlers._late import OneStepLate
-from ember.handlers._logging import as_async
+from ember.handlers._reporting.late import OneStepLate
+from ember.handlers._reporting.loggers import as_async
 from ember.writers import Writer
 
 log = logging.getLogger("ember")

@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ember.engine import Engine
-from ember.handlers._checkpoint import Checkpoint
-from ember.handlers._savers import DiskSaver
+from ember.handlers._checkpointing.checkpoint import Checkpoint
+from ember.handlers._checkpointing.savers import DiskSaver
 
 
 class ModelCheckpoint(Checkpoint):

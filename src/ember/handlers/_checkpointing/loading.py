@@ -164,7 +164,7 @@ def abstract(tree: dict[str, Any]) -> dict[str, Any]:
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from ember.handlers._loading import abstract
+        >>> from ember.handlers._checkpointing.loading import abstract
         >>> abstract({"w": jnp.zeros((2, 3)), "n": 3})["w"].shape
         (2, 3)
     """

@@ -14,7 +14,7 @@ import numpy as np
 from ember._protocols import FusingEngine
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.errors import NonFiniteError
-from ember.handlers._late import OneStepLate
+from ember.handlers._reporting.late import OneStepLate
 
 log = logging.getLogger("ember")
 

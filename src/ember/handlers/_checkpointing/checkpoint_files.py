@@ -10,10 +10,10 @@ import jax
 from ember.checkpoint import CheckpointInfo
 from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events
-from ember.handlers._checkpoint_names import Naming
-from ember.handlers._readers import CheckpointReader
-from ember.handlers._retention import Ledger, failures
-from ember.handlers._same_arrays import Saved
+from ember.handlers._checkpointing.checkpoint_names import Naming
+from ember.handlers._checkpointing.readers import CheckpointReader
+from ember.handlers._checkpointing.retention import Ledger, failures
+from ember.handlers._checkpointing.same_arrays import Saved
 
 #: What a checkpoint of now holds: every object's state dict, and the arrays of the tree-stateful ones.
 Collect = Callable[[], tuple[dict[str, Any], dict[str, Any]]]

@@ -8,9 +8,9 @@ from typing import Any
 
 from ember.checkpoint import CorruptCheckpointError
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
-from ember.handlers._checkpoint import Checkpoint
-from ember.handlers._late import OneStepLate
-from ember.handlers._loading import load_objects
+from ember.handlers._checkpointing.checkpoint import Checkpoint
+from ember.handlers._checkpointing.loading import load_objects
+from ember.handlers._reporting.late import OneStepLate
 
 log = logging.getLogger(__name__)
 

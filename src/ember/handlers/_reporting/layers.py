@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
-from ember.handlers._logging import as_async
+from ember.handlers._reporting.loggers import as_async
 from ember.writers import Writer
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from ember.checkpoint import CheckpointInfo
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
-from ember.handlers._agreement import any_process, check_interval, positive_or_none
-from ember.handlers._checkpoint import Checkpoint
+from ember.handlers._checkpointing.checkpoint import Checkpoint
+from ember.handlers._resilience.agreement import any_process, check_interval, positive_or_none
 
 log = logging.getLogger("ember")
 

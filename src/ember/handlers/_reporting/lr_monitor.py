@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
-from ember.handlers._logging import as_async
+from ember.handlers._reporting.loggers import as_async
 from ember.writers import Writer
 
 
