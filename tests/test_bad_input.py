@@ -13,7 +13,7 @@ from ember.data import ArrayDataset
 from ember.handlers import Checkpoint, NonFiniteError, TerminateOnNan, load_objects
 from ember.metrics import Accuracy
 from ember.training import TrainState, create_trainer
-from ember.training._placement import check_divisible
+from ember.training._devices.placement import check_divisible
 
 
 def linear(width: int = 3):

@@ -91,7 +91,7 @@ def test_default_placement_on_one_device_is_single_device():
 
 def test_multi_device_steps_on_cpu_are_awaited_and_accelerators_keep_async_dispatch():
     """Several CPU devices: the compiled call waits for its result; one device or a GPU: left as it is."""
-    from ember.training._placement import one_call_at_a_time
+    from ember.training._devices.placement import one_call_at_a_time
 
     cpu = jax.devices()[0]
 

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from ember.training import MemoryPlan, Pmap, TrainState, create_evaluator, create_trainer
-from ember.training._plan import search_batch
+from ember.training._devices.plan import search_batch
 from tests.training.models import LinenNet, batches, classification_loss
 
 

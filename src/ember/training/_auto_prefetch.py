@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ember.training._placement import Placement
+from ember.training._devices.placement import Placement
 
 #: A call's batch must hold at least this many host bytes for ``prefetch=None`` to put batches on device
 #: ahead (on an accelerator): below it ``jax.device_put`` from Python costs more than it hides (measured in

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from ember.training._placement import place
+from ember.training._devices.placement import place
 
 
 class FusedMetrics:

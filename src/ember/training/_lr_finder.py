@@ -14,8 +14,8 @@ import numpy as np
 
 from ember._extras import missing
 from ember.engine import Events
-from ember.training._extras import find_learning_rate, with_learning_rate
 from ember.training._process import TrainProcess
+from ember.training._step.extras import find_learning_rate, with_learning_rate
 from ember.training._training_engine import TrainingEngine
 
 

@@ -14,9 +14,9 @@ from jax.extend.core import ClosedJaxpr, Jaxpr
 from ember.data import Masked
 from ember.training._auto_prefetch import auto_prefetch
 from ember.training._batch_spec import BatchSpec
+from ember.training._devices.padding import merge_device_axis, with_mask
+from ember.training._devices.placement import Placement
 from ember.training._feed import StepGroups
-from ember.training._padding import merge_device_axis, with_mask
-from ember.training._placement import Placement
 from ember.training._step_output import StepOutput
 from ember.training._training_engine import TrainingEngine
 

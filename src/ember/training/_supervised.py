@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from flax import nnx
 
 from ember.engine import Engine
-from ember.training._steps import BoundModel
+from ember.training._step.steps import BoundModel
 from ember.training._train_state import TrainState, as_train_state, is_flax_train_state
 from ember.training._trainer import create_evaluator, create_trainer
 from ember.training._training_engine import TrainingEngine

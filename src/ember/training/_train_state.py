@@ -11,6 +11,8 @@ import optax
 from flax import linen as nn
 from flax import struct
 
+from ember.training._devices.partition import model_names
+from ember.training._devices.placement import BuildsStateSharded
 from ember.training._models import (
     ApplyFn,
     linen_apply_fn,
@@ -19,8 +21,6 @@ from ember.training._models import (
     nnx_split,
     plain_apply_fn,
 )
-from ember.training._partition import model_names
-from ember.training._placement import BuildsStateSharded
 
 if TYPE_CHECKING:
     from flax import nnx

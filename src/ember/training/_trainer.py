@@ -6,12 +6,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ember.engine import Engine
-from ember.training._ema import ema_params, with_ema_params
-from ember.training._guard import StepGuard
-from ember.training._placement import Placement, default_placement
-from ember.training._precision import policy, stored
+from ember.training._devices.placement import Placement, default_placement
 from ember.training._process import EvalProcess, TrainProcess
-from ember.training._steps import BoundModel, make_eval_step, make_train_step
+from ember.training._step.ema import ema_params, with_ema_params
+from ember.training._step.guard import StepGuard
+from ember.training._step.precision import policy, stored
+from ember.training._step.steps import BoundModel, make_eval_step, make_train_step
 from ember.training._train_state import TrainState, as_train_state, is_flax_train_state
 from ember.training._training_engine import TrainingEngine
 

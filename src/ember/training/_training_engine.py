@@ -11,12 +11,12 @@ import jax
 from ember.data import DevicePrefetch
 from ember.engine import Engine, Events, State
 from ember.training._auto_prefetch import auto_prefetch
+from ember.training._devices.padding import PaddedBatches
+from ember.training._devices.placement import Placement
+from ember.training._devices.plan import MemoryPlan, engine_max_batch, engine_plan
 from ember.training._feed import StepGroups
 from ember.training._flat_tree import flatten_tree, unflatten_like
 from ember.training._fused import FusedMetrics
-from ember.training._padding import PaddedBatches
-from ember.training._placement import Placement
-from ember.training._plan import MemoryPlan, engine_max_batch, engine_plan
 from ember.training._train_state import TrainState
 
 

@@ -21,7 +21,7 @@ def pad_batch(batch: Any, n: int) -> tuple[Any, np.ndarray] | None:
 
     Examples:
         >>> import numpy as np
-        >>> from ember.training._padding import pad_batch
+        >>> from ember.training._devices.padding import pad_batch
         >>> padded, mask = pad_batch({"x": np.arange(3)}, 2)
         >>> padded["x"].tolist(), mask.tolist()
         ([0, 1, 2, 2], [True, True, True, False])

@@ -11,8 +11,8 @@ import jax
 from jax import lax
 from jax.sharding import SingleDeviceSharding
 
-from ember.training._placement import Placement
-from ember.training._sharded import traced_build
+from ember.training._devices.placement import Placement
+from ember.training._devices.sharded import traced_build
 
 GiB = 2**30
 _STATE_PARTS = ("params", "opt_state", "model_state")
@@ -216,7 +216,7 @@ def search_batch(
     once. ``fits`` must not shrink as the batch grows (a step's memory does not).
 
     Examples:
-        >>> from ember.training._plan import search_batch
+        >>> from ember.training._devices.plan import search_batch
         >>> search_batch(lambda b: b <= 100, 8, 2**20, start=64)
         (96, [64, 128, 96, 112, 104])
     """

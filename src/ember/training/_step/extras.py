@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ember.training._opt_state import states_of
+from ember.training._step.opt_state import states_of
 
 #: The extras ``make_train_step(extras=...)`` accepts: global norms, the learning rate, and for per-layer
 #: logging each parameter's gradient norm and norm (``grad_norms``, ``param_norms``: ``{"Dense_0.kernel":
@@ -93,7 +93,7 @@ def compute_extras(
 
 def plateau_scale(opt_state: Any) -> Any:
     """The scale a ``scale_by_plateau`` optimizer applies to its updates (1 without one)."""
-    from ember.training._plateau import PlateauState
+    from ember.training._step.plateau import PlateauState
 
     found = states_of(opt_state, PlateauState)
     return found[0].plateau.scale if found else 1.0
@@ -104,11 +104,11 @@ def layer_norms(tree: Any) -> dict[str, jax.Array]:
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from ember.training._extras import layer_norms
+        >>> from ember.training._step.extras import layer_norms
         >>> {k: float(v) for k, v in layer_norms({"Dense_0": {"kernel": jnp.full((2, 2), 0.5)}}).items()}
         {'Dense_0.kernel': 1.0}
     """
-    from ember.training._partition import dotted
+    from ember.training._devices.partition import dotted
 
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
     return {dotted(path): optax.tree.norm(leaf) for path, leaf in flat}

@@ -15,8 +15,8 @@ def states_of(opt_state: Any, kind: type[T]) -> list[T]:
     Examples:
         >>> import jax.numpy as jnp, optax
         >>> from ember.training import ema
-        >>> from ember.training._ema import EmaState
-        >>> from ember.training._opt_state import states_of
+        >>> from ember.training._step.ema import EmaState
+        >>> from ember.training._step.opt_state import states_of
         >>> tx = optax.chain(optax.clip(1.0), ema(optax.sgd(0.1)))
         >>> len(states_of(tx.init(jnp.zeros(2)), EmaState))
         1

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from ember.training._extras import check_extras, compute_extras
-from ember.training._precision import all_finite, cast_floating, keep_if, policy
-from ember.training._remat import check_remat, rematted
+from ember.training._step.extras import check_extras, compute_extras
+from ember.training._step.precision import all_finite, cast_floating, keep_if, policy
+from ember.training._step.remat import check_remat, rematted
 from ember.training._train_state import TrainState
 
 Output = dict[str, Any]

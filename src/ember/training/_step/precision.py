@@ -8,8 +8,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ember.training._guard import StepGuard
-from ember.training._loss_scale import DynamicLossScale
+from ember.training._step.guard import StepGuard
+from ember.training._step.loss_scale import DynamicLossScale
 
 #: The policies ``create_trainer(precision=...)`` takes; Lightning's names, which users know.
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed")
@@ -45,7 +45,7 @@ def policy(precision: object) -> Policy:
     """The policy named ``precision``; a `ValueError` naming the choices for anything else.
 
     Examples:
-        >>> from ember.training._precision import policy
+        >>> from ember.training._step.precision import policy
         >>> policy("bf16-mixed").compute, policy("bf16-mixed").storage
         (<class 'jax.numpy.bfloat16'>, None)
     """
@@ -59,7 +59,7 @@ def cast_floating(tree: Any, dtype: Any) -> Any:
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from ember.training._precision import cast_floating
+        >>> from ember.training._step.precision import cast_floating
         >>> cast = cast_floating({"w": jnp.ones(2), "n": jnp.arange(2)}, jnp.bfloat16)
         >>> cast["w"].dtype, cast["n"].dtype
         (dtype(bfloat16), dtype('int32'))
@@ -84,7 +84,7 @@ def all_finite(tree: Any) -> jax.Array:
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from ember.training._precision import all_finite
+        >>> from ember.training._step.precision import all_finite
         >>> bool(all_finite({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.inf])}))
         False
     """
@@ -97,7 +97,7 @@ def keep_if(ok: jax.Array, new: Any, old: Any) -> Any:
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from ember.training._precision import keep_if
+        >>> from ember.training._step.precision import keep_if
         >>> keep_if(jnp.array(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})["w"].tolist()
         [0.0, 0.0]
     """
@@ -112,7 +112,7 @@ def stored(state: Any, rule: Policy, guard: StepGuard | None = None) -> Any:
     Examples:
         >>> import jax.numpy as jnp, optax
         >>> from ember.training import TrainState
-        >>> from ember.training._precision import policy, stored
+        >>> from ember.training._step.precision import policy, stored
         >>> state = TrainState.create(lambda p, x: p * x, jnp.ones(2), optax.adam(1e-3))
         >>> stored(state, policy("bf16-true")).opt_state[0].mu.dtype
         dtype(bfloat16)

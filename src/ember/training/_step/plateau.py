@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from ember.engine import Engine, Events, RemovableEventHandle
-from ember.training._opt_state import states_of
+from ember.training._step.opt_state import states_of
 
 
 class PlateauState(NamedTuple):

@@ -14,8 +14,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ember.training._partition import Partitioner, Rules
-from ember.training._placement import (
+from ember.training._devices.partition import Partitioner, Rules
+from ember.training._devices.placement import (
     Placement,
     check_divisible,
     global_batch,

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ember.training._opt_state import states_of
+from ember.training._step.opt_state import states_of
 
 
 class EmaState(NamedTuple):

@@ -29,7 +29,7 @@ def rematted(fn: Callable[..., Any], remat: str | None) -> Callable[..., Any]:
 
     Examples:
         >>> import jax, jax.numpy as jnp
-        >>> from ember.training._remat import rematted
+        >>> from ember.training._step.remat import rematted
         >>> f = rematted(lambda w: jnp.sum(jnp.tanh(w @ w)), "full")
         >>> g = jax.grad(f)(jnp.eye(2))
         >>> g.shape

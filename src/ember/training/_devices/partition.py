@@ -72,7 +72,7 @@ class Partitioner:
     Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> from ember.training._partition import Partitioner
+        >>> from ember.training._devices.partition import Partitioner
         >>> mesh = Mesh(np.array(jax.devices()[:1]), ("fsdp",))
         >>> p = Partitioner(mesh, fsdp_axis="fsdp", min_size=4)
         >>> p.spec("params.w", (6, 8), ()), p.spec("params.b", (2,), ())

@@ -1,0 +1,1 @@
+"""How state and batches meet devices: placements, sharding rules, padding, memory plans."""
