@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -60,9 +61,7 @@ class StoreWriting:
         no copy.
         """
         outer = engine.outer_engine  # an evaluator's run inside a trainer's: the trainer's run ends the writing
-        for watched in (engine,) if outer is None else (engine, outer):
-            if not watched.has_event_handler(self.finish, Events.COMPLETED):  # add_event_handler, Ignite's way
-                self.watch(watched)
+        self._watching(engine, outer)
         name = self.naming.store_name(to_save, step, global_step, priority, scored=bool(metrics))
         saved = self.saved if self.saved is not None and self.saved.step == step else None
         collected = collect() if saved is not None else None
@@ -86,11 +85,7 @@ class StoreWriting:
         states = with_self(states)
         metadata = {"state_dicts": states, "checkpoint": self.naming.metadata(to_save, priority)}
 
-        def remove_gone() -> None:
-            if jax.process_index() == 0:  # only process 0 deletes, as it alone commits
-                for old in gone:
-                    self.store.delete(old)
-
+        remove_gone = functools.partial(self._remove, gone)
         with failures(self.on_error, self.ledger):
             if self.background:
                 self.store.save_in_background(
@@ -104,6 +99,18 @@ class StoreWriting:
         if self.background and engine.last_event_name is Events.COMPLETED and outer is None:
             self.wait()  # the run ends here; a watcher added just now would not run in this firing
         return True
+
+    def _watching(self, engine: Engine, outer: Engine | None) -> None:
+        """Watch the engines a save fires on (added with ``add_event_handler``, Ignite's way, rather than attached)."""
+        for watched in (engine,) if outer is None else (engine, outer):
+            if not watched.has_event_handler(self.finish, Events.COMPLETED):
+                self.watch(watched)
+
+    def _remove(self, gone: list[str]) -> None:
+        """Delete the checkpoints retention no longer keeps, once their successor is on disk (process 0 alone)."""
+        if jax.process_index() == 0:  # only process 0 deletes, as it alone commits
+            for old in gone:
+                self.store.delete(old)
 
     def amend(self, saved: Saved, states: dict[str, Any]) -> None:
         """Write the new state dicts into the manifest of the checkpoint ``saved`` describes; its arrays stay."""
