@@ -21,7 +21,6 @@ LONG_FUNCTIONS = {
     "training/_lr_finder.py:lr_find",
     "handlers/_checkpointing/loading.py:load_objects",
     "cli/_launch.py:launch",
-    "handlers/_checkpointing/checkpoint.py:__init__",
     "engine/_loop.py:_run_epoch",
     "training/_step/ema.py:ema",
     "cli/_verify_resume.py:verify_resume",
