@@ -46,7 +46,9 @@ def test_no_folder_of_ember_holds_more_than_20_modules():
 
 def test_no_module_is_over_400_lines_but_those_listed():
     long = {str(p.relative_to(SRC)) for p in modules() if p.read_text().count("\n") > 400}
-    assert long <= LONG_MODULES, sorted(long - LONG_MODULES)
+    assert long == LONG_MODULES, (
+        f"new: {sorted(long - LONG_MODULES)}; fixed (take off the list): {sorted(LONG_MODULES - long)}"
+    )
 
 
 def test_no_function_is_over_60_lines_but_those_listed():
@@ -55,7 +57,8 @@ def test_no_function_is_over_60_lines_but_those_listed():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
                 long.add(f"{path.relative_to(SRC)}:{node.name}")
-    assert long <= LONG_FUNCTIONS, sorted(long - LONG_FUNCTIONS)
+    new, fixed = sorted(long - LONG_FUNCTIONS), sorted(LONG_FUNCTIONS - long)
+    assert long == LONG_FUNCTIONS, f"new: {new}; fixed (take off the list): {fixed}"
 
 
 def test_no_class_inherits_behaviour_from_several_of_embers_classes_but_those_listed():
@@ -66,4 +69,5 @@ def test_no_class_inherits_behaviour_from_several_of_embers_classes_but_those_li
             if isinstance(node, ast.ClassDef):
                 classes[node.name] = [ast.unparse(b).split("[")[0].split(".")[-1] for b in node.bases]
     several = {name for name, bases in classes.items() if sum(b in classes for b in bases) > 1}
-    assert several <= SEVERAL_BASES, sorted(several - SEVERAL_BASES)
+    new, fixed = sorted(several - SEVERAL_BASES), sorted(SEVERAL_BASES - several)
+    assert several == SEVERAL_BASES, f"new: {new}; fixed (take off the list): {fixed}"
