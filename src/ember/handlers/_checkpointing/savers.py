@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ember.checkpoint import CheckpointStore
-from ember.checkpoint._stores import Store
 from ember.engine import Engine
 
 
@@ -54,19 +53,6 @@ class DiskSaver:
 
     def __repr__(self) -> str:
         return f"DiskSaver({str(self.store.root)!r})"
-
-
-def as_store(save_handler: Any) -> Store:
-    """The store a ``save_handler`` (a folder, a store, a [`DiskSaver`][ember.handlers.DiskSaver]) names."""
-    if isinstance(save_handler, Store):
-        return save_handler
-    if isinstance(save_handler, DiskSaver):
-        return save_handler.store
-    if isinstance(save_handler, str | os.PathLike):
-        return CheckpointStore(save_handler)
-    raise TypeError(
-        f"`save_handler` must be a folder, a CheckpointStore or a DiskSaver, got {type(save_handler).__name__}."
-    )
 
 
 def global_step_from_engine(engine: Engine, custom_event_name: Any = None) -> Callable[..., int]:
