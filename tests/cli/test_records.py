@@ -66,3 +66,51 @@ def test_after_a_sigkill_and_a_relaunch_the_logs_hold_each_record_of_the_uninter
     assert rows == expected_rows
     assert sorted(curves) == ["train/loss", "train/lr", "val/accuracy", "val/loss"]
     assert curves == expected_curves  # as TensorBoard shows them: the killed launch's steps past the checkpoint purged
+
+
+def test_every_record_up_to_a_checkpoint_is_fsynced_before_that_checkpoint_commits(tmp_path, monkeypatch):
+    """Issue 44: when a checkpoint of step S is committed, every record up to S is on disk, fsynced.
+
+    A power loss after the commit loses no record the checkpoint covers. Each file's fsync is seen before each commit.
+    """
+    import os
+    import threading
+
+    import ember.checkpoint._store as store_module
+    from ember import Engine, Events
+    from ember.cli._run_checkpoints import attach_checkpoints, close_stores
+    from ember.cli._schema import CheckpointConfig
+    from ember.writers import create_run_writer
+
+    seen, lock = [], threading.Lock()
+    real_fsync, real_commit = os.fsync, store_module.commit
+
+    def fsync(fd):
+        with lock:
+            seen.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_fsync(fd)
+
+    def commit(tmp, final, **kwargs):
+        with lock:
+            seen.append(("commit", final.name))
+        return real_commit(tmp, final, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(store_module, "commit", commit)
+    run_dir = tmp_path / "run"
+    records = create_run_writer(run_dir, ["jsonl", "csv", "tensorboard"])
+    trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: records.write_scalars(e.state.iteration, {"x": 1}))
+    to_save = {"trainer": trainer}
+    best, latest = attach_checkpoints(CheckpointConfig(), run_dir, to_save, trainer, evaluator, "id", records)
+    trainer.run([1, 2], max_epochs=2)
+    close_stores(best, latest)
+    records.close()
+    commits = [i for i, (kind, name) in enumerate(seen) if kind == "commit" and name.startswith("step_")]
+    assert [seen[i][1] for i in commits] == ["step_00000002", "step_00000004"]
+    previous = 0
+    for i in commits:
+        synced = {name for kind, name in seen[previous:i] if kind == "fsync"}
+        assert {"metrics.jsonl", "metrics.csv"} <= synced, seen[previous:i]
+        assert any(name.startswith("events.out.tfevents") for name in synced), seen[previous:i]
+        previous = i

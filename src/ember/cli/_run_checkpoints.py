@@ -30,8 +30,9 @@ def attach_checkpoints(
 
     With ``fast_dir``, the latest go through a `TieredStore` whose durable tier is ``checkpoints/latest`` and whose
     fast tier is ``<fast_dir>/<run folder's name>-<run_id>`` (`shared_run_id`): two runs never share one, though
-    their folders have the same name. ``records``, the run's writer, is flushed before each latest save: a relaunch
-    resumes from a checkpoint whose steps' records are all in the files. Returns ``(best, latest)``.
+    their folders have the same name. ``records``, the run's writer, is synced (flushed and fsynced) before each
+    latest save: a relaunch, after a SIGKILL or a power loss, resumes from a checkpoint whose steps' records are all
+    in the files. Returns ``(best, latest)``.
     """
     best = Checkpoint(
         to_save,
@@ -50,8 +51,8 @@ def attach_checkpoints(
     every = Events.EPOCH_COMPLETED | Events.COMPLETED
     if config.every_iters:
         every = every | Events.ITERATION_COMPLETED(every=config.every_iters)
-    if records is not None:  # what was logged up to this step reaches the files before the checkpoint of it exists
-        trainer.add_event_handler(every, lambda: records.flush())
+    if records is not None:  # what was logged up to this step is on disk (fsynced) before the checkpoint of it exists
+        trainer.add_event_handler(every, lambda: records.sync())
     latest.attach(trainer, every)
     return best, latest
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from ember._atomic_file import replace_file
+from ember._atomic_file import fsync_path, replace_file
 from ember.writers._writer import Writer
 
 
@@ -49,6 +49,7 @@ class _FileWriter(Writer):
             raise IsADirectoryError(f"{type(self).__name__}: `path` {self.path} is a folder; give the log file's path.")
         writable_folder(self.path.parent, "path", type(self).__name__)
         self._file: TextIO | None = None
+        self._synced = False  # whether the folder's entry for the file was fsynced
 
     def _open(self) -> TextIO:
         if self._file is None:
@@ -78,6 +79,15 @@ class _FileWriter(Writer):
         """Hand what was written to the operating system: a killed process loses none of it."""
         if self._file is not None:
             self._file.flush()
+
+    def sync(self) -> None:
+        """Flush and fsync the file (and, the first time, its folder's entry for it): a power loss loses none of it."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            if not self._synced:
+                fsync_path(self.path.parent)
+                self._synced = True
 
     def close(self) -> None:
         """Flush, fsync and close the file."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ember.writers._writer import Writer
+from ember.writers._writer import Writer, synced
 
 
 class MultiWriter(Writer):
@@ -69,6 +69,11 @@ class MultiWriter(Writer):
         """Flush every writer."""
         for w in self.writers:
             w.flush()
+
+    def sync(self) -> None:
+        """Sync every writer."""
+        for w in self.writers:
+            synced(w)()
 
     def close(self) -> None:
         """Close every writer."""

@@ -6,10 +6,12 @@ import itertools
 import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ember._atomic_file import fsync_path
 from ember._extras import missing
 from ember.writers._files import writable_folder
 from ember.writers._histogram import Histogram, histogram
@@ -155,6 +157,13 @@ class TensorBoardWriter(Writer):
         if self._events is not None:
             self._events.flush()
         self._flushed = time.monotonic()
+
+    def sync(self) -> None:
+        """Flush, and fsync the event file and the folder's entry for it."""
+        self.flush()
+        if self._events is not None:
+            fsync_path(Path(self._events._file_name))  # pyright: ignore[reportPrivateUsage]  # see EventsWriter
+            fsync_path(Path(self.logdir))
 
     def close(self) -> None:
         """Flush and close the event file."""

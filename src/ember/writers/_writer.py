@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 #: How a run ended, as `Writer.set_outcome` takes it: ran to its end (or a handler ended it), raised, or was
@@ -15,6 +15,14 @@ def check_outcome(outcome: str) -> str:
     if outcome not in OUTCOMES:
         raise ValueError(f"`outcome` must be one of {list(OUTCOMES)}, got {outcome!r}.")
     return outcome
+
+
+def synced(writer: Any) -> Callable[[], None]:
+    """``writer.sync``, or its ``flush`` for a writer that has none.
+
+    A class that matches the protocol without subclassing it inherits none of its methods.
+    """
+    return getattr(writer, "sync", writer.flush)
 
 
 @runtime_checkable
@@ -90,6 +98,15 @@ class Writer(Protocol):
 
     def flush(self) -> None:
         """Push buffered records to their destination."""
+
+    def sync(self) -> None:
+        """Flush, and make what is in files durable (fsync) where the writer has files; by default, flush.
+
+        Examples:
+            >>> from ember.writers import ConsoleWriter
+            >>> ConsoleWriter().sync()
+        """
+        self.flush()
 
     def close(self) -> None:
         """Flush and release files; the writer is not used afterwards."""
