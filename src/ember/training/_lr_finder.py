@@ -115,7 +115,8 @@ def lr_find(
         rates = [start_lr * (end_lr / start_lr) ** (i / (num_iter - 1)) for i in range(num_iter)]
     else:
         rates = [start_lr + (end_lr - start_lr) * i / (num_iter - 1) for i in range(num_iter)]
-    finder = TrainingEngine(TrainProcess(process.step, trainer.placement, 1, False), trainer.placement, None, 1)
+    probe = TrainProcess(process.step, trainer.placement, 1, False)
+    finder = TrainingEngine(probe, trainer.placement, None, 1, fusion=probe.fusion)
     finder.state.train_state = state
     lrs: list[float] = []
     losses: list[float] = []

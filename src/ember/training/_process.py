@@ -17,6 +17,7 @@ from ember.training._batch_spec import BatchSpec
 from ember.training._devices.padding import merge_device_axis, with_mask
 from ember.training._devices.placement import Placement
 from ember.training._feed import StepGroups
+from ember.training._fused import FusedMetrics
 from ember.training._step_output import StepOutput
 from ember.training._training_engine import TrainingEngine
 
@@ -38,6 +39,7 @@ class TrainProcess:
 
     def __init__(self, step: Callable[..., Any], placement: Placement, steps_per_call: int, debug: bool) -> None:
         self.step, self.placement, self.steps_per_call, self.debug = step, placement, steps_per_call, debug
+        self.fusion = FusedMetrics()  # the metric updates folded into the step; its engine attaches them here
         self.compiled: dict[tuple[int, int], Callable[..., Any]] = {}  # by (group size, fused-metrics version)
         self.spec: BatchSpec | None = None  # the first batch's structure, shapes and dtypes
         self.outputs: Any = None  # the current K-step call's stacked outputs
@@ -48,7 +50,7 @@ class TrainProcess:
         The step checks its batch against the first one when JAX traces it (`BatchSpec`), so only a batch
         of a shape not compiled for yet is checked, before XLA compiles for it.
         """
-        fusion, key = engine._fusion, (size, engine._fusion.version)
+        fusion, key = self.fusion, (size, self.fusion.version)
         fn = self.compiled.get(key)
         if fn is not None:
             return fn
@@ -69,7 +71,7 @@ class TrainProcess:
 
     def call(self, engine: TrainingEngine, batch: Any, size: int) -> Any:
         """Run the step (``size`` steps) on the train state and the fused metrics' states; the new ones replace them."""
-        st, fusion = engine.state, engine._fusion
+        st, fusion = engine.state, self.fusion
         if self.spec is None:  # a short last batch passes (one more compilation); so does a short last group
             if isinstance(batch, Masked) or isinstance(getattr(engine.state, "batch", None), Masked):
                 raise TypeError(
@@ -96,8 +98,8 @@ class TrainProcess:
         feeder: StepGroups = engine.state.dataloader  # type: ignore[assignment]
         if feeder.slot == 0:
             self.outputs = self.call(engine, feeder.group, feeder.size)
-        if engine._fusion.metrics:
-            engine._fusion.give(feeder.slot)
+        if self.fusion.metrics:
+            self.fusion.give(feeder.slot)
         return StepOutput(self.outputs, feeder.slot)
 
 
@@ -120,6 +122,7 @@ class EvalProcess:
 
     def __init__(self, step: Callable[..., Any], placement: Placement, source: Any, debug: bool) -> None:
         self.step, self.placement, self.source, self.debug = step, placement, source, debug
+        self.fusion = FusedMetrics()  # the metric updates folded into the step; its engine attaches them here
         self.compiled: dict[tuple[int, bool], Callable[..., Any]] = {}  # by fused-metrics version, padded or not
         self.spec: BatchSpec | None = None
         self.spec_data: Any = None  # the data (as the engine iterates it) whose first batch made ``spec``
@@ -130,7 +133,7 @@ class EvalProcess:
 
     def compile_for(self, engine: TrainingEngine, padded: bool) -> Callable[..., Any]:
         """The eval step (padded or not) with the engine's fused metrics, compiled on first use."""
-        fusion = engine._fusion
+        fusion = self.fusion
         fn = self.compiled.get((fusion.version, padded))
         if fn is None:
             one = self.masked_step if padded else self.step
@@ -157,7 +160,7 @@ class EvalProcess:
             return None  # a batch the run pads to split over the devices: its own program, compiled in the run
         ahead = engine._prefetch if engine._prefetch is not None else auto_prefetch(batch, placement)
         placed = (placement.put_batch if ahead else placement.prepare_batch)(batch)
-        fusion, state_shapes = engine._fusion, jax.tree.map(_shape_of, train_state)
+        fusion, state_shapes = self.fusion, jax.tree.map(_shape_of, train_state)
         args: Any = state_shapes
         if fusion.metrics:  # `FusedMetrics.call` places a run's fresh states as the state's first leaf is placed
             sharding = leaves[0].sharding
@@ -188,7 +191,7 @@ class EvalProcess:
             )
         train_state = (engine if self.source is None else self.source).state.train_state
         fn = self.compile_for(engine, padded)
-        out = engine._fusion.call(fn, train_state, batch)[1] if engine._fusion.metrics else fn(train_state, batch)
+        out = self.fusion.call(fn, train_state, batch)[1] if self.fusion.metrics else fn(train_state, batch)
         return merge_device_axis(out) if self.placement.per_device else out
 
 

@@ -138,11 +138,12 @@ def create_trainer(
     if not callable(state) or is_flax_train_state(state):
         state = as_train_state(state, "state", ", or a function of the first batch returning one")
     process = TrainProcess(step, placement, steps_per_call, debug)
-    engine = TrainingEngine(process, placement, prefetch, steps_per_call, debug=debug)
+    factory = None if isinstance(state, TrainState) else _stored_by(state, rule, guard)
+    engine = TrainingEngine(
+        process, placement, prefetch, steps_per_call, debug=debug, fusion=process.fusion, factory=factory
+    )
     if isinstance(state, TrainState):
         engine.state.train_state = placement.put_state(stored(state, rule, guard))
-    else:
-        engine._factory = _stored_by(state, rule, guard)
     return engine
 
 
@@ -204,7 +205,7 @@ def create_evaluator(
             ema_params(state)
         step = _on_average(step)
     process = EvalProcess(step, placement, trainer, debug)
-    engine = TrainingEngine(process, placement, prefetch, 1, debug=debug)
+    engine = TrainingEngine(process, placement, prefetch, 1, debug=debug, fusion=process.fusion)
     engine.pads_batches = True
     if isinstance(source, TrainState):
         engine.state.train_state = placement.put_state(source)

@@ -66,6 +66,8 @@ class TrainingEngine(Engine):
         steps_per_call: int,
         *,
         debug: bool = False,
+        fusion: FusedMetrics | None = None,
+        factory: Callable[[Any], Any] | None = None,
     ) -> None:
         super().__init__(process_fn)
         self.state = TrainingState()
@@ -74,10 +76,10 @@ class TrainingEngine(Engine):
         self._k = steps_per_call
         self._pending_terminate: tuple[bool, bool] | None = None  # terminate()'s (skip_completed, final)
         self._can_fuse = not debug and not placement.per_device  # where updates can be folded into the step
-        self._factory: Callable[[Any], Any] | None = None  # builds the train state from a batch (lazy trainers)
+        self._factory = factory  # builds the train state from a batch (lazy trainers)
         self.pads_batches = False  # evaluators: pad batches that do not split over the devices, and mask them
         self._padded: PaddedBatches | None = None
-        self._fusion = FusedMetrics()  # the metric updates folded into the compiled step
+        self._fusion = fusion or FusedMetrics()  # the metric updates folded into the step (its process's)
         if steps_per_call > 1:
             self.add_event_handler(Events.ITERATION_COMPLETED, self._terminate_at_group_end)
 
