@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,14 @@ class CheckpointInfo:
         >>> info = store.save({"w": np.ones(2)}, step=7, metrics={"loss": 0.5})
         >>> info.step, info.metrics, info.path.name
         (7, {'loss': 0.5}, 'step_00000007')
+        >>> repr(info).replace(str(info.path.parent), "...")  # short: the manifest is left out
+        "CheckpointInfo(path=PosixPath('.../step_00000007'), step=7, metrics={'loss': 0.5})"
     """
 
     path: Path
     step: int
     metrics: dict[str, float]
-    manifest: dict[str, Any]
+    manifest: dict[str, Any] = field(repr=False)  # printed, it would fill a screen: its path and step say which
 
     @property
     def files(self) -> dict[str, dict[str, Any]]:
