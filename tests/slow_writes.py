@@ -16,3 +16,20 @@ def slow_checkpoint_writes(monkeypatch, seconds):
             return write(self, draft, root)
 
         monkeypatch.setattr(format, "write", slow)
+
+
+def held_checkpoint_writes(monkeypatch):
+    """Hold every msgpack array write until the event returned is set (at most 60 s); return the event."""
+    import threading
+
+    import ember.checkpoint._msgpack as store_module
+
+    release = threading.Event()
+    real_write = store_module.write_leaves
+
+    def held_write(f, leaves):
+        assert release.wait(timeout=60), "the write was never released"
+        return real_write(f, leaves)
+
+    monkeypatch.setattr(store_module, "write_leaves", held_write)
+    return release

@@ -303,6 +303,30 @@ def _rows_checks() -> dict[str, object]:
         "`Checkpoint.load_objects(to_load, checkpoint)`": lambda: accepts(
             handlers.Checkpoint.load_objects, to_load={}, checkpoint="dir"
         ),
+        "`Checkpoint.SAVED_CHECKPOINT`, `CheckpointEvents`, a `Checkpoint` added on "
+        "`Events.EXCEPTION_RAISED`": lambda: (
+            (handlers.Checkpoint.SAVED_CHECKPOINT is handlers.CheckpointEvents.SAVED_CHECKPOINT)
+            and (
+                _tested_by(
+                    "handlers/test_checkpoint_ignite.py",
+                    "test_saved_checkpoint_fires_after_each_checkpoint_written_and_leaves_the_event_name",
+                )(),
+                _tested_by(
+                    "handlers/test_checkpoint_ignite.py",
+                    "test_a_checkpoint_on_exception_raised_saves_the_failed_runs_state",
+                )(),
+            )
+        ),
+        "`ProgressBar(persist=, bar_format=, file=, **tqdm_kwargs)`, `attach(engine, metric_names, output_transform, "
+        "event_name, closing_event_name, state_attributes)`, `log_message(msg)`": _tested_by(
+            "handlers/test_progress_ignite.py", "test_ignites_documented_lines_draw_ignites_bar"
+        ),
+        "`Fbeta(beta, average, precision=, recall=)`": _tested_by(
+            "metrics/test_ignite_round_two.py", "test_fbeta_of_a_precision_and_a_recall_is_ignites_composition"
+        ),
+        "`BasicTimeProfiler()`, `attach(engine)`, `get_results()`, `print_results(results)`, `write_results(path)`": (
+            _tested_by("handlers/test_basic_profiler.py", "test_results_are_ignites_with_each_time_where_it_was_spent")
+        ),
         "`EarlyStopping(patience, score_function, trainer, threshold, cumulative, threshold_mode, mode)`": lambda: (
             accepts(
                 handlers.EarlyStopping,
@@ -427,7 +451,17 @@ def test_no_check_is_left_for_a_row_the_guide_dropped():
 
 
 EVENTS_PAGE = (Path(__file__).resolve().parents[1] / "docs" / "concepts" / "events.md").read_text()
-NUMBERS = {"Ten": 10, "Eleven": 11, "Twelve": 12, "Thirteen": 13, "Fourteen": 14, "Fifteen": 15, "Sixteen": 16}
+NUMBERS = {
+    "Ten": 10,
+    "Eleven": 11,
+    "Twelve": 12,
+    "Thirteen": 13,
+    "Fourteen": 14,
+    "Fifteen": 15,
+    "Sixteen": 16,
+    "Seventeen": 17,
+    "Eighteen": 18,
+}
 
 
 def test_the_guide_counts_the_differences_the_events_page_numbers():

@@ -13,7 +13,7 @@ import time
 
 from tests.subprocesses import ROOT
 
-BAR = re.compile(r"Epoch \[(\d)/2\]: +(\d+)%\|[^|]*\| (\d+)/22")
+BAR = re.compile(r"Epoch \[(\d)/2\]: \[(\d+)/22\] +(\d+)%\|")  # Ignite's bar: "Epoch [1/2]: [22/22] 100%|"
 
 
 def in_a_terminal(args, timeout=240.0):
@@ -57,7 +57,7 @@ def test_each_epoch_ends_with_its_bar_full_and_its_line_below_it(tmp_path):
     for epoch, i in enumerate(epoch_lines, 1):
         frames = [m.groups() for m in BAR.finditer(lines[i - 1])]  # the bar's frames, drawn in place
         assert frames, drawn
-        assert frames[-1] == (str(epoch), "100", "22")  # the bar's last frame: full
+        assert frames[-1] == (str(epoch), "22", "100")  # the bar's last frame: full
     assert lines[0].startswith("Training on cpu: ")
     assert lines[-2].startswith("Done: 2 epochs, 44 iterations")
 

@@ -215,5 +215,4 @@ def test_a_relaunched_best_k_checkpoint_knows_the_checkpoints_on_disk_before_its
     assert again.last_checkpoint.name == "step_00000004-acc=0.9000"
     assert again.state_dict() == {
         "_saved": [(0.7, "step_00000006-acc=0.7000"), (0.9, "step_00000004-acc=0.9000")],
-        "steps": [6, 4],
     }

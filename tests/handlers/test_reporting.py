@@ -40,17 +40,17 @@ def test_progress_bar_totals_postfix_and_epochs():
     t.run(DATA, max_epochs=2)
     frames = [f.split(", loss=")[0] + (", loss" if ", loss=" in f else "") for f in bar_frames(out)]
     assert frames == ["Epochs 0/2"] * 2 + [
-        "Epoch [1/2] 0/4",
-        "Epoch [1/2] 0/4",
-        "Epoch [1/2] 2/4",  # the first refresh has nothing fetched yet
-        "Epoch [1/2] 4/4, loss",  # the value fetched at iteration 2
-        "Epoch [1/2] 4/4, loss",  # the epoch's end: this iteration's value
+        "Epoch [1/2]:  0/4",
+        "Epoch [1/2]:  0/4",
+        "Epoch [1/2]:  2/4",  # the first refresh has nothing fetched yet
+        "Epoch [1/2]:  4/4, loss",  # the value fetched at iteration 2
+        "Epoch [1/2]:  4/4, loss",  # the epoch's end: this iteration's value
         "Epochs 1/2",
-        "Epoch [2/2] 0/4",
-        "Epoch [2/2] 0/4",
-        "Epoch [2/2] 2/4",
-        "Epoch [2/2] 4/4, loss",
-        "Epoch [2/2] 4/4, loss",
+        "Epoch [2/2]:  0/4",
+        "Epoch [2/2]:  0/4",
+        "Epoch [2/2]:  2/4",
+        "Epoch [2/2]:  4/4, loss",
+        "Epoch [2/2]:  4/4, loss",
         "Epochs 2/2",
         "Epochs 2/2",
     ]
@@ -69,13 +69,13 @@ def test_progress_bar_with_unknown_length_and_nested_evaluator():
     ProgressBar(1, stream=out, mininterval=0, desc="Eval", bar_format="{desc} {n}/{total}").attach(inner)
     engine.run((x for x in range(3)), max_epochs=1)
     frames = bar_frames(out)
-    assert frames == [
-        "Epoch [1/1] 0/None",
-        "Epoch [1/1] 0/None",
-        "Epoch [1/1] 1/None",
-        "Epoch [1/1] 2/None, loss=0",
-        "Epoch [1/1] 3/None, loss=1",
-        *("Eval [1/1] 0/3", "Eval [1/1] 0/3", "Eval [1/1] 1/3", "Eval [1/1] 2/3", "Eval [1/1] 3/3"),
+    assert frames == [  # one epoch: Ignite's "Iteration", or the desc given, without "[1/1]"
+        "Iteration:  0/None",
+        "Iteration:  0/None",
+        "Iteration:  1/None",
+        "Iteration:  2/None, loss=0",
+        "Iteration:  3/None, loss=1",
+        *("Eval:  0/3", "Eval:  0/3", "Eval:  1/3", "Eval:  2/3", "Eval:  3/3"),
     ]
     assert out.getvalue().count("\x1b[A") == 6  # drawn on the line below the trainer's bar, then cleared
 
@@ -141,7 +141,7 @@ def test_progress_bar_shows_what_output_transform_names():
     bar = ProgressBar(2, stream=out, mininterval=0, bar_format="{desc} {n}/{total}{postfix}")
     bar.attach(t, output_transform=lambda o: {"batchloss": o["loss"]})
     t.run(DATA)
-    assert re.fullmatch(r"Epoch \[1/1\] 4/4, batchloss=[\d.]+", bar_frames(out)[-1])
+    assert re.fullmatch(r"Iteration:  4/4, batchloss=[\d.]+", bar_frames(out)[-1])
 
 
 def test_loggers_sharing_a_writer_share_one_thread_in_call_order():

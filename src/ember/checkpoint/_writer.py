@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from pathlib import Path
 
 from ember.checkpoint._format import lower_thread_priority
@@ -21,6 +23,7 @@ class WriterThread:
         self.root = root  # named in a timeout's message
         self._pool: ThreadPoolExecutor | None = None
         self.pending: Future[CheckpointInfo] | None = None
+        _LIVE.add(self)
 
     def submit(self, task: Callable[[], CheckpointInfo], then: Callable[[], object] | None) -> Future[CheckpointInfo]:
         """Run ``task()`` then ``then()`` on the thread, after every task before it; it becomes ``pending``."""
@@ -63,6 +66,21 @@ class WriterThread:
             if self._pool is not None:
                 self._pool.shutdown()
                 self._pool = None
+
+
+_LIVE: weakref.WeakSet[WriterThread] = weakref.WeakSet()  # every writer of this process, for `writes_into`
+
+
+def settle_writes_into(path: Path) -> None:
+    """Wait until no write of this process is in flight into ``path`` or into its parent folder (its checkpoint).
+
+    The writes' errors stay with their stores (their owners raise them); a reader only waits for the files.
+    """
+    here = path.resolve()
+    for writer in list(_LIVE):
+        pending = writer.pending
+        if pending is not None and writer.root.resolve() in (here, here.parent):
+            wait_for([pending])
 
 
 def then_after(task: Callable[[], CheckpointInfo], then: Callable[[], object] | None) -> CheckpointInfo:

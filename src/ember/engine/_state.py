@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,8 +42,19 @@ class State:
         >>> state = Engine(lambda engine, batch: batch).run([1, 2, 3], max_epochs=2)
         >>> state.iteration, state.epoch, state.epoch_length, state.output
         (6, 2, 3, 3)
-        >>> State(iteration=3, epoch=1, loss=0.5)
-        State(iteration=3, epoch=1, epoch_length=None, max_epochs=None, max_iters=None, output=NoneType, metrics={})
+        >>> print(State(iteration=3, epoch=1, loss=0.5), end="")  # Ignite's repr
+        State:
+            iteration: 3
+            epoch: 1
+            epoch_length: <class 'NoneType'>
+            max_epochs: <class 'NoneType'>
+            max_iters: <class 'NoneType'>
+            output: <class 'NoneType'>
+            batch: <class 'NoneType'>
+            metrics: <class 'dict'>
+            dataloader: <class 'NoneType'>
+            times: <class 'dict'>
+            loss: 0.5
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -60,6 +72,10 @@ class State:
             setattr(self, k, v)
 
     def __repr__(self) -> str:
-        fields = ("iteration", "epoch", "epoch_length", "max_epochs", "max_iters")
-        shown = ", ".join(f"{k}={getattr(self, k)!r}" for k in fields)
-        return f"State({shown}, output={type(self.output).__name__}, metrics={self.metrics!r})"
+        """Ignite's: each attribute on a line, a value that is not a number or a string shown by its type."""
+        lines = ["State:"]
+        for name, value in vars(self).items():
+            if not name.startswith("_"):
+                shown = value if isinstance(value, numbers.Number | str) else type(value)
+                lines.append(f"\t{name}: {shown}")
+        return "\n".join(lines) + "\n"

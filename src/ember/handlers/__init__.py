@@ -1,6 +1,7 @@
 """Stock handlers: what a run reports and decides."""
 
 from ember.handlers._checkpointing.checkpoint import Checkpoint
+from ember.handlers._checkpointing.checkpoint_events import CheckpointEvents
 from ember.handlers._checkpointing.loading import load_objects
 from ember.handlers._checkpointing.model_checkpoint import ModelCheckpoint
 from ember.handlers._checkpointing.readers import CheckpointReader, HighestCheckpointReader, LowestCheckpointReader
@@ -10,6 +11,7 @@ from ember.handlers._common import setup_common_training_handlers
 from ember.handlers._early_stopping import EarlyStopping
 from ember.handlers._evaluation import Evaluate
 from ember.handlers._optuna import OptunaPruning
+from ember.handlers._reporting.basic_profiler import BasicTimeProfiler
 from ember.handlers._reporting.epoch_outputs import EpochOutputStore
 from ember.handlers._reporting.goodput import GoodputLedger
 from ember.handlers._reporting.handler_times import HandlersTimeProfiler
@@ -34,7 +36,9 @@ from ember.handlers._timing import TimeLimit, Timer
 
 __all__ = [
     "BaseSaveHandler",
+    "BasicTimeProfiler",
     "Checkpoint",
+    "CheckpointEvents",
     "CheckpointReader",
     "DiskSaver",
     "EarlyStopping",

@@ -7,7 +7,9 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ember.metrics._composite import MetricsLambda
 from ember.metrics._mean import MeanMetric
 from ember.metrics._metric import Metric
 
@@ -136,12 +138,21 @@ class _ClassCounts(Metric):
         self,
         output_transform: Callable[[Any], Any] | None = None,
         average: Average = False,
+        is_multilabel: bool = False,
+        device: Any = None,
         *,
         num_classes: int | None = None,
         threshold: float = 0.5,
-        device: Any = None,
         mask_key: str | None = "mask",
     ) -> None:
+        if str(average) == "samples":
+            raise ValueError(
+                "`average='samples'` (the mean of each example's value, multilabel) is not supported yet; "
+                "EpochMetric(lambda y_pred, y: sklearn.metrics.precision_score(y, y_pred, average='samples')) "
+                "computes it."
+            )
+        if not isinstance(is_multilabel, bool):
+            raise TypeError(f"`is_multilabel` must be True or False, got {is_multilabel!r}.")
         if average not in ("macro", "micro", "weighted", None, True, False):
             raise ValueError(
                 f"`average` must be False (per class, Ignite's default), True or 'macro', 'micro', 'weighted', or None "
@@ -155,6 +166,7 @@ class _ClassCounts(Metric):
         self.average = chosen
         self.num_classes = num_classes
         self.threshold = threshold
+        self.is_multilabel = is_multilabel
         self._binary = False
         super().__init__(output_transform, device, mask_key=mask_key)
 
@@ -166,6 +178,19 @@ class _ClassCounts(Metric):
 
     def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
         y_pred, y = jnp.asarray(y_pred), jnp.asarray(y)
+        if self.is_multilabel:  # (n, labels, ...): each label a binary problem of its own
+            if y_pred.shape != y.shape or y.ndim < 2:
+                raise ValueError(
+                    f"is_multilabel=True needs y_pred and y of one shape (examples, labels, ...), got {y_pred.shape} "
+                    f"and {y.shape}."
+                )
+            (n, labels), rest = y.shape[:2], y.shape[2:]
+            if mask is not None:  # one per example: for each of its positions too
+                mask = jnp.broadcast_to(jnp.asarray(mask).reshape((n,) + (1,) * len(rest)), (n, *rest))
+            y_pred, y = jnp.moveaxis(y_pred, 1, -1).reshape(-1, labels), jnp.moveaxis(y, 1, -1).reshape(-1, labels)
+            pred, true = (y_pred > self.threshold).astype(jnp.float32), (y > 0.5).astype(jnp.float32)
+            w = _weights(pred.shape[0], mask)[:, None]
+            return (jnp.sum(pred * true * w, 0), jnp.sum(pred * w, 0), jnp.sum(true * w, 0))
         if y_pred.shape == y.shape:  # binary: the positive class only
             self._binary = True
             y_pred, y, mask = _flatten(y_pred, y, mask, 0)
@@ -199,7 +224,9 @@ class Precision(_ClassCounts):
 
     ``average`` is Ignite's: ``False`` (default) the per-class array on multiclass data (the positive class's value
     on binary data), ``True`` or ``"macro"`` their mean, ``"micro"``, ``"weighted"`` (by support); ``None`` is
-    ``False``. A class never predicted counts 0.
+    ``False``. A class never predicted counts 0. ``is_multilabel=True`` (Ignite's) takes ``y_pred`` and ``y`` of
+    shape ``(examples, labels, ...)``, each label a binary problem (``y_pred > threshold``), averaged the same ways;
+    Ignite's ``average="samples"`` is not supported yet (a clear error says what computes it).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -239,17 +266,48 @@ class Fbeta(_ClassCounts):
     Per class ``(1 + b^2) TP / ((1 + b^2) TP + b^2 FN + FP)``; macro F1 is the mean of per-class F1, as
     scikit-learn computes it.
 
+    Given Ignite's ``precision=`` and ``recall=`` (a `Precision` and a `Recall` made with ``average=False``; one
+    given, the other is made with ``average=False`` and ``output_transform``), it is Ignite's composition of them: a
+    [`MetricsLambda`][ember.metrics.MetricsLambda] computing ``(1 + b^2) p r / (b^2 p + r + 1e-15)`` per class, its
+    mean with ``average=True``.
+
     Args:
         beta: the weight of recall against precision; 1 gives F1.
+        precision: a `Precision(average=False)` to compose (Ignite's); ``output_transform`` is then its own.
+        recall: a `Recall(average=False)` to compose (Ignite's).
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from ember.metrics import Fbeta
+        >>> from ember.metrics import Fbeta, Precision, Recall
         >>> f1 = Fbeta(beta=1.0)
         >>> f1.update((jnp.array([1.0, 1.0, 0.0, 0.0]), jnp.array([1, 0, 1, 1])))
         >>> round(f1.compute(), 4)
         0.4
+        >>> composed = Fbeta(1.0, precision=Precision(average=False), recall=Recall(average=False))
+        >>> composed.update((jnp.array([1.0, 1.0, 0.0, 0.0]), jnp.array([1, 0, 1, 1])))
+        >>> round(composed.compute(), 4)
+        0.4
     """
+
+    def __new__(
+        cls,
+        beta: float = 1.0,
+        *,
+        average: Average = True,
+        num_classes: int | None = None,
+        threshold: float = 0.5,
+        output_transform: Callable[[Any], Any] | None = None,
+        mask_key: str | None = "mask",
+        precision: Precision | None = None,
+        recall: Recall | None = None,
+    ) -> Any:
+        if precision is None and recall is None:
+            return super().__new__(cls)
+        unused = {"num_classes": num_classes, "threshold": threshold, "mask_key": mask_key}
+        changed = sorted(k for k, v in unused.items() if v != {"threshold": 0.5, "mask_key": "mask"}.get(k))
+        if changed:
+            raise TypeError(f"Fbeta(precision=, recall=) takes beta, average and output_transform; got {changed}.")
+        return _fbeta_of(_beta(beta), precision, recall, average, output_transform)  # Ignite's: a MetricsLambda
 
     def __init__(
         self,
@@ -260,10 +318,10 @@ class Fbeta(_ClassCounts):
         threshold: float = 0.5,
         output_transform: Callable[[Any], Any] | None = None,
         mask_key: str | None = "mask",
+        precision: Precision | None = None,
+        recall: Recall | None = None,
     ) -> None:
-        if isinstance(beta, bool) or not isinstance(beta, int | float) or beta <= 0:
-            raise ValueError(f"`beta` must be a positive number, got {beta!r}.")
-        self.beta = float(beta)
+        self.beta = _beta(beta)
         super().__init__(
             average=average,
             num_classes=num_classes,
@@ -278,6 +336,41 @@ class Fbeta(_ClassCounts):
         num = (1 + b2) * tp
         den = (1 + b2) * tp + b2 * (true - tp) + (pred - tp)
         return self._reduce(_safe_div(num, den), num, den, true)
+
+
+def _beta(beta: Any) -> float:
+    if isinstance(beta, bool) or not isinstance(beta, int | float) or beta <= 0:
+        raise ValueError(f"`beta` must be a positive number, got {beta!r}.")
+    return float(beta)
+
+
+def _fbeta_of(
+    beta: float,
+    precision: Precision | None,
+    recall: Recall | None,
+    average: Average,
+    output_transform: Callable[[Any], Any] | None,
+) -> MetricsLambda:
+    """Ignite's ``Fbeta(beta, average, precision, recall, output_transform)``: a composition of the two metrics."""
+    if average not in (True, False):
+        raise ValueError(f"Fbeta(precision=, recall=) takes average=True or False (Ignite's), got {average!r}.")
+    given = {"precision": precision, "recall": recall}
+    for name, metric in given.items():
+        if metric is not None and output_transform is not None:
+            raise ValueError(f"`output_transform` must be None when `{name}` is given (it is the {name}'s own).")
+    made_p = precision if precision is not None else Precision(output_transform, average=False)
+    made_r = recall if recall is not None else Recall(output_transform, average=False)
+    for name, metric, kind in (("precision", made_p, Precision), ("recall", made_r, Recall)):
+        if not isinstance(metric, kind) or metric.average is not None:
+            got = f"average={metric.average!r}" if isinstance(metric, kind) else type(metric).__name__
+            raise ValueError(f"`{name}` must be a {kind.__name__} made with average=False (per class), got {got}.")
+    b2 = beta**2
+
+    def fbeta(p: Any, r: Any) -> Any:
+        value = (1.0 + b2) * np.asarray(p) * np.asarray(r) / (b2 * np.asarray(p) + np.asarray(r) + 1e-15)
+        return float(np.mean(value)) if average else value
+
+    return MetricsLambda(fbeta, made_p, made_r)
 
 
 #: Ignite's name for [`TopKAccuracy`][ember.metrics.TopKAccuracy], which takes Ignite's arguments in its order.

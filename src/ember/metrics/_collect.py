@@ -134,10 +134,13 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 class RocAuc(Collect):
-    """The area under the ROC curve for binary labels, from all scores collected in the epoch.
+    """The area under the ROC curve, from all scores collected in the epoch: binary, or multilabel (Ignite's).
 
-    Computed exactly from the rank statistic (ties share their average rank), which equals scikit-learn's
-    ``roc_auc_score``. Both classes must appear.
+    Binary: scores and 0/1 labels of shape ``(n,)`` (or ``(n, 1)``). Multilabel: scores and 0/1 indicators of shape
+    ``(n, k)``, the mean of the ``k`` labels' areas (scikit-learn's ``roc_auc_score`` default, ``average="macro"``,
+    which Ignite's ``ROC_AUC`` calls). Computed exactly from the rank statistic (ties share their average rank).
+    Every label must have both classes. Multiclass scores ``(n, k)`` with class indices ``(n,)`` are refused, as
+    scikit-learn refuses them without ``multi_class``: one-hot the labels for one-vs-rest.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -146,15 +149,37 @@ class RocAuc(Collect):
         >>> auc.update((jnp.array([0.1, 0.4, 0.35, 0.8]), jnp.array([0, 0, 1, 1])))
         >>> auc.compute()
         0.75
+        >>> multilabel = RocAuc()
+        >>> multilabel.update((jnp.array([[0.1, 0.9], [0.4, 0.2], [0.35, 0.6], [0.8, 0.3]]),
+        ...                    jnp.array([[0, 1], [0, 0], [1, 1], [1, 0]])))
+        >>> multilabel.compute()  # (0.75 + 1.0) / 2
+        0.875
     """
 
     def finalize_collected(self, *columns: np.ndarray) -> Any:
-        scores, labels = columns[0].astype(np.float64).reshape(-1), columns[1].reshape(-1) > 0.5
-        pos, neg = int(labels.sum()), int((~labels).sum())
-        if pos == 0 or neg == 0:
-            raise ValueError(f"ROC AUC needs both classes; the epoch had {pos} positive and {neg} negative examples.")
-        ranks = _average_ranks(scores)
-        return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
+        scores, labels = columns[0].astype(np.float64), columns[1]
+        if scores.ndim == 2 and scores.shape[1] > 1 and labels.ndim == 1:
+            raise ValueError(
+                f"ROC AUC got scores of shape {scores.shape} and class indices of shape {labels.shape} (multiclass); "
+                "it takes binary labels or multilabel 0/1 indicators of the scores' shape (scikit-learn, which "
+                "Ignite's ROC_AUC calls, refuses multiclass without multi_class): one-hot the labels for one-vs-rest."
+            )
+        if scores.ndim <= 1 or scores.shape[1:] == (1,):
+            return _binary_auc(scores.reshape(-1), labels.reshape(-1) > 0.5)
+        if labels.shape != scores.shape:
+            raise ValueError(f"ROC AUC needs labels of the scores' shape {scores.shape}, got {labels.shape}.")
+        return float(np.mean([_binary_auc(scores[:, j], labels[:, j] > 0.5, j) for j in range(scores.shape[1])]))
+
+
+def _binary_auc(scores: np.ndarray, labels: np.ndarray, column: int | None = None) -> float:
+    pos, neg = int(labels.sum()), int((~labels).sum())
+    if pos == 0 or neg == 0:
+        which = "" if column is None else f" label {column} of"
+        raise ValueError(
+            f"ROC AUC needs both classes; the epoch had{which} {pos} positive and {neg} negative examples."
+        )
+    ranks = _average_ranks(scores)
+    return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
 class EpochMetric(Collect):
@@ -209,5 +234,5 @@ class EpochMetric(Collect):
         return self.compute_fn(*columns[:2])
 
 
-#: Ignite's name for [`RocAuc`][ember.metrics.RocAuc] (binary labels, as Ignite's ``ROC_AUC`` with scikit-learn).
+#: Ignite's name for [`RocAuc`][ember.metrics.RocAuc] (binary or multilabel, as Ignite's ``ROC_AUC`` with scikit-learn).
 ROC_AUC = RocAuc

@@ -12,6 +12,7 @@ from ember.checkpoint import CheckpointInfo
 from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, Stateful, collect_handles
 from ember.handlers._checkpointing.checkpoint_args import check_arguments, destination, needs_store, writing
+from ember.handlers._checkpointing.checkpoint_events import CheckpointEvents, announce_saved, registered
 from ember.handlers._checkpointing.checkpoint_files import StoreWriting
 from ember.handlers._checkpointing.checkpoint_names import Naming, metric_score, ranked
 from ember.handlers._checkpointing.loading import kind_of, load_objects
@@ -46,7 +47,8 @@ class Checkpoint:
             [`DiskSaver`][ember.handlers.DiskSaver], or your own save handler.
         filename_prefix: starts every checkpoint's name, with ``_`` after it (``mnist_step_00000400``).
         score_function: ``score_function(engine) -> float``, e.g. an evaluator's validation accuracy.
-        score_name: the score's name in checkpoint names and manifests; given alone, the score is
+        score_name: the score's name in checkpoint names and manifests (Ignite's names leave it out when ``None``; a
+            store's folders and manifests call it ``score``); given alone, the score is
             ``engine.state.metrics[score_name]``
             ([`get_default_score_fn`][ember.handlers.Checkpoint.get_default_score_fn]).
         n_saved: checkpoints kept: the best by ``score_function``, else the newest; ``None`` keeps all.
@@ -86,6 +88,8 @@ class Checkpoint:
 
     Item = Item
     ext = "ckpt"
+    #: fired on the engine after each checkpoint written ([`CheckpointEvents`][ember.handlers.CheckpointEvents])
+    SAVED_CHECKPOINT = CheckpointEvents.SAVED_CHECKPOINT
 
     def __init__(
         self,
@@ -115,7 +119,7 @@ class Checkpoint:
         self.save_handler, self.store = destination(save_handler)
         self.n_saved, self.keep_every, self.mode, self.on_error = n_saved, keep_every, mode, on_error
         self.score_function = score_function
-        self.score_name = score_name or ("score" if score_function is not None else None)
+        self.score_name = score_name
         self.global_step_transform = global_step_transform
         self.filename_prefix, self.filename_pattern = filename_prefix, filename_pattern
         self.include_self, self.greater_or_equal, self.save_on_rank = include_self, greater_or_equal, save_on_rank
@@ -132,8 +136,12 @@ class Checkpoint:
 
     # -- saving ----------------------------------------------------------------------------------
 
-    def __call__(self, engine: Engine) -> None:
+    def __call__(self, engine: Engine, *args: Any) -> None:
         """Save now when retention keeps the new checkpoint (Ignite's rule), then remove what it pushes out.
+
+        What an event passes besides the engine is ignored: attached to ``EXCEPTION_RAISED`` (Ignite's "save on
+        exception") it saves the state the failed iteration left, on disk before the exception goes on, and fires
+        ``SAVED_CHECKPOINT`` after each checkpoint it writes.
 
         Into a store, one step is written once. Fired again at the same step (``ITERATION_COMPLETED(every=N) |
         COMPLETED`` on a run that ends on a multiple of N, or the EPOCH_COMPLETED a resumed run still owed), it
@@ -160,6 +168,8 @@ class Checkpoint:
             saved = self._to.save(self.to_save, *self._collect(), self_state, step, global_step, priority)
         for listener in self._save_listeners if saved else ():
             listener(step)
+        if saved:
+            announce_saved(engine)
 
     def _given(self, to_save: Mapping[str, Any]) -> None:
         """What to save from now on (a ``ModelCheckpoint`` is given it at each call)."""
@@ -317,7 +327,7 @@ class Checkpoint:
             self._writing.seeded()
 
     def state_dict(self) -> dict[str, Any]:
-        """What this handler keeps, as Ignite's ``{"_saved": [(priority, filename), ...]}`` (and the steps).
+        """What this handler keeps, as Ignite's ``{"_saved": [(priority, filename), ...]}`` (and steps to pin).
 
         Examples:
             >>> import tempfile
@@ -327,7 +337,7 @@ class Checkpoint:
             >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
             >>> _ = trainer.run([1, 2]); _ = saver.save_now(trainer)
             >>> saver.state_dict()
-            {'_saved': [(2, 'step_00000002')], 'steps': [2]}
+            {'_saved': [(2, 'step_00000002')]}
         """
         if self._writing is not None:
             self._writing.seed(self.to_save)
@@ -421,6 +431,7 @@ class Checkpoint:
             >>> _ = saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
         """
         with collect_handles() as made:
+            registered(engine)
             engine.add_event_handler(event, self)
             if self._writing is not None:
                 self._writing.watch(engine)

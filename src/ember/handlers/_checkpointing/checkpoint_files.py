@@ -11,13 +11,16 @@ import jax
 from ember.checkpoint import CheckpointInfo
 from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events
-from ember.handlers._checkpointing.checkpoint_names import Naming
+from ember.handlers._checkpointing.checkpoint_names import Naming, score_key
 from ember.handlers._checkpointing.readers import CheckpointReader
 from ember.handlers._checkpointing.retention import Ledger, failures
 from ember.handlers._checkpointing.same_arrays import Saved
 
 #: What a checkpoint of now holds: every object's state dict, and the arrays of the tree-stateful ones.
 Collect = Callable[[], tuple[dict[str, Any], dict[str, Any]]]
+
+
+_RUN_ENDS = (Events.COMPLETED, Events.EXCEPTION_RAISED)  # a save there is on disk before the handler returns
 
 
 class StoreWriting:
@@ -96,7 +99,7 @@ class StoreWriting:
                 remove_gone()
                 self.ledger.settle()
         self.saved = Saved.of(step, name, trees, states, metrics)
-        if self.background and engine.last_event_name is Events.COMPLETED and outer is None:
+        if self.background and engine.last_event_name in _RUN_ENDS and outer is None:
             self.wait()  # the run ends here; a watcher added just now would not run in this firing
         return True
 
@@ -164,8 +167,7 @@ class StoreWriting:
         if self._seeded:
             return
         self._seeded = True
-        score_name = self.naming.score_name
-        scored = self.naming.scored and score_name is not None
+        score_name, scored = score_key(self.naming.score_name), self.naming.scored
         worst = float("-inf") if self.mode == "max" else float("inf")
         found = []
         for info in self.mine(to_save):
@@ -173,7 +175,7 @@ class StoreWriting:
             if "priority" in recorded:
                 priority = recorded["priority"]
             elif scored:
-                priority = info.metrics.get(score_name, worst)  # type: ignore[arg-type]  # scored: a name
+                priority = info.metrics.get(score_name, worst)
             else:
                 priority = info.step
             found.append((info.path.name, info.step, priority))

@@ -21,21 +21,26 @@ def ranked(
 ) -> tuple[int, int | None, float, dict[str, float]]:
     """A save's ``(step, global step, priority, metrics)``, Ignite's way.
 
-    The priority is the score (recorded under ``score_name``) or else the global step (the engine's iteration unless
-    ``global_step_transform`` gives it); the step numbers the checkpoint.
+    The priority is the score (recorded under ``score_name``, ``"score"`` when it has none) or else the global step
+    (the engine's iteration unless ``global_step_transform`` gives it); the step numbers the checkpoint.
     """
     global_step = (
         int(global_step_transform(engine, engine.last_event_name)) if global_step_transform is not None else None
     )
     metrics: dict[str, float] = {}
-    if score_function is not None and score_name is not None:
+    if score_function is not None:
         priority = score_of(score_function(engine))
-        metrics[score_name] = priority
+        metrics[score_key(score_name)] = priority
     else:
         global_step = engine.state.iteration if global_step is None else global_step
         priority = global_step
     step = engine.state.iteration if global_step is None else global_step
     return step, global_step, priority, metrics
+
+
+def score_key(score_name: str | None) -> str:
+    """What a score is recorded under in a store's manifests and folder names: its name, or ``"score"``."""
+    return "score" if score_name is None else score_name
 
 
 def metric_score(metric_name: str, score_sign: float = 1.0) -> Callable[[Engine], float]:
@@ -104,7 +109,7 @@ class Naming:
         """A checkpoint folder's name in a store: ``filename_pattern``, else ``<prefix>step_<step>[-<score>]``."""
         if self.filename_pattern is not None:
             return self.ignite_name(to_save, global_step, priority)
-        return f"{self.prefix}step_{step:08d}" + (f"-{self.score_name}={priority:.4f}" if scored else "")
+        return f"{self.prefix}step_{step:08d}" + (f"-{score_key(self.score_name)}={priority:.4f}" if scored else "")
 
     def metadata(self, to_save: Mapping[str, Any], priority: float) -> dict[str, Any]:
         """What a checkpoint's manifest records of the handler that wrote it (a relaunch knows its own by it)."""

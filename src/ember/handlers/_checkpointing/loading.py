@@ -12,6 +12,7 @@ import numpy as np
 
 from ember.checkpoint import CheckpointInfo, CorruptCheckpointError, open_store
 from ember.checkpoint._stores import Store
+from ember.checkpoint._writer import settle_writes_into
 from ember.engine import Stateful, TreeStateful
 
 
@@ -76,6 +77,10 @@ def load_objects(
     if isinstance(checkpoint, Mapping):
         _load_from_dict(to_load, checkpoint)
         return None
+    if isinstance(checkpoint, str | os.PathLike):
+        settle_writes_into(Path(checkpoint))  # a checkpoint of this process still being written: its files first
+        if not Path(checkpoint).exists():
+            raise FileNotFoundError(f"No valid checkpoint in {checkpoint} to load from: there is no such folder.")
     if isinstance(checkpoint, str | os.PathLike) and (Path(checkpoint) / "manifest.json").is_file():
         checkpoint = _one_checkpoint(Path(checkpoint), store)  # Ignite's --resume_from: one checkpoint's folder
     if isinstance(checkpoint, CheckpointInfo):
@@ -110,7 +115,7 @@ def load_objects(
     states = info.manifest.get("metadata", {}).get("state_dicts", {})
     missing = [name for name, obj in to_load.items() if isinstance(obj, Stateful) and name not in states]
     if missing:
-        raise KeyError(f"The checkpoint {info.path.name!r} holds no state for {missing}; it holds {sorted(states)}.")
+        raise ValueError(f"The checkpoint {info.path.name!r} holds no state for {missing}; it holds {sorted(states)}.")
     for name, obj in to_load.items():
         if isinstance(obj, Stateful):
             obj.load_state_dict(states[name])
@@ -125,7 +130,7 @@ def _load_from_dict(to_load: Mapping[str, Any], checkpoint: Mapping[str, Any]) -
         checkpoint = {next(iter(to_load)): checkpoint}  # a single object's state, as Ignite saves it
     missing = sorted(set(to_load) - set(checkpoint))
     if missing:
-        raise KeyError(f"The checkpoint holds no state for {missing}; it holds {sorted(checkpoint)}.")
+        raise ValueError(f"The checkpoint holds no state for {missing}; it holds {sorted(checkpoint)}.")
     for name, obj in to_load.items():
         entry = checkpoint[name]
         if isinstance(obj, TreeStateful):

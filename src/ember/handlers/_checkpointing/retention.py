@@ -70,10 +70,15 @@ class Ledger:
     """
 
     def __init__(
-        self, rankings: Sequence[Ranking], pinned: Callable[[int], bool], *, greater_or_equal: bool = False
+        self,
+        rankings: Sequence[Ranking],
+        pinned: Callable[[int], bool],
+        *,
+        greater_or_equal: bool = False,
+        pins: bool = False,
     ) -> None:
         self.rankings = list(rankings)
-        self.pinned = pinned
+        self.pinned, self.pins = pinned, pins  # pins: whether ``pinned`` can ever be true (its steps matter)
         self.greater_or_equal = greater_or_equal
         self.entries: list[Entry] = []
         self._order = 0
@@ -99,7 +104,7 @@ class Ledger:
         def pinned(step: int) -> bool:
             return keep_every is not None and step % keep_every == 0
 
-        return cls(rankings, pinned, greater_or_equal=greater_or_equal)
+        return cls(rankings, pinned, greater_or_equal=greater_or_equal, pins=keep_every is not None)
 
     def _top(self, ranking: Ranking, entries: list[Entry]) -> list[Entry]:
         if ranking.count is None:
@@ -179,20 +184,30 @@ class Ledger:
             self._before = None
 
     def state_dict(self) -> dict[str, Any]:
-        """Ignite's ``Checkpoint.state_dict()``: ``{"_saved": [(priority, filename), ...]}``, and the steps.
+        """Ignite's ``Checkpoint.state_dict()``: ``{"_saved": [(priority, filename), ...]}``.
+
+        With ``keep_every``, whose pins go by step, ``"steps"`` lists the steps too where a priority is not its step
+        (a score); otherwise the state dict is Ignite's exactly.
 
         Examples:
             >>> from ember.handlers._checkpointing.retention import Ledger
             >>> ledger = Ledger.for_checkpoint(n_saved=None, mode="max")
-            >>> _ = ledger.add("step_4", 4, 4)
+            >>> _ = ledger.add("step_6-acc=0.9000", 6, 0.9)
             >>> ledger.state_dict()
-            {'_saved': [(4, 'step_4')], 'steps': [4]}
+            {'_saved': [(0.9, 'step_6-acc=0.9000')]}
+            >>> pinning = Ledger.for_checkpoint(n_saved=None, mode="max", keep_every=2)
+            >>> _ = pinning.add("step_6-acc=0.9000", 6, 0.9)
+            >>> pinning.state_dict()
+            {'_saved': [(0.9, 'step_6-acc=0.9000')], 'steps': [6]}
         """
         entries = sorted(self.entries, key=lambda e: (e.priority, e.order))
-        return {"_saved": [(e.priority, e.filename) for e in entries], "steps": [e.step for e in entries]}
+        state: dict[str, Any] = {"_saved": [(e.priority, e.filename) for e in entries]}
+        if self.pins and any(e.step != _as_step(e.priority) for e in entries):
+            state["steps"] = [e.step for e in entries]
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Take Ignite's ``{"_saved": [(priority, filename), ...]}`` (ember's adds ``"steps"``)."""
+        """Take Ignite's ``{"_saved": [(priority, filename), ...]}`` (ember's adds ``"steps"`` to pin by step)."""
         if not isinstance(state_dict, Mapping) or "_saved" not in state_dict:
             raise ValueError(f"A Checkpoint's state_dict must hold '_saved'; got {state_dict!r}.")
         saved = [tuple(item) for item in state_dict["_saved"]]

@@ -94,7 +94,7 @@ def takes_metadata(save_handler: Callable[..., Any]) -> bool:
             return len(args) == 3
         except TypeError:
             continue
-    raise ValueError(
+    raise TypeError(
         f"`save_handler` must take (checkpoint, filename, metadata) or (checkpoint, filename), as Ignite calls it; "
         f"{getattr(save_handler, '__qualname__', type(save_handler).__name__)}{sig} does not."
     )

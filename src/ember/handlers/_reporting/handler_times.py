@@ -5,16 +5,43 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 
 
-def _name(handler: Callable[..., Any]) -> str:
+def handler_name(handler: Callable[..., Any]) -> str:
+    """How a profiler names a handler: ``Class.method`` for a bound method, else its qualified name."""
     owner = getattr(handler, "__self__", None)
     if owner is not None:
         return f"{type(owner).__name__}.{getattr(handler, '__name__', '?')}"
     return getattr(handler, "__qualname__", None) or type(handler).__name__
+
+
+class Clocked(Protocol):
+    """A profiler's handlers, which `attach_clocks` registers: wrap at the start, the marks, unwrap at the end."""
+
+    def _started(self, engine: Engine) -> None: ...
+    def _mark_now(self) -> None: ...
+    def _data_done(self, engine: Engine) -> None: ...
+    def _step_done(self, engine: Engine) -> None: ...
+    def _finished(self) -> None: ...
+
+
+def attach_clocks(engine: Engine, profiler: Clocked) -> RemovableEventHandle:
+    """Register a profiler's clocks; return one handle for them all.
+
+    Its start first of STARTED, a mark at GET_BATCH_STARTED and ITERATION_STARTED read first at GET_BATCH_COMPLETED
+    (the data) and ITERATION_COMPLETED (the step), its end at COMPLETED.
+    """
+    with collect_handles() as made:
+        engine.add_priority_handler(Events.STARTED, profiler._started)
+        engine.add_event_handler(Events.GET_BATCH_STARTED, profiler._mark_now)
+        engine.add_priority_handler(Events.GET_BATCH_COMPLETED, profiler._data_done)
+        engine.add_event_handler(Events.ITERATION_STARTED, profiler._mark_now)
+        engine.add_priority_handler(Events.ITERATION_COMPLETED, profiler._step_done)
+        engine.add_event_handler(Events.COMPLETED, profiler._finished)
+    return made.handle
 
 
 class _Times:
@@ -72,7 +99,7 @@ class HandlersTimeProfiler:
         self._undo: Callable[[], None] | None = None
 
     def _wrap(self, event: Any, handler: Callable[..., Any], call: Callable[..., Any]) -> Callable[..., Any]:
-        times = self._handlers.setdefault((getattr(event, "name", str(event)), _name(handler)), _Times())
+        times = self._handlers.setdefault((getattr(event, "name", str(event)), handler_name(handler)), _Times())
         clock = self.clock
 
         def timed(engine: Any, *args: Any) -> Any:
@@ -95,10 +122,10 @@ class HandlersTimeProfiler:
     def _mark_now(self) -> None:
         self._mark = self.clock()
 
-    def _data_done(self) -> None:
+    def _data_done(self, engine: Engine) -> None:
         self._data.add(self.clock() - self._mark)
 
-    def _step_done(self) -> None:
+    def _step_done(self, engine: Engine) -> None:
         self._step.add(self.clock() - self._mark)
 
     def _finished(self) -> None:
@@ -138,11 +165,4 @@ class HandlersTimeProfiler:
             >>> from ember.handlers import HandlersTimeProfiler
             >>> handle = HandlersTimeProfiler(stream=None).attach(Engine(lambda e, b: b))
         """
-        with collect_handles() as made:
-            engine.add_priority_handler(Events.STARTED, self._started)
-            engine.add_event_handler(Events.GET_BATCH_STARTED, self._mark_now)
-            engine.add_priority_handler(Events.GET_BATCH_COMPLETED, self._data_done)
-            engine.add_event_handler(Events.ITERATION_STARTED, self._mark_now)
-            engine.add_priority_handler(Events.ITERATION_COMPLETED, self._step_done)
-            engine.add_event_handler(Events.COMPLETED, self._finished)
-        return made.handle
+        return attach_clocks(engine, self)

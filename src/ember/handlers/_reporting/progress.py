@@ -2,31 +2,73 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TextIO
 
 import numpy as np
 
 from ember._extras import missing
-from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
+from ember.engine import Engine, Events, FilteredEvent, RemovableEventHandle, collect_handles
 from ember.handlers._reporting.values import check_names, check_transform, pick
 from ember.writers import is_primary_process
 from ember.writers._async import start_host_copy
 
+#: Ignite's bar: ``Epoch [2/50]: [64/128]  50%|█████      , loss=0.123 [06:17<12:34]``
+IGNITE_FORMAT = "{desc}[{n_fmt}/{total_fmt}] {percentage:3.0f}%|{bar}{postfix} [{elapsed}<{remaining}]"
 
-def _postfix(values: dict[str, Any]) -> dict[str, str]:
-    return {k: f"{float(np.asarray(v)):.4g}" for k, v in values.items()}
+
+def postfix(values: Mapping[str, Any], unshown: set[str]) -> dict[str, Any]:
+    """What the bar shows of ``values``, flattened as Ignite flattens them.
+
+    A number as is, a string as is, a 1-D value or a sequence as ``name_0``, ``name_1``..., a mapping as
+    ``name_key``. Anything else warns once per name (``unshown``).
+    """
+    shown: dict[str, Any] = {}
+    for key, value in values.items():
+        _flatten(key, value, shown, unshown)
+    return shown
+
+
+def _flatten(key: str, value: Any, into: dict[str, Any], unshown: set[str]) -> None:
+    if isinstance(value, str):
+        into[key] = value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            _flatten(f"{key}_{k}", v, into, unshown)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _flatten(f"{key}_{i}", v, into, unshown)
+    elif value is not None:
+        array = np.asarray(value)
+        if array.ndim == 0 and array.dtype.kind in "biuf":
+            into[key] = array.item()
+        elif array.ndim == 1 and array.dtype.kind in "biuf":
+            into.update((f"{key}_{i}", x) for i, x in enumerate(array.tolist()))
+        elif key not in unshown:
+            unshown.add(key)
+            warnings.warn(
+                f"ProgressBar cannot show {key!r}: a value of shape {array.shape} and dtype {array.dtype}; it shows "
+                "numbers, strings, and 1-D values (as name_0, name_1, ...).",
+                UserWarning,
+                stacklevel=2,
+            )
 
 
 class ProgressBar:
     """An iteration bar per epoch (and optionally an epoch bar), with the loss and metrics in the postfix.
 
-    Needs tqdm: ``pip install -e ".[progress]"``. The bar moves every ``refresh_every`` iterations. Its postfix
-    shows values fetched at the previous refresh: at each refresh the current values start copying to the host and
-    the ones started last time are displayed, so the bar never waits for the device. At EPOCH_COMPLETED the epoch's
-    metrics (already host numbers) are shown. Totals come from ``epoch_length``; data of unknown length gets a bar
-    without a total or ETA. A bar attached to an evaluator while the trainer's is open is drawn below it and removed
-    when the evaluation ends. Only the primary process draws.
+    Needs tqdm: ``pip install -e ".[progress]"``. Ignite's bar, ``Epoch [2/50]: [64/128]  50%|█████ , loss=0.123
+    [06:17<12:34]`` (``Iteration`` for a one-epoch run; ``desc`` in its place when given), moving every
+    ``refresh_every`` iterations (Ignite's moves every iteration:
+    ``attach(..., event_name=Events.ITERATION_COMPLETED)``).
+    Its postfix shows values fetched at the previous refresh: at each refresh the current values start copying to
+    the host and the ones started last time are displayed, so the bar never waits for the device. At EPOCH_COMPLETED
+    the epoch's metrics (already host numbers) are shown. Numbers and strings are shown as they are, a 1-D value as
+    ``name_0``, ``name_1``... (Ignite's), anything else is left out with a warning. Totals come from
+    ``epoch_length``; data of unknown length gets a bar without a total or ETA. A bar attached to an evaluator
+    while the trainer's is open is drawn below it and removed when the evaluation ends. Only the primary process
+    draws.
 
     Args:
         refresh_every: iterations between refreshes.
@@ -34,8 +76,9 @@ class ProgressBar:
         epoch_bar: also draw a bar over the epochs.
         iteration_bar: draw the bar over each epoch's iterations (``False`` leaves the epoch bar alone, Ignite's
             ``with_pbar_on_iters=False``).
-        stream: where to draw (standard error by default).
-        desc: the label in front of the bar (``"Epoch"`` by default).
+        stream: where to draw (standard error by default); Ignite's ``file=`` is the same.
+        desc: the label in front of the bar (Ignite's: ``"Epoch"``, ``"Iteration"`` for one epoch).
+        bar_format: tqdm's format; Ignite's by default, ``None`` for tqdm's own.
         tqdm_kwargs: passed to ``tqdm.tqdm`` (``ncols``, ``ascii``, ...).
 
     Examples:
@@ -48,7 +91,7 @@ class ProgressBar:
         >>> _ = bar.attach(engine, output_keys=["loss"])
         >>> _ = engine.run([0.5, 0.25, 0.125, 0.0625])
         >>> [frame.strip() for frame in out.getvalue().split(chr(13)) if frame][-3:]  # the postfix lags one refresh
-        ['Epoch [1/1] 2/4', 'Epoch [1/1] 4/4, loss=0.25', 'Epoch [1/1] 4/4, loss=0.0625']
+        ['Iteration:  2/4', 'Iteration:  4/4, loss=0.25', 'Iteration:  4/4, loss=0.0625']
     """
 
     _open: ClassVar[int] = 0  # bars currently drawn by this process, for nesting
@@ -61,7 +104,8 @@ class ProgressBar:
         epoch_bar: bool = False,
         iteration_bar: bool = True,
         stream: TextIO | None = None,
-        desc: str = "Epoch",
+        desc: str | None = None,
+        bar_format: str | None = IGNITE_FORMAT,
         **tqdm_kwargs: Any,
     ) -> None:
         if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 1:
@@ -73,16 +117,36 @@ class ProgressBar:
             raise ImportError(missing("ProgressBar", "tqdm", "progress")) from e
         if not (epoch_bar or iteration_bar):
             raise ValueError("ProgressBar(epoch_bar=False, iteration_bar=False) draws nothing; keep one of them.")
+        if "file" in tqdm_kwargs:  # Ignite's name for the stream
+            if stream is not None:
+                raise ValueError("ProgressBar got both `stream` and `file`, which are the same; give one.")
+            stream = tqdm_kwargs.pop("file")
         self.refresh_every, self.persist, self.epoch_bar = refresh_every, persist, epoch_bar
         self.iteration_bar = iteration_bar
-        self.stream, self.desc, self.tqdm_kwargs = stream, desc, tqdm_kwargs
+        self.stream, self.desc, self.bar_format, self.tqdm_kwargs = stream, desc, bar_format, tqdm_kwargs
         self._bar: Any = None
         self._epochs: Any = None
         self._shown = 0
         self._fetched: dict[str, Any] = {}
         self._names: str | tuple[str, ...] = ()
         self._keys: str | tuple[str, ...] = ()
+        self._attributes: tuple[str, ...] = ()
         self._transform: Callable[[Any], Any] | None = None
+        self._unshown: set[str] = set()
+
+    def log_message(self, message: str) -> None:
+        r"""Write ``message`` on its own line above the bars (Ignite's; ``print`` would break the bar's line).
+
+        Examples:
+            >>> import io
+            >>> from ember.handlers import ProgressBar
+            >>> out = io.StringIO()
+            >>> ProgressBar(stream=out).log_message("evaluating"); out.getvalue()
+            'evaluating\n'
+        """
+        from tqdm import tqdm
+
+        tqdm.write(message, file=self.stream)
 
     def _new_bar(self, total: int | None, desc: str, leave: bool) -> Any:
         from tqdm import tqdm
@@ -95,6 +159,7 @@ class ProgressBar:
             position=ProgressBar._open - 1,
             file=self.stream,
             dynamic_ncols=self.stream is None,
+            bar_format=self.bar_format,
             **self.tqdm_kwargs,
         )
 
@@ -102,6 +167,18 @@ class ProgressBar:
         if bar is not None:
             bar.close()
             ProgressBar._open -= 1
+
+    def _label(self, engine: Engine) -> str:
+        """Ignite's: ``Epoch [2/50]`` (``desc`` for ``Epoch``); a one-epoch run's is ``Iteration`` (or ``desc``)."""
+        st = engine.state
+        one = st.max_epochs == 1
+        tag = self.desc if self.desc is not None else ("Iteration" if one else "Epoch")
+        return tag if one or st.max_epochs is None else f"{tag} [{st.epoch}/{st.max_epochs}]"
+
+    def _values(self, engine: Engine, output_keys: str | tuple[str, ...]) -> dict[str, Any]:
+        values = pick(engine, self._names, output_keys, output_transform=self._transform)
+        values.update((name, getattr(engine.state, name, None)) for name in self._attributes)
+        return values
 
     def _started(self, engine: Engine) -> None:
         if self.epoch_bar:
@@ -114,20 +191,20 @@ class ProgressBar:
 
     def _epoch_started(self, engine: Engine) -> None:
         st = engine.state
-        max_epochs = f"/{st.max_epochs}" if st.max_epochs is not None else ""
         nested = ProgressBar._open > (1 if self._epochs is not None else 0)
-        self._bar = self._new_bar(st.epoch_length, f"{self.desc} [{st.epoch}{max_epochs}]", self.persist and not nested)
+        label = f"{self._label(engine)}: "  # as Ignite's set_description labels it: "Epoch [2/50]: "
+        self._bar = self._new_bar(st.epoch_length, label, self.persist and not nested)
         self._shown = (st.iteration - (st.epoch - 1) * st.epoch_length) if st.epoch_length else 0
         self._bar.update(self._shown)
 
     def _refresh(self, engine: Engine) -> None:
         if self._bar is None:
             return
-        current = pick(engine, self._names, self._keys, output_transform=self._transform)
+        current = self._values(engine, self._keys)
         for v in current.values():
             start_host_copy(v)
         if self._fetched:
-            self._bar.set_postfix(_postfix(self._fetched), refresh=False)
+            self._bar.set_postfix(postfix(self._fetched, self._unshown), refresh=False)
         self._fetched = current
         self._advance(engine)
 
@@ -138,17 +215,18 @@ class ProgressBar:
         self._shown = done
 
     def _epoch_completed(self, engine: Engine) -> None:
+        # The epoch's metrics are host numbers by now; the output is the epoch's last one.
+        now = self._values(engine, self._keys if engine.state.output is not None else ())
         if self._bar is not None:
             self._advance(engine)
-            # The epoch's metrics are host numbers by now; the output is the epoch's last one.
-            has_output = engine.state.output is not None
-            now = pick(engine, self._names, self._keys if has_output else (), output_transform=self._transform)
             shown = {**self._fetched, **now}
             if shown:
-                self._bar.set_postfix(_postfix(shown), refresh=False)
+                self._bar.set_postfix(postfix(shown, self._unshown), refresh=False)
             self._close(self._bar)
             self._bar, self._fetched = None, {}
         if self._epochs is not None:
+            if not self.iteration_bar and now:  # the epoch bar alone shows the values (Ignite's bar over epochs)
+                self._epochs.set_postfix(postfix(now, self._unshown), refresh=False)
             self._epochs.update(1)
 
     def _completed(self, *_: Any) -> None:
@@ -160,15 +238,23 @@ class ProgressBar:
         self,
         engine: Engine,
         metric_names: str | Sequence[str] | None = None,
-        output_keys: str | Sequence[str] | None = None,
         output_transform: Callable[[Any], Any] | None = None,
+        event_name: Events | FilteredEvent | None = None,
+        closing_event_name: Events = Events.EPOCH_COMPLETED,
+        state_attributes: Sequence[str] | None = None,
+        *,
+        output_keys: str | Sequence[str] | None = None,
     ) -> RemovableEventHandle:
-        """Draw bars for ``engine``, showing ``metric_names`` (or ``"all"``) and scalar ``output_keys``.
+        """Draw bars for ``engine``, showing ``metric_names`` (or ``"all"``), scalar ``output_keys`` and more.
 
-        ``output_transform`` (Ignite's) names values of its own from the output: a mapping such as
-        ``lambda out: {"batchloss": out["loss"]}``, or one value, shown as ``output``. Returns one handle whose
-        ``remove()`` takes the bars away (Ignite's ``attach`` returns ``None``; code written for it is unaffected).
-        Only process 0 of a multi-process run draws; elsewhere the handle removes nothing.
+        Ignite's arguments: ``output_transform`` names values of its own from the output (a mapping such as
+        ``lambda out: {"batchloss": out["loss"]}``, or one value, shown as ``output``); ``event_name`` is when the bar
+        moves (``Events.ITERATION_COMPLETED(every=refresh_every)`` by default); ``closing_event_name`` ends each
+        epoch's bar (``EPOCH_COMPLETED``), or, with ``event_name=Events.EPOCH_COMPLETED`` and
+        ``closing_event_name=Events.COMPLETED``, one bar over the epochs is drawn (``epoch_bar=True,
+        iteration_bar=False``); ``state_attributes`` adds ``engine.state`` attributes by name. Returns one handle
+        whose ``remove()`` takes the bars away (Ignite's ``attach`` returns ``None``; code written for it is
+        unaffected). Only process 0 of a multi-process run draws; elsewhere the handle removes nothing.
 
         Examples:
             >>> from ember import Engine
@@ -179,12 +265,39 @@ class ProgressBar:
         self._names = check_names("metric_names", metric_names)
         self._keys = check_names("output_keys", output_keys)
         self._transform = check_transform(output_transform)
+        self._attributes = _attribute_names(state_attributes)
+        moves = self._moves(event_name, closing_event_name)
         with collect_handles() as made:
             if is_primary_process():
                 engine.add_event_handler(Events.STARTED, self._started)
                 if self.iteration_bar:
                     engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
-                    engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.refresh_every), self._refresh)
+                    engine.add_event_handler(moves, self._refresh)
                 engine.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
                 engine.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED | Events.TERMINATE, self._completed)
         return made.handle
+
+    def _moves(self, event_name: Events | FilteredEvent | None, closing: Events) -> Events | FilteredEvent:
+        """The event the iteration bar moves on; Ignite's bar over the epochs turns this bar into one."""
+        if event_name is None:
+            event_name = Events.ITERATION_COMPLETED(every=self.refresh_every)
+        base = event_name.event if isinstance(event_name, FilteredEvent) else event_name
+        if base is Events.EPOCH_COMPLETED and closing is Events.COMPLETED:
+            self.epoch_bar, self.iteration_bar = True, False
+            return event_name
+        if base not in (Events.ITERATION_STARTED, Events.ITERATION_COMPLETED) or closing is not Events.EPOCH_COMPLETED:
+            raise ValueError(
+                "ProgressBar moves on ITERATION_STARTED or ITERATION_COMPLETED (filtered or not) and closes at "
+                "EPOCH_COMPLETED, or moves at EPOCH_COMPLETED and closes at COMPLETED (a bar over the epochs); got "
+                f"event_name={event_name!r}, closing_event_name={closing!r}."
+            )
+        return event_name
+
+
+def _attribute_names(state_attributes: Sequence[str] | None) -> tuple[str, ...]:
+    """``state_attributes`` as a tuple of names; a ``TypeError`` naming it otherwise."""
+    if state_attributes is None:
+        return ()
+    if isinstance(state_attributes, str) or not all(isinstance(a, str) for a in state_attributes):
+        raise TypeError(f"`state_attributes` must be a sequence of state attribute names, got {state_attributes!r}.")
+    return tuple(state_attributes)
