@@ -6,7 +6,9 @@ every 50 steps, evaluation every epoch with accuracy and loss, the latest and th
 progress bar), with early stopping off so that both sides run the same epochs. The hand loop uses the
 same data, model, optimizer and schedule (ember's CLI builders), a jitted step with the state donated and
 the running average computed in it, the same logging through tensorboardX and a JSONL file, a jitted
-evaluation, ``np.savez`` checkpoints on a writer thread (latest every epoch, best when it improves) and a
+evaluation, crash-safe ``np.savez`` checkpoints on a writer thread (a temporary folder, fsynced, renamed into
+place, the oldest removed: the 2 latest every epoch, the best when it improves; its JSONL log flushed and fsynced
+before each, as ``ember train`` syncs its logs) and a
 tqdm bar showing the running loss every 10 steps, fetched one refresh late (as ember's bar does). Keras 3
 ``fit`` on the JAX backend runs the same CNN (``Conv2D`` with "same" padding, ``AveragePooling2D``, dropout),
 ``AdamW`` with the same cosine decay, weight decay and clipping, the whole batches ember uses, validation in
@@ -22,7 +24,7 @@ Workload (b), ``chars``: the character transformer of ``examples/char_transforme
 optimizer; ten steps per compiled call; 5 epochs), with a running average of the loss, validation perplexity every
 epoch (``Evaluate``), a background checkpoint of the latest state every epoch and a line printed per epoch. The
 hand loop runs the same ten steps per call as a ``lax.scan``, as a user writes it (looped), the running average in
-its step, a jitted evaluation of the mean token loss, ``np.savez`` on a writer thread.
+its step, a jitted evaluation of the mean token loss, the same crash-safe ``np.savez`` on a writer thread.
 
 Workloads ``lm`` and ``resnet``, for accelerators (``_lm.py``, ``_resnet.py``): a ~100 M-parameter GPT-style
 NNX decoder and a ResNet-18, each in ``"bf16-mixed"`` with the handlers a user attaches, against a hand-written
@@ -128,9 +130,26 @@ def ember_digits(epochs: int) -> Callable[[], Timing]:
     return lambda: timed_in_folder(work)
 
 
-def _save(folder: Path, tree: Any) -> None:
-    folder.mkdir(parents=True)
-    np.savez(folder / "state.npz", *[np.asarray(x) for x in jax.tree.leaves(tree)])
+def _save(folder: Path, tree: Any, keep: int) -> None:
+    """The save a careful hand loop makes, as ember's stores do less their checksums and manifest.
+
+    Written into a temporary folder, fsynced, renamed into place (a crash leaves the old checkpoint or the new one,
+    whole, never a torn ``state.npz``), the folder fsynced, and the oldest beyond ``keep`` removed.
+    """
+    tmp = folder.with_name(f".tmp-{folder.name}")
+    tmp.mkdir(parents=True)
+    with open(tmp / "state.npz", "wb") as f:
+        np.savez(f, *[np.asarray(x) for x in jax.tree.leaves(tree)])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder)
+    fd = os.open(folder.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    for old in sorted(folder.parent.glob("step_*"))[:-keep]:
+        shutil.rmtree(old)
 
 
 def hand_digits(epochs: int) -> Callable[[], Timing]:
@@ -207,11 +226,13 @@ def _hand_run(epochs: int, folder: Path, summary_writer: Any, progress: Any, clo
             host = jax.device_get(state)  # the copy the writer saves while training goes on
             if pending is not None:
                 pending.result()
-            pending = _submit(writer, folder / "latest" / f"step_{iteration:08d}", host)
+            log.flush()  # the records up to this checkpoint on disk before it, as ember train's
+            os.fsync(log.fileno())
+            pending = _submit(writer, folder / "latest" / f"step_{iteration:08d}", host, keep=2)
             if accuracy > best:
                 best = accuracy
                 pending.result()
-                pending = _submit(writer, folder / "best" / f"step_{iteration:08d}", host)
+                pending = _submit(writer, folder / "best" / f"step_{iteration:08d}", host, keep=1)
         if pending is not None:
             pending.result()
         jax.block_until_ready(state)
@@ -310,8 +331,8 @@ def keras_digits(epochs: int) -> Callable[[], Timing]:
     return lambda: timed_in_folder(work)
 
 
-def _submit(writer: ThreadPoolExecutor, folder: Path, tree: Any) -> Future[None]:
-    return writer.submit(_save, folder, tree)
+def _submit(writer: ThreadPoolExecutor, folder: Path, tree: Any, keep: int = 2) -> Future[None]:
+    return writer.submit(_save, folder, tree, keep)
 
 
 def _char_example() -> Any:
