@@ -99,8 +99,20 @@ def test_multilabel_precision_and_recall_are_ignites(average, precision, recall)
     np.testing.assert_allclose(r, recall, rtol=1e-6)
 
 
+def test_samples_average_is_each_examples_value_over_its_labels_averaged():
+    """Ignite 0.5.5, ``average="samples", is_multilabel=True``, these rows plus an empty one: 0.6 and 0.7."""
+    y_pred = np.concatenate([ML_PRED, np.zeros((1, 3), np.float32)])
+    y = np.concatenate([ML_TRUE, [[0, 1, 0]]])
+    assert run(Precision(average="samples", is_multilabel=True), y_pred, y) == pytest.approx(0.6)
+    assert run(Recall(average="samples", is_multilabel=True), y_pred, y) == pytest.approx(0.7)
+    folded = Precision(average="samples", is_multilabel=True, num_classes=3)  # its update folds into a step
+    assert run(folded, y_pred, y) == pytest.approx(0.6)
+
+
 def test_multilabel_refusals_name_the_problem():
     with pytest.raises(ValueError, match=re.escape("is_multilabel=True needs y_pred and y of one shape")):
         run(Precision(is_multilabel=True), ML_PRED, ML_TRUE[:, 0])
-    with pytest.raises(ValueError, match=re.escape("`average='samples'` (the mean of each example's value")):
-        Precision(average="samples", is_multilabel=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=re.escape("`average='samples'` (each example's value over its labels")):
+        Precision(average="samples")
+    with pytest.raises(ValueError, match=re.escape("needs is_multilabel=True")):
+        Fbeta(average="samples")

@@ -13,7 +13,7 @@ from ember.metrics._composite import MetricsLambda
 from ember.metrics._mean import MeanMetric
 from ember.metrics._metric import Metric
 
-Average = Literal["macro", "micro", "weighted"] | bool | None
+Average = Literal["macro", "micro", "weighted", "samples"] | bool | None
 
 #: Ignite's ``average`` values by ember's: ``False`` the per-class values (``None``), ``True`` their mean (macro).
 _IGNITE_AVERAGE = {False: None, True: "macro"}
@@ -145,18 +145,17 @@ class _ClassCounts(Metric):
         threshold: float = 0.5,
         mask_key: str | None = "mask",
     ) -> None:
-        if str(average) == "samples":
-            raise ValueError(
-                "`average='samples'` (the mean of each example's value, multilabel) is not supported yet; "
-                "EpochMetric(lambda y_pred, y: sklearn.metrics.precision_score(y, y_pred, average='samples')) "
-                "computes it."
-            )
         if not isinstance(is_multilabel, bool):
             raise TypeError(f"`is_multilabel` must be True or False, got {is_multilabel!r}.")
-        if average not in ("macro", "micro", "weighted", None, True, False):
+        if average not in ("macro", "micro", "weighted", "samples", None, True, False):
             raise ValueError(
-                f"`average` must be False (per class, Ignite's default), True or 'macro', 'micro', 'weighted', or None "
-                f"(per class), got {average!r}."
+                f"`average` must be False (per class, Ignite's default), True or 'macro', 'micro', 'weighted', "
+                f"'samples' (multilabel), or None (per class), got {average!r}."
+            )
+        if average == "samples" and not is_multilabel:
+            raise ValueError(
+                "`average='samples'` (each example's value over its labels, averaged) needs is_multilabel=True; "
+                "binary and multiclass data have one label per example (Ignite refuses it too)."
             )
         chosen: str | None = _IGNITE_AVERAGE[average] if isinstance(average, bool) else average
         if num_classes is not None and (
@@ -173,8 +172,12 @@ class _ClassCounts(Metric):
     def empty(self) -> Any:
         if self.num_classes is None:
             return None  # the class count comes from the first batch
-        zeros = jnp.zeros((self.num_classes,), jnp.float32)
+        zeros = jnp.zeros((1 if self.average == "samples" else self.num_classes,), jnp.float32)
         return (zeros, zeros, zeros)
+
+    def _per_example(self, tp: jax.Array, pred: jax.Array, true: jax.Array) -> jax.Array:
+        """Each example's value from its counts over its labels (``average="samples"``)."""
+        raise NotImplementedError
 
     def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
         y_pred, y = jnp.asarray(y_pred), jnp.asarray(y)
@@ -190,6 +193,10 @@ class _ClassCounts(Metric):
             y_pred, y = jnp.moveaxis(y_pred, 1, -1).reshape(-1, labels), jnp.moveaxis(y, 1, -1).reshape(-1, labels)
             pred, true = (y_pred > self.threshold).astype(jnp.float32), (y > 0.5).astype(jnp.float32)
             w = _weights(pred.shape[0], mask)[:, None]
+            if self.average == "samples":  # (the sum of the examples' values, their count, their count)
+                each = self._per_example(jnp.sum(pred * true, 1), jnp.sum(pred, 1), jnp.sum(true, 1))
+                count = jnp.sum(w)[None]
+                return (jnp.sum(each * w[:, 0])[None], count, count)
             return (jnp.sum(pred * true * w, 0), jnp.sum(pred * w, 0), jnp.sum(true * w, 0))
         if y_pred.shape == y.shape:  # binary: the positive class only
             self._binary = True
@@ -205,8 +212,10 @@ class _ClassCounts(Metric):
         return (jnp.sum(pred * true * w, 0), jnp.sum(pred * w, 0), jnp.sum(true * w, 0))
 
     def _reduce(self, per_class: jax.Array, numerator: jax.Array, denominator: jax.Array, support: jax.Array) -> Any:
-        if self._binary or self.average is None:
-            return per_class[0] if self._binary else per_class
+        if self._binary or self.average == "samples":  # one value: the positive class's, or the examples' mean
+            return per_class[0]
+        if self.average is None:
+            return per_class
         if self.average == "micro":
             return _safe_div(jnp.sum(numerator), jnp.sum(denominator))
         if self.average == "weighted":
@@ -225,8 +234,8 @@ class Precision(_ClassCounts):
     ``average`` is Ignite's: ``False`` (default) the per-class array on multiclass data (the positive class's value
     on binary data), ``True`` or ``"macro"`` their mean, ``"micro"``, ``"weighted"`` (by support); ``None`` is
     ``False``. A class never predicted counts 0. ``is_multilabel=True`` (Ignite's) takes ``y_pred`` and ``y`` of
-    shape ``(examples, labels, ...)``, each label a binary problem (``y_pred > threshold``), averaged the same ways;
-    Ignite's ``average="samples"`` is not supported yet (a clear error says what computes it).
+    shape ``(examples, labels, ...)``, each label a binary problem (``y_pred > threshold``), averaged the same ways or
+    with ``"samples"``: each example's value over its labels, averaged over the examples (Ignite's, scikit-learn's).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -236,6 +245,9 @@ class Precision(_ClassCounts):
         >>> p.compute()
         0.5
     """
+
+    def _per_example(self, tp: jax.Array, pred: jax.Array, true: jax.Array) -> jax.Array:
+        return _safe_div(tp, pred)
 
     def finalize(self, state: Any) -> Any:
         tp, pred, true = state
@@ -254,6 +266,9 @@ class Recall(_ClassCounts):
         >>> r.compute().tolist(), macro.compute()
         ([1.0, 0.5], 0.75)
     """
+
+    def _per_example(self, tp: jax.Array, pred: jax.Array, true: jax.Array) -> jax.Array:
+        return _safe_div(tp, true)
 
     def finalize(self, state: Any) -> Any:
         tp, _, true = state
