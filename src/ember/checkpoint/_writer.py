@@ -68,7 +68,7 @@ class WriterThread:
                 self._pool = None
 
 
-_LIVE: weakref.WeakSet[WriterThread] = weakref.WeakSet()  # every writer of this process, for `writes_into`
+_LIVE: weakref.WeakSet[WriterThread] = weakref.WeakSet()  # every writer of this process, for `settle_writes_into`
 
 
 def settle_writes_into(path: Path) -> None:
