@@ -318,10 +318,10 @@ class Fbeta(_ClassCounts):
     ) -> Any:
         if precision is None and recall is None:
             return super().__new__(cls)
-        unused = {"num_classes": num_classes, "threshold": threshold, "mask_key": mask_key}
-        changed = sorted(k for k, v in unused.items() if v != {"threshold": 0.5, "mask_key": "mask"}.get(k))
-        if changed:
-            raise TypeError(f"Fbeta(precision=, recall=) takes beta, average and output_transform; got {changed}.")
+        unused = {"num_classes": num_classes is not None, "threshold": threshold != 0.5, "mask_key": mask_key != "mask"}
+        if any(unused.values()):  # they belong to the Precision and Recall composed
+            given = sorted(k for k, v in unused.items() if v)
+            raise TypeError(f"Fbeta(precision=, recall=) takes beta, average and output_transform; got {given}.")
         return _fbeta_of(_beta(beta), precision, recall, average, output_transform)  # Ignite's: a MetricsLambda
 
     def __init__(

@@ -190,6 +190,17 @@ class Checkpoint:
     def _writing(self) -> StoreWriting | None:
         return self._to if isinstance(self._to, StoreWriting) else None
 
+    def _seed(self) -> None:
+        """The store's checkpoints of this handler join its ledger (once: what a relaunch finds)."""
+        if self._writing is not None:
+            self._writing.seed(self.to_save)
+
+    def _ledger_given(self) -> None:
+        """The ledger was set here (``reset``, a loaded state): settled, the store's checkpoints kept out of it."""
+        self._ledger.settle()
+        if self._writing is not None:
+            self._writing.seeded()
+
     def _store(self, what: str) -> StoreWriting:
         return needs_store(self._writing, what)
 
@@ -299,8 +310,7 @@ class Checkpoint:
         set as soon as the save is scheduled, so a background write may still be in flight: ``saver.wait()``
         returns once it is on disk. A relaunched handler knows the checkpoints of its own already in the store.
         """
-        if self._writing is not None:
-            self._writing.seed(self.to_save)
+        self._seed()
         best = self._ledger.best()
         if best is None:
             return None
@@ -322,9 +332,7 @@ class Checkpoint:
             None
         """
         self._ledger.restore(([], 0))
-        self._ledger.settle()
-        if self._writing is not None:
-            self._writing.seeded()
+        self._ledger_given()
 
     def state_dict(self) -> dict[str, Any]:
         """What this handler keeps, as Ignite's ``{"_saved": [(priority, filename), ...]}`` (and steps to pin).
@@ -339,8 +347,7 @@ class Checkpoint:
             >>> saver.state_dict()
             {'_saved': [(2, 'step_00000002')]}
         """
-        if self._writing is not None:
-            self._writing.seed(self.to_save)
+        self._seed()
         return self._ledger.state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -355,9 +362,7 @@ class Checkpoint:
             'step_00000004'
         """
         self._ledger.load_state_dict(state_dict)
-        self._ledger.settle()
-        if self._writing is not None:
-            self._writing.seeded()
+        self._ledger_given()
 
     @staticmethod
     def setup_filename_pattern(

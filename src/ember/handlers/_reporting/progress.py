@@ -215,8 +215,9 @@ class ProgressBar:
         self._shown = done
 
     def _epoch_completed(self, engine: Engine) -> None:
+        shows = self._bar is not None or (self._epochs is not None and not self.iteration_bar)
         # The epoch's metrics are host numbers by now; the output is the epoch's last one.
-        now = self._values(engine, self._keys if engine.state.output is not None else ())
+        now = self._values(engine, self._keys if engine.state.output is not None else ()) if shows else {}
         if self._bar is not None:
             self._advance(engine)
             shown = {**self._fetched, **now}
