@@ -183,8 +183,8 @@ def train(
 
     writer = _writers(cfg, run_dir, console)
     h = cfg.handlers
-    scaled = cfg.trainer.precision == "16-mixed"  # the loss scale and the steps skipped are logged too
-    guarded = scaled or cfg.trainer.skip_nonfinite
+    built = trainer.state.train_state  # what the precision and the guard added to it is logged too
+    scaled, guarded = built.loss_scale is not None, built.guard is not None
     ScalarLogger(writer, tag="train", metric_names=["loss"], output_transform=logged_outputs(scaled, guarded)).attach(
         trainer, Events.ITERATION_COMPLETED(every=h.log_every)
     )

@@ -291,6 +291,18 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
             self._data.release()
 
     @property
+    def process_function(self) -> ProcessFn:
+        """The function each iteration runs, ``process_function(engine, batch)``, as the engine was made with it.
+
+        Examples:
+            >>> from ember import Engine
+            >>> step = lambda engine, batch: batch * 2
+            >>> Engine(step).process_function is step
+            True
+        """
+        return self._process_fn
+
+    @property
     def outer_engine(self) -> Engine | None:
         """The engine whose run this engine's run was started from (by one of its handlers), or ``None``.
 

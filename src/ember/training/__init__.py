@@ -13,7 +13,8 @@ from ember.training._step_output import StepOutput
 from ember.training._supervised import create_supervised_evaluator, create_supervised_trainer
 from ember.training._train_state import TrainState
 from ember.training._trainer import create_evaluator, create_trainer
-from ember.training._training_engine import TrainingEngine, TrainingState
+from ember.training._training_engine import TrainingEngine
+from ember.training._training_state import TrainingState
 
 __all__ = [
     "BoundModel",

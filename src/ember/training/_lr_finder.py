@@ -92,7 +92,7 @@ def lr_find(
         >>> 1e-3 <= result.suggestion <= 10.0, float(trainer.state.train_state.params.sum())
         (True, 0.0)
     """
-    process = trainer._process_fn
+    process = trainer.process_function
     if not isinstance(process, TrainProcess) or process.steps_per_call != 1:
         raise ValueError("lr_find takes a trainer from create_trainer with steps_per_call=1.")
     if not 0 < start_lr < end_lr:

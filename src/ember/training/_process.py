@@ -33,7 +33,7 @@ class TrainProcess:
         >>> from ember.training import TrainState, create_trainer
         >>> state = TrainState.create(lambda p, x: x * p, jnp.array(1.0), optax.sgd(0.1))
         >>> trainer = create_trainer(state, lambda m, b: jnp.mean(m(b) ** 2))
-        >>> type(trainer._process_fn).__name__
+        >>> type(trainer.process_function).__name__
         'TrainProcess'
     """
 
@@ -116,7 +116,7 @@ class EvalProcess:
         >>> import jax.numpy as jnp, optax
         >>> from ember.training import TrainState, create_evaluator
         >>> state = TrainState.create(lambda p, x: x * p, jnp.array(1.0), optax.sgd(0.1))
-        >>> type(create_evaluator(state, lambda m, b: m(b))._process_fn).__name__
+        >>> type(create_evaluator(state, lambda m, b: m(b)).process_function).__name__
         'EvalProcess'
     """
 
@@ -158,7 +158,7 @@ class EvalProcess:
             return None
         if any(np.shape(x)[:1] and np.shape(x)[0] % placement.n_devices for x in jax.tree.leaves(batch)):
             return None  # a batch the run pads to split over the devices: its own program, compiled in the run
-        ahead = engine._prefetch if engine._prefetch is not None else auto_prefetch(batch, placement)
+        ahead = engine.prefetch if engine.prefetch is not None else auto_prefetch(batch, placement)
         placed = (placement.put_batch if ahead else placement.prepare_batch)(batch)
         fusion, state_shapes = self.fusion, jax.tree.map(_shape_of, train_state)
         args: Any = state_shapes
@@ -181,7 +181,7 @@ class EvalProcess:
         return compile_now
 
     def __call__(self, engine: TrainingEngine, batch: Any) -> Any:
-        padded = engine._padded is not None and engine._padded.padded.popleft()
+        padded = engine.padding is not None and engine.padding.padded.popleft()
         if self.spec_data is not engine.state.dataloader:  # each run's data: its own shapes
             examples = batch[0] if padded else batch
             per_device = self.placement.per_device

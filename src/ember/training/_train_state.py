@@ -21,6 +21,8 @@ from ember.training._models import (
     nnx_split,
     plain_apply_fn,
 )
+from ember.training._step.guard import StepGuard
+from ember.training._step.loss_scale import DynamicLossScale
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -79,8 +81,8 @@ class TrainState(struct.PyTreeNode):
     tx: optax.GradientTransformation = struct.field(pytree_node=False)
     graphdef: Any = struct.field(pytree_node=False, default=None)
     partitioning: tuple[tuple[str, tuple[Any, ...]], ...] = struct.field(pytree_node=False, default=())
-    loss_scale: Any = None
-    guard: Any = None
+    loss_scale: DynamicLossScale | None = None
+    guard: StepGuard | None = None
 
     def apply_gradients(self, grads: Any, model_state: Any = None) -> TrainState:
         """One optimizer update: new params, optimizer state and step (and model state, if given).

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from ember.data import DevicePrefetch
-from ember.engine import Engine, Events, State
+from ember.engine import Engine, Events
 from ember.training._auto_prefetch import auto_prefetch
 from ember.training._devices.padding import PaddedBatches
 from ember.training._devices.placement import Placement
@@ -17,25 +17,7 @@ from ember.training._devices.plan import MemoryPlan, engine_max_batch, engine_pl
 from ember.training._feed import StepGroups
 from ember.training._flat_tree import flatten_tree, unflatten_like
 from ember.training._fused import FusedMetrics
-from ember.training._train_state import TrainState
-
-
-class TrainingState(State):
-    """The [`State`][ember.engine.State] of a training engine, plus the train state it runs the step on.
-
-    Attributes:
-        train_state: the current [`TrainState`][ember.training.TrainState] (on device); ``None`` until built for a lazy
-            state.
-
-    Examples:
-        >>> from ember.training import TrainingState
-        >>> TrainingState().train_state is None
-        True
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.train_state: Any = None
+from ember.training._training_state import NOT_BUILT, TrainingState, build_state
 
 
 class TrainingEngine(Engine):
@@ -149,6 +131,49 @@ class TrainingEngine(Engine):
         """
         return tuple(self._fusion.metrics)
 
+    @property
+    def prefetch(self) -> int | None:
+        """Batches put on device ahead of the step, as given to the engine's factory (``None``: judged per pass).
+
+        Examples:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.training import TrainState, create_trainer
+            >>> state = TrainState.create(lambda p, x: x * p, jnp.array(0.0), optax.sgd(0.1))
+            >>> loss = lambda model, batch: model(batch)
+            >>> create_trainer(state, loss).prefetch, create_trainer(state, loss, prefetch=2).prefetch
+            (None, 2)
+        """
+        return self._prefetch
+
+    @property
+    def state_factory(self) -> Callable[[Any], Any] | None:
+        """What builds the train state from a batch (a lazy trainer's), or ``None`` when the state was given.
+
+        Examples:
+            >>> import optax
+            >>> from flax import linen as nn
+            >>> from ember.training import create_supervised_trainer
+            >>> trainer = create_supervised_trainer(nn.Dense(1), optax.sgd(0.1), lambda p, y: ((p - y) ** 2).mean())
+            >>> callable(trainer.state_factory), trainer.state.train_state is None
+            (True, True)
+        """
+        return self._factory
+
+    @property
+    def padding(self) -> PaddedBatches | None:
+        """The last pass's batches as padded to split over the devices (an evaluator's), or ``None`` (a trainer's).
+
+        Examples:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.training import TrainState, create_evaluator
+            >>> state = TrainState.create(lambda p, x: x * p, jnp.array(2.0), optax.sgd(0.1))
+            >>> evaluator = create_evaluator(state, lambda model, batch: model(batch))
+            >>> _ = evaluator.run([jnp.ones(3)])
+            >>> type(evaluator.padding).__name__  # the pass the evaluator ran (a trainer's is None)
+            'PaddedBatches'
+        """
+        return self._padded
+
     def precompile(self, batch: Any, *, background: bool = False) -> Future[bool]:
         """Compile this evaluator's step for batches like ``batch`` now, so its next run's first call does not wait.
 
@@ -198,7 +223,7 @@ class TrainingEngine(Engine):
             ['params', 'rng', 'step']
         """
         if self.state.train_state is None:
-            raise RuntimeError(_NOT_BUILT)
+            raise RuntimeError(NOT_BUILT)
         return flatten_tree(self.state.train_state)
 
     def build_state(self, batch: Any) -> None:
@@ -221,7 +246,7 @@ class TrainingEngine(Engine):
             return
         if self._factory is None:
             raise RuntimeError("This engine has no state factory; give create_trainer a TrainState or a function.")
-        self.state.train_state = self.placement.put_state(_build_state(self._factory, batch))
+        self.state.train_state = self.placement.put_state(build_state(self._factory, batch))
 
     def step_cost(self, batch: Any) -> dict[str, float]:
         """XLA's cost analysis of one step on the current train state and ``batch``: ``flops``, ``bytes accessed``.
@@ -240,7 +265,7 @@ class TrainingEngine(Engine):
             1.01
         """
         if self.state.train_state is None:
-            raise RuntimeError(_NOT_BUILT)
+            raise RuntimeError(NOT_BUILT)
         if self.placement.per_device:
             raise ValueError(
                 f"step_cost reads one jit-compiled step; under {type(self.placement).__name__} the state has a device "
@@ -318,7 +343,7 @@ class TrainingEngine(Engine):
             5.0
         """
         if self.state.train_state is None:
-            raise RuntimeError(_NOT_BUILT)
+            raise RuntimeError(NOT_BUILT)
         self.state.train_state = self.placement.put_state(unflatten_like(self.state.train_state, tree))
 
     def terminate(self, skip_completed: bool = False, *, final: bool = True) -> None:
@@ -366,16 +391,3 @@ class TrainingEngine(Engine):
             skip_completed, final = self._pending_terminate
             super().terminate(skip_completed, final=final)
             self._pending_terminate = None
-
-
-_NOT_BUILT = (
-    "This trainer has no train state yet: it builds it from the first batch. To resume before the first run, "
-    "build it from a sample first: trainer.build_state(next(iter(data))), then Checkpoint.resume() or load_objects()."
-)
-
-
-def _build_state(factory: Any, batch: Any) -> TrainState:
-    built = factory(jax.device_get(batch)) if not isinstance(factory, TrainState) else factory
-    if not isinstance(built, TrainState):
-        raise TypeError(f"The state factory must return a TrainState, got {type(built).__name__}.")
-    return built

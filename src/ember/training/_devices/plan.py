@@ -260,20 +260,21 @@ def search_batch(
 def engine_plan(engine: Any, batch: Any, memory: int | None) -> MemoryPlan:
     """The plan of ``engine``'s step (a trainer's or an evaluator's) for ``batch``; the state need not exist yet."""
     _check_memory(memory)
-    process, placement = engine._process_fn, engine.placement
+    process, placement = engine.process_function, engine.placement
     source = getattr(process, "source", None)  # an evaluator's trainer, whose state it reads
     state = (source or engine).state.train_state
     if state is not None:
         state = abstract(state, jax.tree.map(lambda x: x.sharding, state))
     else:
-        factory = (source or engine)._factory
+        factory = (source or engine).state_factory
         if factory is None:
             raise RuntimeError("plan() needs the train state or a factory for it; this engine has neither.")
         with traced_build(placement):
             shapes = jax.eval_shape(factory, batch)  # the state's shapes, nothing allocated
         state = abstract(shapes, placement.state_shardings(shapes))
-    kind = "eval" if source is not None or getattr(process, "steps_per_call", None) is None else "train"
-    return plan_step(kind, process.step, state, batch, placement, steps_per_call=engine._k, memory=memory)
+    k = getattr(process, "steps_per_call", None)  # an evaluator's process has none: one step per call
+    kind = "eval" if source is not None or k is None else "train"
+    return plan_step(kind, process.step, state, batch, placement, steps_per_call=k or 1, memory=memory)
 
 
 def engine_max_batch(engine: Any, batch: Any, memory: int | None, multiple_of: int | None, largest: int) -> int | None:

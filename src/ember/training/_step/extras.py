@@ -58,7 +58,6 @@ def with_learning_rate(opt_state: Any, lr: float) -> Any:
 
 def compute_extras(
     names: tuple[str, ...],
-    *,
     grads: Any,
     updates: Any,
     params: Any,

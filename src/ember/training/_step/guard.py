@@ -6,7 +6,33 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import struct
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """One boolean scalar: whether every floating value of ``tree`` is finite (no NaN, no infinity).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from ember.training._step.guard import all_finite
+        >>> bool(all_finite({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.inf])}))
+        False
+    """
+    checks = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.stack(checks).all() if checks else jnp.array(True)
+
+
+def keep_if(ok: jax.Array, new: Any, old: Any) -> Any:
+    """``new`` where the scalar ``ok`` holds, ``old`` elsewhere, leaf by leaf, inside a compiled step (no host read).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from ember.training._step.guard import keep_if
+        >>> keep_if(jnp.array(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})["w"].tolist()
+        [0.0, 0.0]
+    """
+    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
 class StepGuard(struct.PyTreeNode):
@@ -108,3 +134,24 @@ class StepGuard(struct.PyTreeNode):
     def outputs(self) -> dict[str, Any]:
         """What the step reports: ``skipped`` (in all), ``skip_reason`` and ``consecutive_skips`` (of this step)."""
         return {"skipped": self.skipped, "skip_reason": self.reason, "consecutive_skips": self.consecutive}
+
+    def settle(self, before: Any, proposed: Any, loss: jax.Array, grads: Any) -> tuple[Any, dict[str, Any]]:
+        """The train state after a step, and what the step reports of it (`outputs`).
+
+        ``proposed`` (the optimizer's update applied) if the update is kept; otherwise ``before``, as it was. Either
+        way the state holds this guard with the step counted.
+
+        Examples:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.training import StepGuard, TrainState
+            >>> state = TrainState.create(lambda p, x: p * x, jnp.ones(2), optax.sgd(1.0))
+            >>> state = state.replace(guard=StepGuard.create())
+            >>> grads = jnp.array([1.0, jnp.nan])
+            >>> kept, said = state.guard.settle(state, state.apply_gradients(grads), jnp.float32(1.0), grads)
+            >>> kept.params.tolist(), int(kept.step), int(said["skip_reason"])
+            ([1.0, 1.0], 0, 2)
+        """
+        norm = optax.tree.norm(grads)
+        reason = self.check(loss, all_finite(grads), norm)
+        guard = self.update(reason, loss, norm)
+        return keep_if(reason == 0, proposed, before).replace(guard=guard), guard.outputs()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from ember.training._step.guard import all_finite
 
 
 class DynamicLossScale(struct.PyTreeNode):
@@ -77,3 +81,23 @@ class DynamicLossScale(struct.PyTreeNode):
         )
         good = jnp.where(finite & ~grown, self.good_steps + 1, 0)
         return self.replace(scale=scale, good_steps=good)
+
+    def settle(self, before: Any, proposed: Any, loss: jax.Array, grads: Any) -> tuple[Any, dict[str, Any]]:
+        """``proposed`` holding the scale for the next step, and what the step reports: the scale it used.
+
+        The scale halves when the loss or the gradients overflowed (not on a spike the guard skips), and grows after a
+        run of finite steps; ``before`` is the state the step began from (it is not needed: the scale is this one).
+
+        Examples:
+            >>> import jax.numpy as jnp, optax
+            >>> from ember.training import DynamicLossScale, TrainState
+            >>> state = TrainState.create(lambda p, x: p * x, jnp.ones(2), optax.sgd(1.0))
+            >>> state = state.replace(loss_scale=DynamicLossScale.create(initial=4.0))
+            >>> grads = jnp.array([jnp.inf, 0.0])
+            >>> new, said = state.loss_scale.settle(state, state, jnp.float32(1.0), grads)
+            >>> float(new.loss_scale.scale), float(said["loss_scale"])
+            (2.0, 4.0)
+        """
+        del before
+        finite = all_finite(grads) & jnp.isfinite(loss)
+        return proposed.replace(loss_scale=self.adjust(finite)), {"loss_scale": self.scale}

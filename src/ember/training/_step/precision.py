@@ -79,31 +79,6 @@ def cast_floating(tree: Any, dtype: Any) -> Any:
     return jax.tree.map(cast, tree)
 
 
-def all_finite(tree: Any) -> jax.Array:
-    """One boolean scalar: whether every floating value of ``tree`` is finite (no NaN, no infinity).
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from ember.training._step.precision import all_finite
-        >>> bool(all_finite({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.inf])}))
-        False
-    """
-    checks = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    return jnp.stack(checks).all() if checks else jnp.array(True)
-
-
-def keep_if(ok: jax.Array, new: Any, old: Any) -> Any:
-    """``new`` where the scalar ``ok`` holds, ``old`` elsewhere, leaf by leaf, inside a compiled step (no host read).
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> from ember.training._step.precision import keep_if
-        >>> keep_if(jnp.array(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})["w"].tolist()
-        [0.0, 0.0]
-    """
-    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-
-
 def stored(state: Any, rule: Policy, guard: StepGuard | None = None) -> Any:
     """``state`` as ``rule`` keeps it: floats in its storage dtype, with a loss scale when it scales the loss.
 
