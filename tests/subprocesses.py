@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -26,15 +28,27 @@ def run_python(
     ``timeout`` seconds; its exit status is the caller's to check (``assert done.returncode == 0, done.stderr``).
     """
     environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(
-        [*prefix, sys.executable, *args],
-        cwd=cwd,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    command = [*prefix, sys.executable, *args]
+    # its own process group: whatever it started (a launcher's workers, Grain's) ends with it, even on a timeout
+    with subprocess.Popen(
+        command, cwd=cwd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            end_group(proc.pid)
+            proc.communicate(timeout=30)
+            raise
+        finally:
+            end_group(proc.pid)  # anything left behind by a run that ended
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def end_group(pgid: int) -> None:
+    """SIGKILL every process left in the process group ``pgid`` (none left: nothing to do)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def alive(pid: int) -> bool:

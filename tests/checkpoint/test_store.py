@@ -1,7 +1,6 @@
 import json
 import os
 import stat
-import time
 import zlib
 
 import jax
@@ -209,19 +208,18 @@ def test_a_store_made_on_a_folder_leaves_a_write_in_flight_alone(tmp_path, monke
 
     import ember.checkpoint._msgpack as store_module
 
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
     real = store_module.write_leaves
 
     def held(f, leaves):
+        entered.set()
         assert release.wait(timeout=30)
         return real(f, leaves)
 
     monkeypatch.setattr(store_module, "write_leaves", held)
     writer = CheckpointStore(tmp_path)
     writer.save_in_background({"w": np.arange(3.0)}, step=1)
-    deadline = time.monotonic() + 30  # the writer thread makes the folder, then is held in write_leaves
-    while not any(tmp_path.iterdir()) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert entered.wait(timeout=30)  # the writer thread has made its folder and is writing the data file into it
     in_flight = [p.name for p in tmp_path.iterdir()]
     assert len(in_flight) == 1
     assert in_flight[0].startswith(".tmp-step_00000001-")

@@ -46,21 +46,35 @@ def new_trainer():
     return create_trainer(state, classification_loss)
 
 
-def children() -> list[str]:
-    """This process's live child processes (Grain's workers), by command line; multiprocessing's tracker left out.
+_before: set[str] = set()  # the pids of this process's children when the current test began
 
-    A zombie (state ``Z``: exited, not yet reaped, with no command line) is not a running worker: another test's
-    process that has ended but not been waited for must not count here.
-    """
+
+@pytest.fixture(autouse=True)
+def _own_children_only():
+    """Record the children already running (another test's, say) so that `children` counts this test's alone."""
+    _before.clear()
+    _before.update(pid for pid, _ in _child_processes())
+
+
+def _child_processes() -> list[tuple[str, str]]:
+    """``(pid, command line)`` of this process's live children; a zombie (exited, not yet reaped) is not one."""
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             state, ppid = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:2]
             if int(ppid) == os.getpid() and state != "Z":
-                found.append((proc / "cmdline").read_text().replace("\0", " "))
+                found.append((proc.name, (proc / "cmdline").read_text().replace("\0", " ")))
         except (FileNotFoundError, ProcessLookupError):  # it exited while we looked
             continue
-    return [c for c in found if "resource_tracker" not in c]
+    return found
+
+
+def children() -> list[str]:
+    """The live child processes this test started (Grain's workers), by command line.
+
+    Multiprocessing's resource tracker is left out, and so is a process another test left running.
+    """
+    return [c for pid, c in _child_processes() if pid not in _before and "resource_tracker" not in c]
 
 
 def assert_params_equal(a, b):
@@ -272,3 +286,38 @@ def test_every_pass_is_a_new_permutation_of_the_records():
     assert len({tuple(p) for p in passes}) == 5
     other = GrainPipeline(records, batch_size=6, shuffle=True, seed=8)
     assert [int(v) for b, _ in zip(other, range(5), strict=False) for v in b["x"]] != passes[0]
+
+
+def test_a_random_transform_gives_a_record_a_new_draw_each_pass_and_the_same_one_on_a_resumed_pass(source):
+    """Jitter through 2 workers, no shuffle: each record's draw differs between passes and is the same when resumed.
+
+    Pass 1's record i is pass 0's with other noise; a run resumed mid-pass 1 reads the batches the straight run read.
+    """
+
+    def jittered():
+        return GrainPipeline(source, batch_size=16, transforms=[Jitter()], shuffle=False, worker_count=2)
+
+    def collect(engine):
+        seen = []
+        engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(np.asarray(e.state.output["x"])))
+        return seen
+
+    straight = Engine(lambda e, batch: batch)
+    everything = collect(straight)
+    straight.run(jittered(), max_epochs=2)
+    assert len(everything) == 8
+    for first, second in zip(everything[:4], everything[4:], strict=True):  # the same records, another draw
+        assert not np.allclose(first, second)
+        np.testing.assert_allclose(first, second, atol=1.0)  # noise of 0.1 around the same examples
+
+    stopped = Engine(lambda e, batch: batch)
+    stopped.add_event_handler(Events.ITERATION_COMPLETED(once=6), lambda e: e.terminate(final=False))
+    stopped.run(jittered(), max_epochs=2)
+    resumed = Engine(lambda e, batch: batch)
+    rest = collect(resumed)
+    resumed.load_state_dict(stopped.state_dict())
+    resumed.run(jittered())
+    assert len(rest) == 2
+    for got, want in zip(rest, everything[6:], strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert children() == []

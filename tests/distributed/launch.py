@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.subprocesses import end_group
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -29,15 +31,14 @@ def launch(script: Path, nproc: int, workdir: Path, *extra: str, timeout: float 
         out, err = open(workdir / f"process-{pid}.out", "w"), open(workdir / f"process-{pid}.err", "w")  # noqa: SIM115
         files += [out, err]
         args = [sys.executable, str(script), str(pid), str(nproc), port, str(workdir), *extra]
-        procs.append(subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=err, text=True))
+        procs.append(subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=err, text=True, start_new_session=True))
     try:
         for proc in procs:
             proc.wait(timeout=timeout)  # a hang fails here instead of blocking the suite
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+        for proc in procs:  # each its own process group: what it started ends with it
+            end_group(proc.pid)
+            proc.wait(timeout=30)
         for f in files:
             f.close()
     results = []

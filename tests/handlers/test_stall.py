@@ -38,13 +38,22 @@ def test_a_handler_that_hangs_ends_the_process_with_its_stack_on_disk(tmp_path):
     assert first in done.stderr
 
 
+def watch_ended(watchdog: StallWatchdog) -> bool:
+    """Whether the watching thread has ended, waiting for it at most 30 s (an event, not a sleep past a deadline)."""
+    watcher = watchdog._watcher
+    assert watcher is not None
+    watcher.join(timeout=30)
+    return not watcher.is_alive()
+
+
 def test_a_run_that_keeps_making_progress_is_left_alone(tmp_path):
-    """Iterations 0.2 s apart under a 1 s step deadline; the run completes and nothing is written."""
+    """Iterations 0.2 s apart under a 5 s step deadline; the run completes, its watch ends, nothing is written."""
     ended = []
     engine = Engine(lambda e, b: time.sleep(0.2))
-    StallWatchdog(tmp_path, step_timeout=1.0, startup_timeout=1.0, exit=ended.append).attach(engine)
+    watchdog = StallWatchdog(tmp_path, step_timeout=5.0, startup_timeout=5.0, exit=ended.append)
+    watchdog.attach(engine)
     engine.run(range(8))
-    time.sleep(1.5)  # past every deadline: the watch ended with the run
+    assert watch_ended(watchdog)
     assert ended == []
     assert list(tmp_path.iterdir()) == []
 
@@ -52,17 +61,18 @@ def test_a_run_that_keeps_making_progress_is_left_alone(tmp_path):
 def test_an_evaluation_counts_as_progress_and_its_first_iteration_gets_the_startup_deadline(tmp_path):
     ended, compiled = [], []
 
-    def evaluate(engine, batch):  # the first iteration of the first evaluation "compiles": 0.6 s; the rest 0.3 s
-        time.sleep(0.3 if compiled else 0.6)
+    def evaluate(engine, batch):  # the first iteration of the first evaluation "compiles": 2.5 s, past step_timeout
+        time.sleep(0.3 if compiled else 2.5)
         compiled.append(True)
 
     trainer, evaluator = Engine(lambda e, b: None), Engine(evaluate)
-    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: evaluator.run(range(4)))
-    watchdog = StallWatchdog(tmp_path, step_timeout=0.5, startup_timeout=5.0, exit=ended.append)
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: evaluator.run(range(8)))
+    watchdog = StallWatchdog(tmp_path, step_timeout=2.0, startup_timeout=30.0, exit=ended.append)
     watchdog.attach(trainer, evaluators=[evaluator])
-    trainer.run(range(2), max_epochs=2)  # each evaluation over 1 s in all, each iteration within its deadline
+    trainer.run(range(2), max_epochs=2)  # each evaluation past step_timeout in all, each iteration within its deadline
+    assert watch_ended(watchdog)
     assert ended == []
-    assert len(compiled) == 8
+    assert len(compiled) == 16
 
 
 def test_the_diagnosis_names_the_handler_the_engine_runs():
@@ -130,14 +140,14 @@ def test_a_last_write_past_save_timeout_is_reported_as_a_save_stall(tmp_path, sl
 
 
 def test_a_paused_run_is_not_a_stalled_one(tmp_path):
-    """interrupt() at iteration 2, then 1 s (two step deadlines) before the run goes on: no diagnosis."""
+    """interrupt() at iteration 2, then 2.5 s (over two step deadlines) before the run goes on: no diagnosis."""
     ended = []
     engine = Engine(lambda e, b: b)
     engine.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda e: e.interrupt())
-    watchdog = StallWatchdog(tmp_path, step_timeout=0.5, startup_timeout=5.0, exit=ended.append)
+    watchdog = StallWatchdog(tmp_path, step_timeout=1.0, startup_timeout=30.0, exit=ended.append)
     watchdog.attach(engine)
     assert engine.run(range(4)).iteration == 2
-    time.sleep(1.0)
+    time.sleep(2.5)  # at least this long paused: a lower bound, which a busy machine only lengthens
     assert engine.run(range(4)).iteration == 4
-    time.sleep(0.7)
+    assert watch_ended(watchdog)
     assert (ended, watchdog.stalled) == ([], None)

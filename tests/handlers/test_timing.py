@@ -107,9 +107,22 @@ def test_time_limit_as_ignite_adds_it_counts_from_its_making():
 
 
 def test_time_limit_with_the_real_clock():
+    """The real clock, read through a recorder: the run stops at the first check at or past the limit, only there.
+
+    On a busy machine it checks fewer times, never at other places.
+    """
+    readings: list[float] = []
+
+    def clock() -> float:
+        readings.append(time.monotonic())
+        return readings[-1]
+
     engine = Engine(lambda e, b: time.sleep(0.01))
-    TimeLimit(0.05).attach(engine)
-    assert 4 <= engine.run(range(1000)).iteration < 1000
+    TimeLimit(0.05, check_every=1, clock=clock).attach(engine)
+    iterations = engine.run(range(1000)).iteration
+    start, checks = readings[1], readings[2:]  # readings[0] is the constructor's; the clock restarts at STARTED
+    assert len(checks) == iterations < 1000
+    assert [t - start >= 0.05 for t in checks] == [False] * (iterations - 1) + [True]
 
 
 def test_profiler_traces_the_window_of_a_real_trainer(tmp_path):

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import ember.checkpoint._msgpack as store_module  # noqa: E402
 from ember import Engine, Events  # noqa: E402
 from ember.checkpoint import CheckpointStore  # noqa: E402
+from ember.errors import NotComputableError  # noqa: E402
 from ember.handlers import Checkpoint  # noqa: E402
 from ember.metrics import Accuracy, Average, ConfusionMatrix, RunningAverage, Sum  # noqa: E402
 from ember.metrics._saved import encode_tree  # noqa: E402
@@ -47,6 +48,16 @@ out = {
     "running_global": running.compute(),  # a collective: the mean over processes
     "custom": state.metrics["custom"],
 }
+lonely = RunningAverage(output_transform=lambda out: out)  # only process 0 sees data: the mean is its value alone
+lonely_engine = Engine(lambda e, batch: batch)
+lonely.attach(lonely_engine, "lonely")
+if pid == 0:  # process 1's engine has no data to run on
+    lonely_engine.run([jnp.array(4.0), jnp.array(6.0)])
+out["lonely_global"] = lonely.compute()
+try:
+    Sum().compute()  # no process updated it: every process says so, none waits for the others
+except NotComputableError as e:
+    out["nobody"] = str(e)
 custom.reset()
 custom.update((scores[mine], labels[mine]))
 out["custom_saved"] = custom.state_dict()  # a collective: every process's own counters

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from sklearn import metrics as skm
 
+from tests.subprocesses import end_group
+
 SCRIPT = Path(__file__).with_name("multiprocess_script.py")
 
 
@@ -28,6 +30,7 @@ def two_processes(tmp_path_factory) -> list[dict]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
         )
         for pid in (0, 1)
     ]
@@ -35,10 +38,9 @@ def two_processes(tmp_path_factory) -> list[dict]:
     try:
         outputs = [proc.communicate(timeout=180) for proc in procs]  # both, before anything is asserted
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate(timeout=30)
+        for proc in procs:  # each its own process group: what it started ends with it
+            end_group(proc.pid)
+            proc.wait(timeout=30)
     results = []
     for proc, (stdout, stderr) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, stderr[-3000:]
@@ -86,6 +88,17 @@ def test_running_average_publishes_local_values_and_computes_their_mean(two_proc
     assert local[0] != local[1]
     for result in two_processes:
         assert result["running_global"] == pytest.approx(sum(local) / 2, rel=1e-6)
+
+
+def test_running_average_over_processes_divides_by_those_that_saw_data(two_processes):
+    """Process 0 averaged 4 then 6 (0.98 * 4 + 0.02 * 6 = 4.04), process 1 saw nothing: 4.04 on both, not half."""
+    assert [r["lonely_global"] for r in two_processes] == pytest.approx([4.04, 4.04], rel=1e-6)
+
+
+def test_a_metric_no_process_updated_is_not_computable_on_every_process(two_processes):
+    """Both processes raise Ignite's error together (the one that would raise alone left the other waiting)."""
+    message = "Metric `Sum` was computed before any update; attach it to an engine or call `update` first."
+    assert [r["nobody"] for r in two_processes] == [message, message]
 
 
 def test_an_epoch_wise_metric_resumed_mid_epoch_gets_each_processs_own_part_back(two_processes):

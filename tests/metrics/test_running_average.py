@@ -43,3 +43,14 @@ def test_running_average_arguments_are_checked():
         RunningAverage(output_transform=lambda o: o, alpha=1.0)
     with pytest.raises(TypeError, match=r"`src` must be a Metric, got int"):
         RunningAverage(3)  # type: ignore[arg-type]
+
+
+def test_merged_over_processes_the_running_average_is_the_mean_of_those_that_started():
+    """Parts saved by three processes, one of which never updated: the mean of the two, not of three."""
+    parts = [
+        (jnp.float32(4.0), jnp.float32(1.0)),
+        (jnp.float32(0.0), jnp.float32(0.0)),
+        (jnp.float32(2.0), jnp.float32(1)),
+    ]
+    average, started = RunningAverage(output_transform=float).merge_processes(parts)
+    assert (float(average), float(started)) == (3.0, 1.0)

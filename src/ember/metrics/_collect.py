@@ -89,13 +89,13 @@ class Collect(Metric):
 
     def compute(self) -> Any:
         """Read the collected arrays back once, concatenate them, and finalise."""
-        if not self._updates:
-            return super().compute()  # raises the "computed before any update" error
-        if jax.process_count() > 1:
+        if jax.process_count() > 1:  # on every process alike, whether it saw data or not
             raise NotImplementedError(
                 f"{type(self).__name__} keeps each process's batches and cannot merge them across "
                 f"{jax.process_count()} processes yet; compute it from a single-process evaluation."
             )
+        if not self._updates:
+            return super().compute()  # raises the "computed before any update" error
         host: list[tuple[tuple[Any, ...], Any]] = jax.device_get(self._batches)
         columns = [
             np.concatenate([np.asarray(args[i]).reshape(-1, *np.shape(args[i])[1:]) for args, _ in host])

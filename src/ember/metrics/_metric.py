@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -275,21 +276,21 @@ class Metric(EngineAttachment, MetricArithmetic):
             ...
             ember.errors.NotComputableError: Metric `Average` was computed before any update; attach it to an ...
         """
-        if not self._updates:
+        state, updated = self._merged()  # every process takes part, the ones that saw no data too
+        if not updated:
             raise NotComputableError(
                 f"Metric `{type(self).__name__}` was computed before any update; attach it to an engine or call "
                 "`update` first."
             )
-        return _to_host(self.finalize(self.global_state()))
+        return _to_host(self.finalize(state))
 
     def global_state(self) -> Any:
         """The accumulators of every process merged, leaving this process's own untouched.
 
         In a multi-process run each process usually updates from its own data, so
-        [`compute`][ember.metrics.Metric.compute] merges the processes' accumulators (a collective: every process must
-        compute at the same point, as they do when the same engine runs everywhere). Accumulators that are already
-        global arrays (updated from a step jitted over a mesh spanning the processes) are returned as they are, so
-        nothing is counted twice. In a single process this is just [`state`][ember.metrics.Metric.state].
+        [`compute`][ember.metrics.Metric.compute] merges the accumulators of the processes that were updated (a
+        collective: every process computes at the same point, one that saw no data too). Accumulators that are already
+        global arrays (from a step jitted over a mesh spanning the processes) are returned as they are.
 
         Examples:
             >>> import jax.numpy as jnp
@@ -299,19 +300,20 @@ class Metric(EngineAttachment, MetricArithmetic):
             >>> float(total.global_state())
             3.0
         """
+        return self._merged()[0]
+
+    def _merged(self) -> tuple[Any, bool]:
+        """The processes' accumulators merged, of those that were updated; and whether any was."""
         state = self._state
         if jax.process_count() == 1 or is_global(state):
-            return state
-        gathered = multihost_utils.process_allgather(state)
-        parts = [jax.tree.map(lambda x, i=i: jnp.asarray(x[i]), gathered) for i in range(jax.process_count())]
-        return self.merge_processes(parts)
+            return state, self._updates > 0
+        flags, gathered = multihost_utils.process_allgather((np.int32(self._updates > 0), state))
+        parts = [jax.tree.map(lambda x, i=i: jnp.asarray(x[i]), gathered) for i in range(len(flags)) if flags[i]]
+        return (self.merge_processes(parts), True) if parts else (state, False)
 
     def merge_processes(self, parts: list[Any]) -> Any:
         """Combine the processes' accumulators; by default [`merge`][ember.metrics.Metric.merge] them in order."""
-        merged = parts[0]
-        for part in parts[1:]:
-            merged = self.merge(merged, part)
-        return merged
+        return functools.reduce(self.merge, parts)
 
     @property
     def state(self) -> Any:
