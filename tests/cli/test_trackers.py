@@ -120,9 +120,9 @@ def test_a_killed_and_relaunched_run_is_one_mlflow_run_with_each_step_once_and_t
 
 
 def test_a_run_that_raises_is_failed_in_mlflow_with_its_records_kept(tmp_path, tracking, monkeypatch):
-    from ember.cli import _train, train
+    from ember.cli import _run_parts, train
 
-    built = _train.build_data
+    built = _run_parts.build_data
 
     def failing_data(config):
         data, val, sample = built(config)
@@ -144,7 +144,7 @@ def test_a_run_that_raises_is_failed_in_mlflow_with_its_records_kept(tmp_path, t
 
         return Broken(), val, sample
 
-    monkeypatch.setattr(_train, "build_data", failing_data)
+    monkeypatch.setattr(_run_parts, "build_data", failing_data)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking["MLFLOW_TRACKING_URI"])
     config = {
         "name": "failing",

@@ -10,7 +10,7 @@ import numpy as np
 
 from ember.cli._config import Config, load_config
 from ember.cli._registry import build_data
-from ember.cli._train import _predict, build_trainer
+from ember.cli._run_parts import build_trainer, predict
 from ember.training import create_evaluator
 
 
@@ -44,7 +44,7 @@ def plan_run(
         "y": jax.ShapeDtypeStruct((cfg.data.batch_size,), np.int32),
     }
     trainer = build_trainer(cfg, sample, lazy=True)
-    evaluator = create_evaluator(trainer, _predict, placement=trainer.placement, precision=cfg.trainer.precision)
+    evaluator = create_evaluator(trainer, predict, placement=trainer.placement, precision=cfg.trainer.precision)
     val_batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype), next(iter(val)))
     lines = [
         f"ember plan: {jax.default_backend()}, placement {type(trainer.placement).__name__}, "

@@ -232,8 +232,7 @@ class Metric(EngineAttachment, MetricArithmetic):
         updates = state_dict["updates"]
         if not isinstance(updates, int) or isinstance(updates, bool) or updates < 0:
             raise ValueError(f"`state_dict['updates']` must be a non-negative int, got {updates!r}.")
-        state = decode_tree(state_dict["state"])
-        fresh = self.empty()
+        state, fresh = decode_tree(state_dict["state"]), self.empty()
         if fresh is not None and jax.tree.structure(fresh) != jax.tree.structure(state):
             raise ValueError(
                 f"The saved state of {type(self).__name__} has the structure {jax.tree.structure(state)}, this metric "
@@ -295,8 +294,7 @@ class Metric(EngineAttachment, MetricArithmetic):
         Examples:
             >>> import jax.numpy as jnp
             >>> from ember.metrics import Sum
-            >>> total = Sum()
-            >>> total.update(jnp.array([1.0, 2.0]))
+            >>> total = Sum(); total.update(jnp.array([1.0, 2.0]))
             >>> float(total.global_state())
             3.0
         """

@@ -1,0 +1,298 @@
+"""The parts of an `ember train` run, each built from its section of the config: console, engines, handlers."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO, cast
+
+import jax
+import optax
+
+from ember import Engine, Events
+from ember.cli._config import Config, ConfigError, dump_config
+from ember.cli._registry import (
+    build_data,
+    build_model,
+    build_optimizer,
+    build_placement,
+    build_schedule,
+    check_labels,
+)
+from ember.cli._run_checkpoints import attach_checkpoints, shared_run_id
+from ember.cli._run_course import SKIP_LIMIT, logged_outputs, nan_check, runs_on
+from ember.cli._verify_resume import KILL_AT
+from ember.handlers import (
+    Checkpoint,
+    EarlyStopping,
+    Evaluate,
+    GoodputLedger,
+    LRMonitor,
+    Preemption,
+    ProcessWatchdog,
+    ProgressBar,
+    RollbackOnDivergence,
+    ScalarLogger,
+    StallWatchdog,
+    TerminateOnNan,
+)
+from ember.metrics import Accuracy, Loss, RunningAverage
+from ember.training import Sharded, TrainState, create_evaluator, create_trainer
+from ember.writers import AsyncWriter, create_run_writer
+
+
+@dataclass
+class Console:
+    """Where a run's lines go: printed by process 0 only, above the progress bars when there are bars."""
+
+    out: TextIO
+    bar: bool  # the bar only on a terminal: a batch log (a file, a pipe: Slurm, CI, nohup) gets one line an epoch
+    progress_stream: TextIO | None
+    primary: bool = field(default_factory=lambda: jax.process_index() == 0)
+
+    @classmethod
+    def open(cls, cfg: Config, stream: TextIO | None, progress_stream: TextIO | None) -> Console:
+        """The console of a run of ``cfg`` printing to ``stream`` (stdout), its bars on ``progress_stream`` (stderr)."""
+        out = stream or sys.stdout
+        bar = cfg.handlers.progress and _on_a_terminal(progress_stream or sys.stderr)
+        return cls(cast(TextIO, _AboveBars(out)) if bar else out, bar, progress_stream)
+
+    def say(self, text: str) -> None:
+        """Print a line of the run's (on process 0)."""
+        if self.primary:
+            print(text, file=self.out)
+
+
+def loss(model: Any, batch: Any) -> Any:
+    """The training loss of ``ember train``'s classifiers: softmax cross-entropy with integer labels."""
+    return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
+
+
+def build_trainer(
+    cfg: Config, sample: Any, schedule: Any = None, steps_per_call: int | None = None, *, lazy: bool = False
+) -> Any:
+    """The config's trainer (model, optimizer, placement) for inputs like ``sample``.
+
+    With ``schedule=None`` the optimizer takes its learning rate as an injected hyperparameter (for the
+    range test of ``ember lr-find``); else it follows ``schedule``. ``lazy``: the state is built from the first
+    batch (``ember plan`` builds it abstractly, allocating nothing).
+    """
+    placement = build_placement(cfg.trainer)
+    model, tx = build_model(cfg.model), build_optimizer(cfg.optimizer, schedule)
+
+    def build(x: Any) -> TrainState:
+        seed = cfg.trainer.seed  # a sharded placement builds the state sharded
+        return TrainState.from_linen(model, x, tx, seed=seed, rngs=("dropout",), placement=placement)
+
+    state: Any = (lambda batch: build(batch["x"][:1])) if lazy else build(sample)
+    k = cfg.trainer.steps_per_call if steps_per_call is None else steps_per_call
+    return create_trainer(
+        state,
+        loss,
+        placement=placement,
+        steps_per_call=k,
+        # the step reports its learning rate, which LRMonitor hands to the writer unread: no host computation per log
+        extras=("lr",) if schedule is not None else (),
+        lr_schedule=schedule,
+        precision=cfg.trainer.precision,
+        remat=cfg.trainer.remat,
+        skip_nonfinite=cfg.trainer.skip_nonfinite,
+        spike_factor=cfg.trainer.spike_factor,
+    )
+
+
+@dataclass
+class Engines:
+    """What the data, model, optimizer and trainer sections build: the data, the trainer and its evaluator."""
+
+    data: Any
+    val: Any
+    steps_per_epoch: int | None
+    trainer: Any
+    evaluator: Any
+    relaunched: bool  # the run folder had a config already: a relaunch of the run
+
+
+def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console: Console) -> Engines:
+    """The run's data and engines; the run folder and its ``config.yaml`` are written once they can be built."""
+    data, val, sample = build_data(cfg.data)
+    steps_per_epoch = cfg.data.epoch_length or _length(data)
+    if steps_per_epoch is None and cfg.trainer.max_iters is None:
+        raise ConfigError(
+            "data.epoch_length: the training data has no len(), so give its batches per epoch (or trainer.max_iters)."
+        )
+    total = cfg.trainer.max_iters or cfg.trainer.max_epochs * (steps_per_epoch or 0)
+    schedule = build_schedule(cfg.optimizer, total)
+    check_labels(cfg.data, data, build_model(cfg.model), sample, cfg.model.name)
+    trainer = build_trainer(cfg, sample, schedule)
+    relaunched = (run_dir / "config.yaml").exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if console.primary:
+        (run_dir / "config.yaml").write_text(dump_config(cfg, source))
+    console.say(runs_on(trainer, cfg))
+    if isinstance(trainer.placement, Sharded):
+        console.say(f"{trainer.placement.summary()}\n{trainer.placement.layout(trainer.state.train_state)}")
+    evaluator = create_evaluator(trainer, predict, placement=trainer.placement, precision=cfg.trainer.precision)
+    Accuracy().attach(evaluator, "accuracy")
+    Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
+    RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "loss")
+    return Engines(data, val, steps_per_epoch, trainer, evaluator, relaunched)
+
+
+@dataclass
+class Handlers:
+    """What the handlers section attaches that the run reads again: its records, checkpoints and stops."""
+
+    writer: AsyncWriter
+    best: Checkpoint
+    latest: Checkpoint
+    preemption: Preemption
+    stopper: EarlyStopping | None
+    nan_guard: TerminateOnNan
+    skip_limit: int
+    accuracies: list[float]
+
+
+def attach_handlers(cfg: Config, engines: Engines, run_dir: Path, console: Console) -> Handlers:
+    """The stock handlers of a run, in the order they must fire: records, evaluation, stops, checkpoints, survival."""
+    trainer, evaluator, h = engines.trainer, engines.evaluator, cfg.handlers
+    writer = create_run_writer(run_dir, h.writers, stream=console.out, params=cfg)
+    state = trainer.state.train_state  # what the precision and the guard added to it is logged too
+    scaled, guarded = state.loss_scale is not None, state.guard is not None
+    every = Events.ITERATION_COMPLETED(every=h.log_every)
+    ScalarLogger(writer, tag="train", metric_names=["loss"], output_transform=logged_outputs(scaled, guarded)).attach(
+        trainer, every
+    )
+    LRMonitor(writer, tag="train/lr").attach(trainer, every)
+    if console.bar:  # before Evaluate: each epoch's bar is finished and cleared before the epoch's line is printed
+        bar = ProgressBar(refresh_every=10, persist=True, stream=console.progress_stream, desc="Epoch")
+        bar.attach(trainer, metric_names=["loss"])
+    Evaluate(evaluator, engines.val, writer=writer, tag="val").attach(
+        trainer, Events.EPOCH_COMPLETED(every=cfg.trainer.eval_every)
+    )
+    to_save: dict[str, Any] = {"trainer": trainer}  # its state dict holds the data's position
+    stopper = _early_stopping(cfg, trainer, evaluator, to_save)
+    run_id = shared_run_id(run_dir)  # the run's own, in run.json: its fast checkpoint tier is its alone
+    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, evaluator, run_id, records=writer)
+    preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
+    preemption.attach(trainer, [evaluator])
+    skip_limit = max(engines.steps_per_epoch or SKIP_LIMIT, (cfg.trainer.rollback_after or 0) + 1)
+    nan_guard = TerminateOnNan(nan_check(guarded, skip_limit))  # a skip is the guard's; an epoch of skips, a stop
+    nan_guard.attach(trainer)
+    _attach_survival(cfg, trainer, evaluator, run_dir, (latest, best), console)
+    accuracies: list[float] = []
+    evaluator.add_event_handler(Events.COMPLETED, lambda e: accuracies.append(float(e.state.metrics["accuracy"])))
+    if "console" not in h.writers:  # the console writer prints the evaluation's numbers itself
+        evaluator.add_event_handler(
+            Events.COMPLETED,
+            lambda e: console.say(
+                f"epoch {trainer.state.epoch:3d}  iteration {trainer.state.iteration:5d}  "
+                f"val accuracy {e.state.metrics['accuracy']:.4f}  val loss {e.state.metrics['loss']:.4f}"
+            ),
+        )
+    return Handlers(writer, best, latest, preemption, stopper, nan_guard, skip_limit, accuracies)
+
+
+def _early_stopping(cfg: Config, trainer: Engine, evaluator: Engine, to_save: dict[str, Any]) -> EarlyStopping | None:
+    es = cfg.handlers.early_stopping
+    if es is None:
+        return None
+    stopper = EarlyStopping(
+        es.patience,
+        lambda e: e.state.metrics[es.metric],
+        trainer,
+        threshold=es.threshold,
+        mode="max" if es.metric == "accuracy" else "min",
+    )
+    stopper.attach(evaluator)
+    to_save["early_stopping"] = stopper
+    return stopper
+
+
+def _attach_survival(
+    cfg: Config,
+    trainer: Any,
+    evaluator: Engine,
+    run_dir: Path,
+    checkpoints: tuple[Checkpoint, Checkpoint],
+    console: Any,
+) -> None:
+    """Rollbacks, the goodput ledger, the stall and process watchdogs, and verify-resume's kill, as configured."""
+    latest = checkpoints[0]
+    if cfg.trainer.skip_nonfinite and cfg.trainer.rollback_after is not None:
+        rollback = RollbackOnDivergence(latest, after=cfg.trainer.rollback_after)
+        rollback.attach(trainer)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, _announcer(rollback, console.say))
+    if console.primary:  # where the wall time went, across every relaunch: goodput.jsonl, `ember goodput RUN_DIR`
+        GoodputLedger(run_dir).attach(trainer, evaluators=[evaluator], checkpoints=checkpoints)
+    stall = cfg.handlers.stall
+    if stall is not None:  # a hang ends the run with every thread's stack in the run folder, exit status 75
+        StallWatchdog(
+            run_dir,
+            step_timeout=stall.step_timeout,
+            startup_timeout=stall.startup_timeout,
+            save_timeout=stall.save_timeout,
+        ).attach(trainer, evaluators=[evaluator], checkpoints=checkpoints)
+    if jax.process_count() > 1:  # a lost process ends the others at once, naming the checkpoint to resume from
+        ProcessWatchdog(latest).attach(trainer)
+    if os.environ.get(KILL_AT):  # ember verify-resume's real SIGKILL, once that iteration is done
+        at = int(os.environ[KILL_AT])
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=at), lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+
+def predict(model: Any, batch: Any) -> Any:
+    """The evaluation step of ``ember train``'s classifiers: predictions and labels, for the metrics."""
+    return {"y_pred": model(batch["x"]), "y": batch["y"]}
+
+
+def _length(data: Any) -> int | None:
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def _on_a_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal (a bar redrawn in place belongs there, not in a log file)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
+
+
+class _AboveBars(io.TextIOBase):
+    """A stream whose lines go through ``tqdm.write``: printed above the progress bars, never glued onto one."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out, self._line = out, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        from tqdm import tqdm
+
+        self._line += text
+        *lines, self._line = self._line.split("\n")
+        for line in lines:
+            tqdm.write(line, file=self.out)
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def _announcer(rollback: RollbackOnDivergence, say: Any) -> Any:
+    """A handler that prints each rollback once, on the console, as it happens."""
+    said = [0]
+
+    def announce() -> None:
+        for done in rollback.rollbacks[said[0] :]:
+            say(str(done))
+        said[0] = len(rollback.rollbacks)
+
+    return announce
