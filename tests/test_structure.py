@@ -13,8 +13,6 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "ember"
 LONG_MODULES = {"handlers/_checkpointing/checkpoint.py"}
 #: functions over 60 lines, to be split (issue 46: ember train's wiring, the step's composition, the engines' factories)
 LONG_FUNCTIONS = {
-    "cli/_train.py:train",
-    "cli/_main.py:main",
     "training/_step/steps.py:make_train_step",
     "handlers/_common.py:setup_common_training_handlers",
     "training/_trainer.py:create_trainer",

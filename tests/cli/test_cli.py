@@ -170,7 +170,7 @@ def test_version(capsys):
 def test_distributed_launch_reads_all_three_variables_or_none(monkeypatch):
     from unittest import mock
 
-    from ember.cli._main import start_distributed
+    from ember.cli._distributed import start_distributed
 
     with mock.patch("jax.distributed.initialize") as init, mock.patch("jax.config.update") as update:
         assert start_distributed({}) == {}

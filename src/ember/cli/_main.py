@@ -6,94 +6,12 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ember.cli._config import ConfigError
-
-#: Seconds without a heartbeat after which the coordination service declares a process lost (``ember train
-#: --distributed``; ``EMBER_HEARTBEAT_TIMEOUT`` overrides it).
-HEARTBEAT_TIMEOUT = 30
-
-#: Seconds ``end_together`` waits for the other processes of a run to finish.
-END_TIMEOUT = 600.0
-
-
-def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Call ``jax.distributed.initialize`` for ``ember train --distributed``; return the arguments passed.
-
-    With ``EMBER_COORDINATOR`` (host:port), ``EMBER_NUM_PROCESSES`` and ``EMBER_PROCESS_ID`` set in the
-    environment they are passed explicitly; without them, JAX detects the cluster (Slurm, Open MPI, TPU). JAX's
-    recoverability is turned on first, so that when a process is lost the others are not aborted by the runtime
-    but end through the ``ProcessWatchdog`` ``ember train`` attaches, naming the checkpoint to resume from; they do
-    within about ``EMBER_HEARTBEAT_TIMEOUT`` seconds (the coordination service's heartbeat timeout,
-    ``HEARTBEAT_TIMEOUT`` by default; JAX's own is 100).
-
-    Examples:
-        >>> from unittest import mock
-        >>> from ember.cli._main import start_distributed
-        >>> env = {"EMBER_COORDINATOR": "node0:1234", "EMBER_NUM_PROCESSES": "2", "EMBER_PROCESS_ID": "1"}
-        >>> with mock.patch("jax.distributed.initialize"), mock.patch("jax.config.update"):
-        ...     start_distributed(env)
-        {'coordinator_address': 'node0:1234', 'num_processes': 2, 'process_id': 1}
-    """
-    import jax
-
-    env = os.environ if environ is None else environ
-    names = ("EMBER_COORDINATOR", "EMBER_NUM_PROCESSES", "EMBER_PROCESS_ID")
-    given = [n for n in names if n in env]
-    if given and len(given) != len(names):
-        missing = [n for n in names if n not in env]
-        raise ValueError(f"--distributed got {given} from the environment but not {missing}; set all three or none.")
-    kwargs: dict[str, Any] = {}
-    if given:
-        try:
-            kwargs = {
-                "coordinator_address": env["EMBER_COORDINATOR"],
-                "num_processes": int(env["EMBER_NUM_PROCESSES"]),
-                "process_id": int(env["EMBER_PROCESS_ID"]),
-            }
-        except ValueError:
-            raise ValueError(
-                "EMBER_NUM_PROCESSES and EMBER_PROCESS_ID must be ints, got "
-                f"{env['EMBER_NUM_PROCESSES']!r} and {env['EMBER_PROCESS_ID']!r}."
-            ) from None
-    heartbeat = env.get("EMBER_HEARTBEAT_TIMEOUT", str(HEARTBEAT_TIMEOUT))
-    if not heartbeat.isdigit() or int(heartbeat) < 1:
-        raise ValueError(f"EMBER_HEARTBEAT_TIMEOUT must be a positive number of seconds, got {heartbeat!r}.")
-    jax.config.update("jax_enable_recoverability", True)
-    jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=int(heartbeat))
-    return kwargs
-
-
-def end_together(status: int = 0) -> None:
-    """End every process of the run together, once all have finished it, with ``status``; in one process, return.
-
-    With JAX's recoverability on, the runtime no longer holds the processes together at exit, and its shutdown
-    races with the CPU collectives' own calls to the coordination service (process 0 was seen aborting there). So
-    each process waits at the coordination service's barrier (at most ``END_TIMEOUT`` seconds), flushes its output,
-    and ends without the runtime's shutdown call; process 0, which hosts the service, ends last.
-
-    Examples:
-        >>> from ember.cli._main import end_together
-        >>> end_together()  # one process: returns at once
-    """
-    import time
-
-    import jax
-
-    from ember._multiprocess import coordination_client
-
-    client = coordination_client()
-    if client is None:
-        return
-    client.wait_at_barrier("ember: end of the run", int(END_TIMEOUT * 1000))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if jax.process_index() == 0:
-        time.sleep(1.0)  # the others are gone before the service is
-    os._exit(status)
+from ember.cli._distributed import end_together, start_distributed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,6 +25,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     from ember import __version__
 
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command in ("train", "lr-find", "plan") and not any(x.startswith("-") for x in extra):
+        args.config = [*args.config, *extra]  # overrides may come anywhere on the line, after --output too
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.version:
+        print(f"ember {__version__}")
+        return 0
+    command = _COMMANDS.get(args.command)
+    if command is None:
+        parser.print_help()
+        return 2
+    try:
+        return command(args)
+    except (ConfigError, FileNotFoundError, ValueError, ImportError) as e:
+        if getattr(args, "debug", False) or os.environ.get("EMBER_DEBUG", "") not in ("", "0"):
+            raise  # the whole traceback, for a bug report
+        print(f"ember: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C before training started (or after): during it, the run saves and stops
+        print("ember: interrupted (Ctrl-C); nothing was saved since the last checkpoint.", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The ``ember`` command's parser: one subparser per subcommand."""
     parser = argparse.ArgumentParser(prog="ember", description="An event-driven training engine for JAX.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
@@ -114,6 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     common.add_argument(
         "--debug", action="store_true", help="show the traceback of an error (as EMBER_DEBUG=1 does), not one line"
     )
+    _add_config_commands(sub, common)
+    _add_run_commands(sub, common)
+    return parser
+
+
+def _add_config_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The subcommands that read a config: train, lr-find, plan, verify-resume."""
     p_train = sub.add_parser("train", parents=[common], help="train from a YAML config (none: the embedded digits run)")
     p_train.add_argument(
         "config",
@@ -147,6 +99,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_plan.add_argument(
         "--multiple-of", type=int, default=8, help="--max-batch tries multiples of this per device (default 8)"
     )
+    p_verify = sub.add_parser(
+        "verify-resume",
+        parents=[common],
+        help="train a config straight, then SIGKILLed and relaunched, and check the two end equal",
+    )
+    p_verify.add_argument("config", nargs="*", metavar="[CONFIG] [KEY=VALUE ...]", help="as ember train takes them")
+    p_verify.add_argument("--steps", type=int, default=40, help="iterations of each run (default 40)")
+    p_verify.add_argument("--workdir", help="where the runs go (default: a temporary folder, removed if they match)")
+    p_verify.add_argument("--keep", action="store_true", help="keep the runs' folders even when they match")
+
+
+def _add_run_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The subcommands that read a run folder or a checkpoint, and launch."""
     p_launch = sub.add_parser(
         "launch",
         help="run N local processes of COMMAND as one distributed run (coordinator set; output prefixed [i])",
@@ -158,15 +123,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "resume", parents=[common], help="continue the run in RUN_DIR with the config saved there"
     )
     p_resume.add_argument("run_dir")
-    p_verify = sub.add_parser(
-        "verify-resume",
-        parents=[common],
-        help="train a config straight, then SIGKILLed and relaunched, and check the two end equal",
-    )
-    p_verify.add_argument("config", nargs="*", metavar="[CONFIG] [KEY=VALUE ...]", help="as ember train takes them")
-    p_verify.add_argument("--steps", type=int, default=40, help="iterations of each run (default 40)")
-    p_verify.add_argument("--workdir", help="where the runs go (default: a temporary folder, removed if they match)")
-    p_verify.add_argument("--keep", action="store_true", help="keep the runs' folders even when they match")
     p_inspect = sub.add_parser("inspect", parents=[common], help="print what a checkpoint holds")
     p_inspect.add_argument("checkpoint", help="a checkpoint folder, or a folder of checkpoints (its latest)")
     p_goodput = sub.add_parser(
@@ -176,100 +132,120 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_plot = sub.add_parser("plot", parents=[common], help="draw a run's curves into a PNG")
     p_plot.add_argument("run_dir")
     p_plot.add_argument("--output", help="the PNG (default RUN_DIR/curves.png)")
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command in ("train", "lr-find", "plan") and not any(x.startswith("-") for x in extra):
-        args.config = [*args.config, *extra]  # overrides may come anywhere on the line, after --output too
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.version:
-        print(f"ember {__version__}")
+
+
+def _train(args: argparse.Namespace) -> int:
+    config = _config_from(args.config, "train")
+    if args.output:
+        config.output = args.output
+    if not args.distributed and _answered_without_training(config):
         return 0
-    try:
-        if args.command == "train":
-            config = _config_from(args.config, "train")
-            if args.output:
-                config.output = args.output
-            if not args.distributed and _answered_without_training(config):
-                return 0
-            from ember.cli._train import train  # JAX from here on
+    from ember.cli._train import train  # JAX from here on
 
-            if args.distributed:
-                start_distributed()
-            status = _status(train(config, source=_source_of(args.config)))
-            if args.distributed:
-                end_together(status)
-            return status
-        elif args.command == "lr-find":
-            from ember.cli._lr_find import find_learning_rate
+    if args.distributed:
+        start_distributed()
+    status = _status(train(config, source=_source_of(args.config)))
+    if args.distributed:
+        end_together(status)
+    return status
 
-            result = find_learning_rate(
-                _config_from(args.config, "lr-find"),
-                start_lr=args.start,
-                end_lr=args.end,
-                num_iter=args.num_iter,
-                output=args.output,
-            )
-            print(f"suggested learning rate: {result.suggestion:.3g} ({len(result.lrs)} steps tried)")
-            if args.output:
-                print(f"the curve: {args.output}")
-            rerun = " ".join(["ember train", *args.config, f"optimizer.learning_rate={result.suggestion:.3g}"])
-            print(f"to train with it: {rerun}")
-        elif args.command == "plan":
-            from ember.cli._plan import plan_run
 
-            config = _config_from(args.config, "plan")
-            print(plan_run(config, memory=args.memory, max_batch=args.max_batch, multiple_of=args.multiple_of))
-        elif args.command == "launch":
-            from ember.cli._launch import launch
+def _lr_find(args: argparse.Namespace) -> int:
+    from ember.cli._lr_find import find_learning_rate
 
-            program = args.program[1:] if args.program[:1] == ["--"] else args.program
-            return launch(args.nproc, program, port=args.port)
-        elif args.command == "resume":
-            saved = Path(args.run_dir) / "config.yaml"
-            if not saved.exists():
-                raise FileNotFoundError(f"{args.run_dir} has no config.yaml; is it a run folder of ember train?")
-            config = _config_from([str(saved)], "resume")
-            config.output = args.run_dir  # this folder, wherever the command runs: not the saved (relative) output
-            if _answered_without_training(config):
-                return 0
-            from ember.cli._train import train  # JAX from here on
-
-            return _status(train(config, source=_source_of([str(saved)])))
-        elif args.command == "verify-resume":
-            from ember.cli._verify_resume import verify_resume
-
-            _config_from(args.config, "verify-resume")  # a mistake in it is said now, not by three runs
-            try:
-                verdict = verify_resume(args.config, steps=args.steps, workdir=args.workdir, keep=args.keep)
-            except RuntimeError as e:
-                print(f"ember verify-resume: {e}", file=sys.stderr)
-                return 1
-            print("\n".join(verdict.lines))
-            return 0 if verdict.exact else 1
-        elif args.command == "inspect":
-            from ember.cli._inspect import describe_checkpoint
-
-            print(describe_checkpoint(args.checkpoint))
-        elif args.command == "goodput":
-            from ember.cli._goodput import goodput_table
-
-            print(goodput_table(args.run_dir))
-        elif args.command == "plot":
-            from ember.cli._plot import plot_run
-
-            print(plot_run(args.run_dir, args.output))
-        else:
-            parser.print_help()
-            return 2
-    except (ConfigError, FileNotFoundError, ValueError, ImportError) as e:
-        if getattr(args, "debug", False) or os.environ.get("EMBER_DEBUG", "") not in ("", "0"):
-            raise  # the whole traceback, for a bug report
-        print(f"ember: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C before training started (or after): during it, the run saves and stops
-        print("ember: interrupted (Ctrl-C); nothing was saved since the last checkpoint.", file=sys.stderr)
-        return 130
+    config = _config_from(args.config, "lr-find")
+    result = find_learning_rate(
+        config, start_lr=args.start, end_lr=args.end, num_iter=args.num_iter, output=args.output
+    )
+    print(f"suggested learning rate: {result.suggestion:.3g} ({len(result.lrs)} steps tried)")
+    if args.output:
+        print(f"the curve: {args.output}")
+    rerun = " ".join(["ember train", *args.config, f"optimizer.learning_rate={result.suggestion:.3g}"])
+    print(f"to train with it: {rerun}")
     return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from ember.cli._plan import plan_run
+
+    config = _config_from(args.config, "plan")
+    print(plan_run(config, memory=args.memory, max_batch=args.max_batch, multiple_of=args.multiple_of))
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from ember.cli._launch import launch
+
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    return launch(args.nproc, program, port=args.port)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    saved = Path(args.run_dir) / "config.yaml"
+    if not saved.exists():
+        raise FileNotFoundError(f"{args.run_dir} has no config.yaml; is it a run folder of ember train?")
+    config = _config_from([str(saved)], "resume")
+    config.output = args.run_dir  # this folder, wherever the command runs: not the saved (relative) output
+    if _answered_without_training(config):
+        return 0
+    from ember.cli._train import train  # JAX from here on
+
+    return _status(train(config, source=_source_of([str(saved)])))
+
+
+def _verify_resume(args: argparse.Namespace) -> int:
+    from ember.cli._verify_resume import verify_resume
+
+    _config_from(args.config, "verify-resume")  # a mistake in it is said now, not by three runs
+    try:
+        verdict = verify_resume(args.config, steps=args.steps, workdir=args.workdir, keep=args.keep)
+    except RuntimeError as e:
+        print(f"ember verify-resume: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(verdict.lines))
+    return 0 if verdict.exact else 1
+
+
+def _printed(table: Callable[[argparse.Namespace], object]) -> Callable[[argparse.Namespace], int]:
+    """A subcommand that prints what ``table`` gives and succeeds."""
+
+    def command(args: argparse.Namespace) -> int:
+        print(table(args))
+        return 0
+
+    return command
+
+
+def _inspect(args: argparse.Namespace) -> str:
+    from ember.cli._inspect import describe_checkpoint
+
+    return describe_checkpoint(args.checkpoint)
+
+
+def _goodput(args: argparse.Namespace) -> str:
+    from ember.cli._goodput import goodput_table
+
+    return goodput_table(args.run_dir)
+
+
+def _plot(args: argparse.Namespace) -> object:
+    from ember.cli._plot import plot_run
+
+    return plot_run(args.run_dir, args.output)
+
+
+#: each subcommand's function, by name: it returns the exit status
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "train": _train,
+    "lr-find": _lr_find,
+    "plan": _plan,
+    "launch": _launch,
+    "resume": _resume,
+    "verify-resume": _verify_resume,
+    "inspect": _printed(_inspect),
+    "goodput": _printed(_goodput),
+    "plot": _printed(_plot),
+}
 
 
 _UNITS = {

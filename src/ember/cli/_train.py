@@ -56,11 +56,7 @@ def train(
         (1, 22)
     """
     cfg = config if isinstance(config, Config) else load_config(config)
-    if source is None and isinstance(config, str | Path):
-        source = config_source(config)
-    if source is not None:  # a model given as "mymodels:Net" may sit beside the (original) config file
-        importable(source)
-    importable(Path.cwd())
+    source = _models_importable(config, source)
     console = Console.open(cfg, stream, progress_stream)
     run_dir = Path(cfg.output)
     new_layout = check_same_run(run_dir, cfg)
@@ -69,18 +65,10 @@ def train(
     engines = build_engines(cfg, run_dir, source, console)
     handlers = attach_handlers(cfg, engines, run_dir, console)
     try:
-        info = handlers.latest.resume()
-        if info is not None:
-            console.say(f"Resuming {run_dir} from {info.path.name} (iteration {info.step}).")
-            if new_layout:
-                console.say(f"Restored onto a new layout ({'; '.join(new_layout)}).")
+        info = _resumed(handlers, run_dir, new_layout, console)
         if info is not None and finished(engines.trainer, cfg):
-            console.say(f"{run_dir}: this run is already complete; nothing to do.")
-            previous = saved_summary(run_dir)
+            previous = _already_complete(handlers, run_dir, console)
             if previous is not None:  # the record of the run stays as the run left it
-                handlers.writer.close()
-                close_stores(handlers.best, handlers.latest)
-                console.say(closing_line(previous))
                 return previous
         else:
             _run(cfg, engines, handlers.writer, info, relaunched=engines.relaunched)
@@ -89,6 +77,40 @@ def train(
         raise
     resumed_from = None if info is None else info.step
     return _concluded(cfg, engines, handlers, run_dir, resumed_from, started, console)
+
+
+def _models_importable(config: Any, source: str | Path | None) -> str | Path | None:
+    """The config file's folder (``source``, or the file's own) and the working directory put on ``sys.path``.
+
+    A model given as ``"mymodels:Net"`` may sit beside the (original) config file, or where the command runs.
+    """
+    if source is None and isinstance(config, str | Path):
+        source = config_source(config)
+    if source is not None:
+        importable(source)
+    importable(Path.cwd())
+    return source
+
+
+def _resumed(handlers: Handlers, run_dir: Path, new_layout: list[str], console: Console) -> Any:
+    """The latest checkpoint restored into the run (said on the console), or ``None`` for a run starting afresh."""
+    info = handlers.latest.resume()
+    if info is not None:
+        console.say(f"Resuming {run_dir} from {info.path.name} (iteration {info.step}).")
+        if new_layout:
+            console.say(f"Restored onto a new layout ({'; '.join(new_layout)}).")
+    return info
+
+
+def _already_complete(handlers: Handlers, run_dir: Path, console: Console) -> dict[str, Any] | None:
+    """Say the run is complete; with its saved summary, close its records and say its closing line, and return it."""
+    console.say(f"{run_dir}: this run is already complete; nothing to do.")
+    previous = saved_summary(run_dir)
+    if previous is not None:
+        handlers.writer.close()
+        close_stores(handlers.best, handlers.latest)
+        console.say(closing_line(previous))
+    return previous
 
 
 def _run(cfg: Config, engines: Engines, writer: AsyncWriter, info: Any, *, relaunched: bool) -> None:

@@ -1,0 +1,91 @@
+"""`ember train --distributed`: starting the processes of a run together, and ending them together."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+#: Seconds without a heartbeat after which the coordination service declares a process lost (``ember train
+#: --distributed``; ``EMBER_HEARTBEAT_TIMEOUT`` overrides it).
+HEARTBEAT_TIMEOUT = 30
+
+#: Seconds ``end_together`` waits for the other processes of a run to finish.
+END_TIMEOUT = 600.0
+
+
+def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Call ``jax.distributed.initialize`` for ``ember train --distributed``; return the arguments passed.
+
+    With ``EMBER_COORDINATOR`` (host:port), ``EMBER_NUM_PROCESSES`` and ``EMBER_PROCESS_ID`` set in the
+    environment they are passed explicitly; without them, JAX detects the cluster (Slurm, Open MPI, TPU). JAX's
+    recoverability is turned on first, so that when a process is lost the others are not aborted by the runtime
+    but end through the ``ProcessWatchdog`` ``ember train`` attaches, naming the checkpoint to resume from; they do
+    within about ``EMBER_HEARTBEAT_TIMEOUT`` seconds (the coordination service's heartbeat timeout,
+    ``HEARTBEAT_TIMEOUT`` by default; JAX's own is 100).
+
+    Examples:
+        >>> from unittest import mock
+        >>> from ember.cli._distributed import start_distributed
+        >>> env = {"EMBER_COORDINATOR": "node0:1234", "EMBER_NUM_PROCESSES": "2", "EMBER_PROCESS_ID": "1"}
+        >>> with mock.patch("jax.distributed.initialize"), mock.patch("jax.config.update"):
+        ...     start_distributed(env)
+        {'coordinator_address': 'node0:1234', 'num_processes': 2, 'process_id': 1}
+    """
+    import jax
+
+    env = os.environ if environ is None else environ
+    names = ("EMBER_COORDINATOR", "EMBER_NUM_PROCESSES", "EMBER_PROCESS_ID")
+    given = [n for n in names if n in env]
+    if given and len(given) != len(names):
+        missing = [n for n in names if n not in env]
+        raise ValueError(f"--distributed got {given} from the environment but not {missing}; set all three or none.")
+    kwargs: dict[str, Any] = {}
+    if given:
+        try:
+            kwargs = {
+                "coordinator_address": env["EMBER_COORDINATOR"],
+                "num_processes": int(env["EMBER_NUM_PROCESSES"]),
+                "process_id": int(env["EMBER_PROCESS_ID"]),
+            }
+        except ValueError:
+            raise ValueError(
+                "EMBER_NUM_PROCESSES and EMBER_PROCESS_ID must be ints, got "
+                f"{env['EMBER_NUM_PROCESSES']!r} and {env['EMBER_PROCESS_ID']!r}."
+            ) from None
+    heartbeat = env.get("EMBER_HEARTBEAT_TIMEOUT", str(HEARTBEAT_TIMEOUT))
+    if not heartbeat.isdigit() or int(heartbeat) < 1:
+        raise ValueError(f"EMBER_HEARTBEAT_TIMEOUT must be a positive number of seconds, got {heartbeat!r}.")
+    jax.config.update("jax_enable_recoverability", True)
+    jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=int(heartbeat))
+    return kwargs
+
+
+def end_together(status: int = 0) -> None:
+    """End every process of the run together, once all have finished it, with ``status``; in one process, return.
+
+    With JAX's recoverability on, the runtime no longer holds the processes together at exit, and its shutdown
+    races with the CPU collectives' own calls to the coordination service (process 0 was seen aborting there). So
+    each process waits at the coordination service's barrier (at most ``END_TIMEOUT`` seconds), flushes its output,
+    and ends without the runtime's shutdown call; process 0, which hosts the service, ends last.
+
+    Examples:
+        >>> from ember.cli._distributed import end_together
+        >>> end_together()  # one process: returns at once
+    """
+    import time
+
+    import jax
+
+    from ember._multiprocess import coordination_client
+
+    client = coordination_client()
+    if client is None:
+        return
+    client.wait_at_barrier("ember: end of the run", int(END_TIMEOUT * 1000))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if jax.process_index() == 0:
+        time.sleep(1.0)  # the others are gone before the service is
+    os._exit(status)
