@@ -241,3 +241,15 @@ def test_handler_costs_benchmark_reports_cpu_time_per_handler_and_thread():
     assert any(line.startswith("Evaluate | ") for line in lines), out
     assert any(line.startswith("every handler together | ") for line in lines), out
     assert any(line.startswith("MainThread | ") for line in lines[lines.index("by thread | µs per step") :]), out
+
+
+def test_step_program_fingerprints_each_configuration_the_same_way_twice():
+    """Four configurations, each a program's length and fingerprint; a second run prints the very same lines."""
+    first = run_benchmark("step_program.py", timeout=300)
+    lines = first.splitlines()[1:]
+    assert len(lines) == 4
+    for line, precision in zip(lines, ("32-true", "16-mixed", "bf16-mixed", "32-true"), strict=True):
+        assert re.fullmatch(
+            rf"{precision}, accumulate \d, remat \S+, guard (True|False) +\d+ lines  [0-9a-f]{{16}}", line
+        )
+    assert run_benchmark("step_program.py", timeout=300) == first
