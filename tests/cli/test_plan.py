@@ -63,6 +63,20 @@ def test_a_precision_and_a_budget_too_small(capsys):
     assert " of 1000 B per device" in out
 
 
+def test_without_a_budget_on_a_device_that_reports_no_limit_it_names_the_flag(capsys):
+    """CPU reports no memory limit: each plan says so in plain words and the last line names --memory, no Python."""
+    assert main(["plan", "model.name=mlp"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    verdicts = [line for line in lines if line.startswith("needs ")]
+    assert len(verdicts) == 2
+    for verdict in verdicts:
+        assert re.fullmatch(
+            r"needs [\d.]+ (KiB|MiB) per device \(no memory limit known here: plan with a budget to compare\)", verdict
+        )
+    assert lines[-1] == "This device reports no memory limit: --memory 8GiB (say) compares the plans with a budget."
+    assert "memory=" not in "\n".join(lines)
+
+
 def test_a_size_that_is_not_one_is_refused(capsys):
     with pytest.raises(SystemExit) as exited:  # argparse's usage error
         main(["plan", "--memory", "8x"])

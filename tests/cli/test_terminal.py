@@ -5,6 +5,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -16,8 +17,11 @@ from tests.subprocesses import ROOT
 BAR = re.compile(r"Epoch \[(\d)/2\]: \[(\d+)/22\] +(\d+)%\|")  # Ignite's bar: "Epoch [1/2]: [22/22] 100%|"
 
 
-def in_a_terminal(args, timeout=240.0):
-    """Run ``python -m ember.cli *args`` with a 100-column pseudo-terminal as its stdout and stderr; all it drew."""
+def in_a_terminal(args, timeout=240.0, interrupt_at=None):
+    """Run ``python -m ember.cli *args`` with a 100-column pseudo-terminal as its stdout and stderr; all it drew.
+
+    ``interrupt_at``: once the terminal shows this text, Ctrl-C (SIGINT) is sent, as a terminal sends it.
+    """
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -40,6 +44,9 @@ def in_a_terminal(args, timeout=240.0):
             if not chunk:
                 break
             drawn += chunk
+            if interrupt_at is not None and interrupt_at.encode() in drawn:
+                proc.send_signal(signal.SIGINT)
+                interrupt_at = None
     finally:
         proc.kill() if proc.poll() is None else None
         proc.wait(timeout=30)
@@ -102,3 +109,25 @@ def test_a_batch_log_gets_one_line_an_epoch_and_no_bar_frames(tmp_path):
     ]
     assert lines[3].startswith("Done: 2 epochs, 44 iterations in ")
     assert len(lines) == 4
+
+
+def test_ctrl_c_prints_one_plain_line_on_its_own_below_the_bar(tmp_path):
+    """Ctrl-C once the first epoch's line is out, in a long run: one line says where it stopped, nothing else.
+
+    The line stands on its own, after the bar's or the epoch's; no logging line, no traceback.
+    """
+    status, drawn = in_a_terminal(
+        ["train", "--output", str(tmp_path / "run"), "trainer.max_epochs=200"], interrupt_at="epoch   1  iteration"
+    )
+    assert status == 130, drawn[-3000:]
+    lines = drawn.split("\r\n")
+    assert lines[-1] == "", drawn
+    assert re.fullmatch(
+        r"Stopped at iteration \d+ \(Ctrl-C\), the checkpoint saved; run the same command to resume\. "
+        r"Best val accuracy 0\.\d{4}\. Run folder: .*",
+        lines[-2],
+    ), drawn
+    assert sum("Stopped" in line for line in lines) == 1, drawn
+    assert "Signal" not in drawn, drawn
+    assert "Traceback" not in drawn, drawn
+    assert re.search(r"Epoch \[\d+/200\]: |^epoch +\d+ +iteration", lines[-3]), drawn  # a bar or an epoch's line

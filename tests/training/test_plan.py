@@ -70,7 +70,7 @@ def test_a_step_over_budget_does_not_fit_and_says_by_how_much():
 def test_without_a_budget_on_cpu_the_plan_says_no_limit_is_known():
     plan = _trainer().plan(BATCH)
     assert (plan.limit, plan.fits) == (None, None)
-    assert plan.verdict().endswith("per device (no memory limit known: pass memory=, or --memory on the command line)")
+    assert plan.verdict().endswith("per device (no memory limit known here: plan with a budget to compare)")
 
 
 def test_k_steps_per_call_plan_the_k_step_call():

@@ -46,12 +46,15 @@ def plan_run(
     trainer = build_trainer(cfg, sample, lazy=True)
     evaluator = create_evaluator(trainer, predict, placement=trainer.placement, precision=cfg.trainer.precision)
     val_batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype), next(iter(val)))
+    train_plan = trainer.plan(batch, memory=memory)
     lines = [
         f"ember plan: {jax.default_backend()}, placement {type(trainer.placement).__name__}, "
         f"precision {cfg.trainer.precision}, {cfg.trainer.steps_per_call} step(s) per call",
-        str(trainer.plan(batch, memory=memory)),
+        str(train_plan),
         str(evaluator.plan(val_batch, memory=memory)),
     ]
+    if train_plan.limit is None:
+        lines.append("This device reports no memory limit: --memory 8GiB (say) compares the plans with a budget.")
     if max_batch:
         found = trainer.max_batch(batch, memory=memory, multiple_of=multiple_of * trainer.placement.n_devices)
         lines.append(

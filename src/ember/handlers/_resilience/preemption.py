@@ -103,7 +103,7 @@ class Preemption:
             if self._cut_short and trainer.last_event_name is Events.EPOCH_COMPLETED:
                 trainer.mark_epoch_incomplete()  # the resumed run fires it again: the evaluation runs whole
             self.saved = self.checkpoint.save_now(trainer)
-            log.warning(
+            log.info(  # the run's own caller says it stopped (ember train's closing line); logging says it at INFO
                 "Signal %s: saved %s at iteration %d; stopping.",
                 self.requested if self.requested is not None else "on another process",
                 self.saved.path.name,

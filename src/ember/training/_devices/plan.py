@@ -83,10 +83,7 @@ class MemoryPlan:
             'fits: needs 3.50 GiB of 4.00 GiB per device'
         """
         if self.limit is None:
-            return (
-                f"needs {_size(self.peak)} per device (no memory limit known: pass memory=, or --memory on the "
-                "command line)"
-            )
+            return f"needs {_size(self.peak)} per device (no memory limit known here: plan with a budget to compare)"
         word = "fits" if self.fits else "does not fit"
         return f"{word}: needs {_size(self.peak)} of {_size(self.limit)} per device"
 
