@@ -255,3 +255,23 @@ def test_precompile_says_where_the_run_compiles_for_itself():
     debug = create_evaluator(t, lambda model, batch: model(batch["x"]), debug=True)
     assert debug.precompile(DATA[0]).result() is False
     assert evaluator(t).precompile(DATA[0]).result() is True
+
+
+def test_an_array_metric_is_left_out_of_a_scalar_writer_said_once_and_the_run_goes_on(tmp_path):
+    """A ConfusionMatrix beside Accuracy, two evaluations into JSONL: accuracy written twice, the matrix named once."""
+    from ember.metrics import Accuracy, ConfusionMatrix
+
+    trainer = Engine(lambda e, b: b)
+    evaluator = Engine(lambda e, b: {"y_pred": np.eye(3, dtype=np.float32)[[0, 1, 2, 2]], "y": np.array([0, 1, 2, 1])})
+    Accuracy().attach(evaluator, "accuracy")
+    ConfusionMatrix(3).attach(evaluator, "cm")
+    Evaluate(evaluator, [0], writer=JsonlWriter(tmp_path / "m.jsonl"), tag="val").attach(trainer)
+    with pytest.warns(UserWarning, match="leaves out") as said:
+        trainer.run([0, 1], max_epochs=2)
+    assert [str(w.message) for w in said] == [
+        "ScalarLogger leaves out 'val/cm', an array of shape (3, 3): a writer of scalars shows numbers only. Name the "
+        "scalar metrics in metric_names=[...] to log just those."
+    ]
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["val/accuracy"]) for r in rows] == [(2, 0.75), (4, 0.75)]
+    assert all(set(r) == {"step", "time", "val/accuracy"} for r in rows)

@@ -60,6 +60,7 @@ class Evaluate:
         self.history: list[tuple[int, dict[str, Any]]] = []
         self._ahead: Future[bool] | None = None  # the evaluator's step compiling in the background
         self._precompiled = not precompile
+        self._logger: ScalarLogger | None = None
 
     def _start_compiling(self) -> None:
         """At the trainer's STARTED: compile the evaluator's step on a thread of its own, once."""
@@ -79,9 +80,10 @@ class Evaluate:
         self.evaluator.run(self.data)
         self.history.append((trainer.state.iteration, dict(self.evaluator.state.metrics)))
         if self.writer is not None:
-            ScalarLogger(self.writer, tag=self.tag, global_step_transform=lambda *_: trainer.state.iteration)(
-                self.evaluator
-            )
+            if self._logger is None:  # one logger for every evaluation: an array metric it leaves out is said once
+                step = lambda *_: trainer.state.iteration  # noqa: E731
+                self._logger = ScalarLogger(self.writer, tag=self.tag, global_step_transform=step)
+            self._logger(self.evaluator)
 
     def attach(
         self, trainer: Engine, event: Events | FilteredEvent | EventsList = Events.EPOCH_COMPLETED

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
 from ember.handlers._reporting.values import check_names, check_transform, pick
@@ -84,7 +88,8 @@ class ScalarLogger:
     wrapped in converts them on its own thread, so logging never stalls the step. Names get ``tag/`` in front when a tag
     is given (``val/accuracy``); the step is ``global_step_transform(engine, event_name)`` (Ignite's signature), by
     default the engine's iteration; use [`global_step_from_engine`][ember.handlers.global_step_from_engine] to log an
-    evaluator's metrics at the trainer's step.
+    evaluator's metrics at the trainer's step. A value that is an array (a confusion matrix, per-class precision) is
+    left out, with one warning naming it: writers of scalars show numbers only, and the run goes on.
 
     Args:
         writer: any [`Writer`][ember.writers.Writer] (wrapped in an ``AsyncWriter`` if it is not one).
@@ -132,14 +137,31 @@ class ScalarLogger:
         self.output_keys = check_names("output_keys", output_keys)
         self.output_transform = check_transform(output_transform)
         self.global_step_transform = global_step_transform
+        self._skipped: set[str] = set()  # the arrays left out, said once each
 
     def __call__(self, engine: Engine) -> None:
         """Write the chosen values at ``global_step_transform(engine, event_name)`` (the iteration by default)."""
-        values = pick(engine, self.metric_names, self.output_keys, self.tag, self.output_transform)
+        values = self._numbers(pick(engine, self.metric_names, self.output_keys, self.tag, self.output_transform))
         if values:
             transform = self.global_step_transform
             step = transform(engine, engine.last_event_name) if transform is not None else engine.state.iteration
             self.writer.write_scalars(int(step), values)
+
+    def _numbers(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The values that are one number; an array (a confusion matrix, per-class values) is left out, said once."""
+        kept = {}
+        for name, value in values.items():
+            shape = np.shape(value)  # a device array's own shape: nothing is read from the device
+            if math.prod(shape) == 1:
+                kept[name] = value
+            elif name not in self._skipped:
+                self._skipped.add(name)
+                warnings.warn(
+                    f"ScalarLogger leaves out {name!r}, an array of shape {shape}: a writer of scalars shows numbers "
+                    "only. Name the scalar metrics in metric_names=[...] to log just those.",
+                    stacklevel=3,
+                )
+        return kept
 
     def attach(
         self, engine: Engine, event: Events | FilteredEvent | EventsList = Events.EPOCH_COMPLETED
