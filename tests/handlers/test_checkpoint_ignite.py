@@ -166,3 +166,29 @@ def test_load_objects_from_a_missing_folder_creates_nothing(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"No valid checkpoint in .*nowhere to load from: there is no such"):
         Checkpoint.load_objects({"trainer": Engine(lambda e, b: b)}, tmp_path / "nowhere")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_checkpoint_into_the_folder_an_attached_one_writes_is_refused_at_attach(tmp_path):
+    """A notebook cell run twice on one trainer: refused in one line naming the folder.
+
+    Once every attachment of the first is removed the new one attaches; another folder, or the same handler on a second
+    event, is fine.
+    """
+    trainer = Engine(lambda e, b: b)
+    first = Checkpoint({"trainer": trainer}, tmp_path / "ckpt")
+    handle = first.attach(trainer)
+    again = Checkpoint({"trainer": trainer}, tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="Another Checkpoint") as refused:
+        again.attach(trainer)
+    assert str(refused.value) == (
+        f"Another Checkpoint attached to this engine writes into {tmp_path / 'ckpt'}: remove it first "
+        "(handle.remove() on the handle its attach returned), or give this one another folder."
+    )
+    Checkpoint({"trainer": trainer}, tmp_path / "other").attach(trainer)
+    second = first.attach(trainer, Events.COMPLETED)  # the same handler on a second event
+    handle.remove()
+    with pytest.raises(ValueError, match="Another Checkpoint"):  # its second attachment still holds the folder
+        again.attach(trainer)
+    second.remove()
+    again.attach(trainer)
+    assert again.attach(Engine(lambda e, b: b)) is not None  # another engine: its own folders

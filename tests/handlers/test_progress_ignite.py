@@ -81,3 +81,23 @@ def test_events_it_cannot_move_on_are_named():
         ProgressBar().attach(Engine(lambda e, b: b), event_name=Events.EPOCH_STARTED)
     with pytest.raises(TypeError, match=re.escape("`state_attributes` must be a sequence of state attribute names")):
         ProgressBar().attach(Engine(lambda e, b: b), state_attributes="alpha")  # type: ignore[arg-type]
+
+
+def test_a_bar_attached_again_replaces_the_first_of_its_kind_and_another_kind_stays():
+    """A notebook cell run twice: the second iteration bar replaces the first, with one warning.
+
+    Ignite's epoch bar beside them stays, with no warning.
+    """
+    first_out, second_out, epochs_out = io.StringIO(), io.StringIO(), io.StringIO()
+    engine = Engine(lambda e, b: {"loss": b})
+    ProgressBar(file=first_out, persist=True, mininterval=0).attach(engine, output_keys=["loss"])
+    ProgressBar(file=epochs_out, persist=True, mininterval=0).attach(
+        engine, event_name=Events.EPOCH_COMPLETED, closing_event_name=Events.COMPLETED
+    )
+    with pytest.warns(UserWarning, match="bar of the same kind is replaced") as said:
+        ProgressBar(file=second_out, persist=True, mininterval=0).attach(engine, output_keys=["loss"])
+    assert len(said) == 1
+    engine.run([0.5, 0.25], max_epochs=2)
+    assert first_out.getvalue() == ""  # the replaced bar draws nothing
+    assert [f for f in frames(second_out) if "100%" in f][-1].startswith("Epoch [2/2]: [2/2] 100%")
+    assert frames(epochs_out)[-1].startswith("Epochs[2/2] 100%")

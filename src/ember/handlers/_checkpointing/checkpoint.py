@@ -11,6 +11,7 @@ from typing import Any, Literal
 from ember.checkpoint import CheckpointInfo
 from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, Stateful, collect_handles
+from ember.handlers._attached import hold, holder
 from ember.handlers._checkpointing.checkpoint_args import check_arguments, destination, needs_store, writing
 from ember.handlers._checkpointing.checkpoint_events import CheckpointEvents, announce_saved, registered
 from ember.handlers._checkpointing.checkpoint_files import StoreWriting
@@ -425,7 +426,8 @@ class Checkpoint:
         one is committed, so the training thread waits for neither; COMPLETED waits for the last save. Attached to an
         evaluator's COMPLETED, each save is finished before the evaluator's run returns, unless that run was started
         from another engine's handler (``Evaluate`` on a trainer): then the trainer goes on while the save is written,
-        its iterations surface a failed write, and its COMPLETED waits for the last one.
+        its iterations surface a failed write, and its COMPLETED waits for the last one. Another `Checkpoint` attached
+        to the same engine and writing into the same folder is refused (a notebook cell run again): remove it first.
 
         Examples:
             >>> import tempfile
@@ -435,7 +437,15 @@ class Checkpoint:
             >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
             >>> _ = saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
         """
+        folder = getattr(self.store, "root", None)
+        if folder is not None and holder(engine, folder) not in (None, self):
+            raise ValueError(
+                f"Another Checkpoint attached to this engine writes into {folder}: remove it first (handle.remove() on "
+                "the handle its attach returned), or give this one another folder."
+            )
         with collect_handles() as made:
+            if folder is not None:
+                hold(engine, folder, self, made)
             registered(engine)
             engine.add_event_handler(event, self)
             if self._writing is not None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from ember._extras import missing
 from ember.engine import Engine, Events, FilteredEvent, RemovableEventHandle, collect_handles
+from ember.handlers._attached import hold, holder, let_go
 from ember.handlers._reporting.values import check_names, check_transform, pick
 from ember.writers import is_primary_process
 from ember.writers._async import start_host_copy
@@ -255,7 +256,9 @@ class ProgressBar:
         ``closing_event_name=Events.COMPLETED``, one bar over the epochs is drawn (``epoch_bar=True,
         iteration_bar=False``); ``state_attributes`` adds ``engine.state`` attributes by name. Returns one handle
         whose ``remove()`` takes the bars away (Ignite's ``attach`` returns ``None``; code written for it is
-        unaffected). Only process 0 of a multi-process run draws; elsewhere the handle removes nothing.
+        unaffected). Only process 0 of a multi-process run draws; elsewhere the handle removes nothing. A bar attached
+        where one of the same kind (iteration bar, epoch bar) is attached already replaces it, with a warning: a
+        notebook cell run again does not draw every bar twice.
 
         Examples:
             >>> from ember import Engine
@@ -268,7 +271,15 @@ class ProgressBar:
         self._transform = check_transform(output_transform)
         self._attributes = _attribute_names(state_attributes)
         moves = self._moves(event_name, closing_event_name)
+        kind = ("ProgressBar", self.epoch_bar, self.iteration_bar)  # one bar of each kind per engine
+        if holder(engine, kind) not in (None, self):
+            let_go(engine, kind)
+            warnings.warn(
+                "ProgressBar: this engine's bar of the same kind is replaced by this one (a cell run again?).",
+                stacklevel=2,
+            )
         with collect_handles() as made:
+            hold(engine, kind, self, made)
             if is_primary_process():
                 engine.add_event_handler(Events.STARTED, self._started)
                 if self.iteration_bar:
