@@ -137,7 +137,7 @@ def test_inspect_and_plot(default_run, capsys):
     png = default_run / "curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     width = int.from_bytes(png.read_bytes()[16:20], "big")
-    assert width == 4 * 500  # train, learning rate, val, and where the wall time went (goodput.jsonl)
+    assert width == 4 * 500  # loss, learning rate, accuracy, and where the wall time went (goodput.jsonl)
     assert main(["goodput", str(default_run)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0] == f"{default_run}: 1 run"
@@ -250,15 +250,15 @@ def test_inspect_reads_a_run_folder_as_a_run(default_run, capsys):
         assert out.err == ""
 
 
-def test_plot_gives_the_learning_rate_a_panel_of_its_own(default_run):
-    """The train/lr that `ember train` logs gets a panel of its own in the plot, not the loss's axis."""
+def test_plot_gives_each_unit_an_axis_of_its_own(default_run):
+    """What `ember train` logs: the two losses share an axis; the accuracy and the learning rate each have their own."""
     from ember.cli._plot import panels
 
     logged = {k for line in (default_run / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
     assert panels(logged - {"step", "time"}) == {
-        "train": ["train/loss"],
+        "loss": ["train/loss", "val/loss"],
         "learning rate": ["train/lr"],
-        "val": ["val/accuracy", "val/loss"],
+        "accuracy": ["val/accuracy"],
     }
 
 

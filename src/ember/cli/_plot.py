@@ -14,8 +14,8 @@ from ember._ledger_file import CATEGORIES, read_records, totals
 def plot_run(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | None = None) -> Path:
     """Draw a run's scalars against the step into a PNG; return its path.
 
-    Every scalar in ``run_dir/metrics.jsonl`` gets a line, one panel per name prefix (``train/...``,
-    ``val/...``) and one for learning rates, whose scale is not the loss's (`panels`); a run with a goodput ledger
+    Every scalar in ``run_dir/metrics.jsonl`` gets a line, one panel per unit: the losses of training and validation
+    on one axis, the accuracy on its own, the learning rates on theirs (`panels`); a run with a goodput ledger
     (``goodput.jsonl``) gets a last panel of where its wall time went. The PNG is ``run_dir/curves.png`` unless
     ``output`` says otherwise.
 
@@ -88,23 +88,21 @@ def curves(lines: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
 
 
 def panels(names: Iterable[str]) -> dict[str, list[str]]:
-    """Which scalars share a panel: one per name prefix (``train``, ``val``), learning rates apart.
+    """Which scalars share a panel, and so an axis: those of one unit, named by the last part of their names.
+
+    ``train/loss`` and ``val/loss`` go together, ``val/accuracy`` apart, the learning rates together.
 
     Examples:
         >>> from ember.cli._plot import panels
         >>> for title, names in panels(["train/loss", "train/lr", "val/accuracy", "val/loss", "time"]).items():
         ...     print(title, names)
-        scalars ['time']
-        train ['train/loss']
+        time ['time']
+        loss ['train/loss', 'val/loss']
         learning rate ['train/lr']
-        val ['val/accuracy', 'val/loss']
+        accuracy ['val/accuracy']
     """
     groups: dict[str, list[str]] = {}
     for name in sorted(names):
         last = name.rsplit("/", 1)[-1]
-        if last in ("lr", "learning_rate"):
-            group = "learning rate"
-        else:
-            group = name.split("/", 1)[0] if "/" in name else "scalars"
-        groups.setdefault(group, []).append(name)
+        groups.setdefault("learning rate" if last in ("lr", "learning_rate") else last, []).append(name)
     return groups
