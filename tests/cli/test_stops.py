@@ -108,6 +108,9 @@ def test_a_stalled_run_exits_75_with_its_stacks_in_the_run_folder_and_the_relaun
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=100, check=False)
     assert first.returncode == 75, first.stderr[-3000:]
+    assert (
+        first.stdout.splitlines()[1] == "Watching: a stall watchdog (an iteration within 2 s, the first within 120 s)."
+    )
     report = (tmp_path / "run" / "stall-process0.txt").read_text()
     assert report.startswith("ember: StallWatchdog: no iteration (step_timeout=2) completed in time. Process 0 of 1")
     assert re.search(r'File ".*hanging\.py", line \d+ in __iter__', report)
@@ -187,3 +190,17 @@ def test_a_run_whose_every_update_is_skipped_stops_with_status_1_naming_the_reas
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     skips = [(r["step"], r["train/skipped_steps"]) for r in logged if "train/skipped_steps" in r]
     assert skips == [(5, 4), (10, 9), (15, 14), (20, 19)]  # every skip is counted in the logs
+
+
+def test_the_first_line_names_the_guards_spike_factor_and_its_rollback():
+    from types import SimpleNamespace
+
+    from ember.cli._config import load_config
+    from ember.cli._run_course import runs_on
+    from ember.training import SingleDevice
+
+    cfg = load_config(None, ["trainer.skip_nonfinite=true", "trainer.spike_factor=4", "trainer.rollback_after=3"])
+    assert runs_on(SimpleNamespace(placement=SingleDevice()), cfg).endswith(
+        "precision float32. Updates with a non-finite loss or gradients, or a spike past 4 times their average, are "
+        "skipped, rolled back after 3 in a row."
+    )

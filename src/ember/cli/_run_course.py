@@ -32,10 +32,41 @@ def runs_on(trainer: Any, cfg: Config) -> str:
     precision = _PRECISION_WORDS[cfg.trainer.precision]
     line = f"Training on {jax.default_backend()}: {where}, placement {chosen}, precision {precision}."
     if cfg.trainer.skip_nonfinite:
-        rollback = cfg.trainer.rollback_after
+        rollback, spike = cfg.trainer.rollback_after, cfg.trainer.spike_factor
+        spikes = f", or a spike past {spike:g} times their average," if spike is not None else ""
         back = f", rolled back after {rollback} in a row" if rollback is not None else ""
-        return f"{line} Updates with a non-finite loss or gradients are skipped{back}."
+        return f"{line} Updates with a non-finite loss or gradients{spikes} are skipped{back}."
     return line
+
+
+def watching(cfg: Config, run_dir: Any) -> str | None:
+    """The run's second line, when it has more than the stock handlers: the stall watchdog and the checkpoint tiers.
+
+    Examples:
+        >>> from ember.cli._config import load_config
+        >>> cfg = load_config(None, ["handlers.stall={step_timeout: 60}", "handlers.checkpoint.fast_dir=/dev/shm"])
+        >>> for part in watching(cfg, "runs/digits").split("; "):
+        ...     print(part)
+        Watching: a stall watchdog (an iteration within 60 s, the first within 1800 s)
+        checkpoints in /dev/shm, every 5th also in runs/digits.
+    """
+    said = []
+    stall = cfg.handlers.stall
+    if stall is not None:
+        saves = f", a checkpoint write within {stall.save_timeout:g} s" if stall.save_timeout is not None else ""
+        said.append(
+            f"a stall watchdog (an iteration within {stall.step_timeout:g} s, the first within "
+            f"{stall.startup_timeout:g} s{saves})"
+        )
+    fast = cfg.handlers.checkpoint.fast_dir
+    if fast is not None:
+        every = cfg.handlers.checkpoint.durable_every
+        said.append(f"checkpoints in {fast}, every {_nth(every)} also in {run_dir}")
+    return f"Watching: {'; '.join(said)}." if said else None
+
+
+def _nth(n: int) -> str:
+    return {1: "one", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
 
 
 def logged_outputs(scaled: bool, guarded: bool) -> Any:

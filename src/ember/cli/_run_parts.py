@@ -24,7 +24,7 @@ from ember.cli._registry import (
     check_labels,
 )
 from ember.cli._run_checkpoints import attach_checkpoints, shared_run_id
-from ember.cli._run_course import SKIP_LIMIT, logged_outputs, nan_check, runs_on
+from ember.cli._run_course import SKIP_LIMIT, logged_outputs, nan_check, runs_on, watching
 from ember.cli._verify_resume import KILL_AT
 from ember.handlers import (
     Checkpoint,
@@ -134,6 +134,9 @@ def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console
     if console.primary:
         (run_dir / "config.yaml").write_text(dump_config(cfg, source))
     console.say(runs_on(trainer, cfg))
+    also = watching(cfg, run_dir)
+    if also is not None:
+        console.say(also)
     if isinstance(trainer.placement, Sharded):
         console.say(f"{trainer.placement.summary()}\n{trainer.placement.layout(trainer.state.train_state)}")
     evaluator = create_evaluator(trainer, predict, placement=trainer.placement, precision=cfg.trainer.precision)
