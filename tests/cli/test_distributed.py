@@ -72,6 +72,9 @@ def test_two_processes_train_the_default_config_as_one_process_on_two_devices(tm
     launched = run_python(["-m", "ember.cli", "launch", "-n", "2", "--", *train], env=env)  # as a user runs it
     assert launched.returncode == 0, launched.stderr[-3000:]
     lines = launched.stdout.splitlines()
+    screen = lines + launched.stderr.splitlines()  # the run's own lines only: no blank ones, none of the runtime's
+    assert [line for line in screen if line.strip() in ("[0]", "[1]")] == []
+    assert [line for line in screen if "[Gloo]" in line or ".cc:" in line] == []
     assert [line[4:] for line in lines if line.startswith("[0] epoch ")] == epoch_lines(reference.stdout)
     assert len(epoch_lines(reference.stdout)) == 2
     assert [line for line in lines if line.startswith("[1] epoch ")] == []  # process 1 prints no epoch line

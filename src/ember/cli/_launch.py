@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -62,9 +63,29 @@ def _with_the_launcher(command: Sequence[str]) -> list[str]:
     return [sys.executable, "-c", _SHIM, str(os.getpid()), *command]
 
 
+#: The runtime's own lines, not the run's: Gloo's connection notes, and absl's INFO and WARNING lines from C++
+#: (``W1128 06:20:01.123456  1234 coordination_service.cc:123] ...``); its ERROR and FATAL lines are kept.
+_RUNTIME_LINE = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks|[IW]\d{4} [\d:.]+ +\d+ [\w./-]+:\d+\] ")
+
+
+def shown(line: str) -> bool:
+    """Whether the launcher shows a line of a process's output: not a blank one, nor the runtime's own.
+
+    Examples:
+        >>> from ember.cli._launch import shown
+        >>> shown("epoch   1  iteration    22"), shown("   "), shown("[Gloo] Rank 1 is connected to 1 peer ranks. ")
+        (True, False, False)
+        >>> shown("W1128 06:20:01.123456  4242 coordination_service.cc:1203] Use error polling to propagate errors")
+        False
+    """
+    return bool(line.strip()) and _RUNTIME_LINE.match(line) is None
+
+
 def _relay(pipe: IO[str], index: int, out: IO[str], lock: threading.Lock) -> None:
-    """Copy ``pipe`` to ``out`` line by line, each line prefixed with ``[index]``."""
+    """Copy ``pipe`` to ``out`` line by line, each line prefixed with ``[index]``; blank and runtime lines left out."""
     for line in pipe:
+        if not shown(line):
+            continue
         with lock:
             out.write(f"[{index}] {line}")
             out.flush()
@@ -82,13 +103,13 @@ def launch(
     """Run ``count`` processes of ``command`` as one distributed run on this machine; return the run's exit status.
 
     Each process gets `process_environment`; its output comes out line by line, prefixed with ``[index]``, on the
-    launcher's standard output and error. SIGINT and SIGTERM sent to the launcher go to every process (each runs in a
-    session of its own, so a Ctrl-C reaches it once). When a process ends with a non-zero status, the others get
-    SIGTERM, then SIGKILL after `GRACE` seconds, and the launcher exits with that first status (128 + the signal for a
-    process a signal the launcher passed on ended, as shells do). A process a signal of its own ended (SIGKILL, the
-    OOM killer) was lost: the launcher says which and exits with `REQUEUE_STATUS` (75), as the survivors'
-    ``ProcessWatchdog`` does, so a scheduler requeues whichever process died. A launcher that is killed takes its
-    processes with it (Linux).
+    launcher's standard output and error, blank lines and the runtime's own notes left out (`shown`). SIGINT and
+    SIGTERM sent to the launcher go to every process (each runs in a session of its own, so a Ctrl-C reaches it
+    once). When a process ends with a non-zero status, the others get SIGTERM, then SIGKILL after `GRACE` seconds,
+    and the launcher exits with that first status (128 + the signal for a process a signal the launcher passed on
+    ended, as shells do). A process a signal of its own ended (SIGKILL, the OOM killer) was lost: the launcher says
+    which and exits with `REQUEUE_STATUS` (75), as the survivors' ``ProcessWatchdog`` does, so a scheduler requeues
+    whichever process died. A launcher that is killed takes its processes with it (Linux).
 
     Args:
         count: how many processes, at least 1.
