@@ -199,6 +199,26 @@ def test_the_engines_logger_is_named_as_ignites_and_logs_its_run(caplog):
     assert [r.getMessage() for r in caplog.records] == ["Engine run is terminating due to exception: division by zero"]
 
 
+def test_an_exception_through_nested_runs_is_logged_once_and_an_empty_message_by_its_type(caplog):
+    """An evaluator's run inside the trainer's (Optuna's pruning, say) logs the exception once, not once per run.
+
+    A KeyboardInterrupt, whose message is empty, is named by its type.
+    """
+    trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: 1 / 0)
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: evaluator.run([1]))
+    with caplog.at_level(logging.ERROR, logger="ember.engine"), pytest.raises(ZeroDivisionError):
+        trainer.run([1])
+    assert [r.getMessage() for r in caplog.records] == ["Engine run is terminating due to exception: division by zero"]
+    caplog.clear()
+
+    def interrupted(engine, batch):
+        raise KeyboardInterrupt
+
+    with caplog.at_level(logging.ERROR, logger="ember.engine"), pytest.raises(KeyboardInterrupt):
+        Engine(interrupted).run([1])
+    assert [r.getMessage() for r in caplog.records] == ["Engine run is terminating due to exception: KeyboardInterrupt"]
+
+
 def test_a_handles_engine_is_a_weak_reference():
     e = Engine(lambda e, b: b)
     handle = e.add_event_handler(Events.STARTED, lambda: None)

@@ -10,6 +10,7 @@ its epochs), `DataPosition` (where it stands in its data), one `Dispatch` per ev
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
@@ -180,7 +181,10 @@ class RunLoop:
             raise
         except BaseException as e:
             self._data.release(failed=True)
-            self.logger.error("Engine run is terminating due to exception: %s", e)
+            if not getattr(e, "_ember_logged", False):  # an evaluator's run inside a trainer's: said once, by the first
+                self.logger.error("Engine run is terminating due to exception: %s", str(e) or type(e).__name__)
+                with contextlib.suppress(AttributeError):  # an exception that takes no attributes is said again
+                    e._ember_logged = True  # type: ignore[attr-defined]  # a mark on the exception object
             self._fire(Events.EXCEPTION_RAISED, st.iteration, e)
             raise
 
