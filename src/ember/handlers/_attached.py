@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Hashable
 from typing import Any
@@ -12,23 +13,21 @@ from ember.engine import Engine
 _HELD: weakref.WeakKeyDictionary[Engine, dict[Hashable, tuple[Any, list[Any]]]] = weakref.WeakKeyDictionary()
 
 
-def holder(engine: Engine, key: Hashable) -> Any:
-    """The handler that holds ``key`` on ``engine`` (attached, not removed since), or ``None``."""
-    return _HELD.get(engine, {}).get(key, (None, []))[0]
-
-
-def let_go(engine: Engine, key: Hashable) -> None:
-    """Remove what holds ``key`` on ``engine``: every registration of each of its attachments."""
-    for made in list(_HELD.get(engine, {}).get(key, (None, []))[1]):
-        made.handle.remove()
-
-
-def hold(engine: Engine, key: Hashable, handler: Any, made: Any) -> None:
+def hold(engine: Engine, key: Hashable, handler: Any, made: Any, *, if_held: str, refuse: bool) -> None:
     """Record that ``handler`` holds ``key`` on ``engine``, until its every attachment holding it is removed.
 
-    ``made`` is the `collect_handles` block of this attachment; its handle's ``remove()`` lets go of the key.
+    Call it first in the `collect_handles` block ``made`` of the attachment; its handle's ``remove()`` lets go of the
+    key. Where another handler holds ``key``, ``if_held`` says so: as a `ValueError` with ``refuse`` (nothing is
+    attached), else as a warning, the other handler's attachments removed and this one taking its place.
     """
     held = _HELD.setdefault(engine, {})
+    other, attachments = held.get(key, (None, []))
+    if other is not None and other is not handler:
+        if refuse:
+            raise ValueError(if_held)
+        for attachment in list(attachments):
+            attachment.handle.remove()
+        warnings.warn(if_held, stacklevel=3)
     attachments = held.setdefault(key, (handler, []))[1]
     attachments.append(made)
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from ember.checkpoint import CheckpointInfo
 from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, Stateful, collect_handles
-from ember.handlers._attached import hold, holder
+from ember.handlers._attached import hold
 from ember.handlers._checkpointing.checkpoint_args import check_arguments, destination, needs_store, writing
 from ember.handlers._checkpointing.checkpoint_events import CheckpointEvents, announce_saved, registered
 from ember.handlers._checkpointing.checkpoint_files import StoreWriting
@@ -438,14 +438,13 @@ class Checkpoint:
             >>> _ = saver.attach(trainer, Events.ITERATION_COMPLETED(every=2))
         """
         folder = getattr(self.store, "root", None)
-        if folder is not None and holder(engine, folder) not in (None, self):
-            raise ValueError(
-                f"Another Checkpoint attached to this engine writes into {folder}: remove it first (handle.remove() on "
-                "the handle its attach returned), or give this one another folder."
-            )
         with collect_handles() as made:
             if folder is not None:
-                hold(engine, folder, self, made)
+                held = (
+                    f"Another Checkpoint attached to this engine writes into {folder}: remove it first "
+                    "(handle.remove() on the handle its attach returned), or give this one another folder."
+                )
+                hold(engine, folder, self, made, refuse=True, if_held=held)
             registered(engine)
             engine.add_event_handler(event, self)
             if self._writing is not None:

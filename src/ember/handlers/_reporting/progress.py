@@ -10,7 +10,7 @@ import numpy as np
 
 from ember._extras import missing
 from ember.engine import Engine, Events, FilteredEvent, RemovableEventHandle, collect_handles
-from ember.handlers._attached import hold, holder, let_go
+from ember.handlers._attached import hold
 from ember.handlers._reporting.values import check_names, check_transform, pick
 from ember.writers import is_primary_process
 from ember.writers._async import start_host_copy
@@ -272,14 +272,9 @@ class ProgressBar:
         self._attributes = _attribute_names(state_attributes)
         moves = self._moves(event_name, closing_event_name)
         kind = ("ProgressBar", self.epoch_bar, self.iteration_bar)  # one bar of each kind per engine
-        if holder(engine, kind) not in (None, self):
-            let_go(engine, kind)
-            warnings.warn(
-                "ProgressBar: this engine's bar of the same kind is replaced by this one (a cell run again?).",
-                stacklevel=2,
-            )
         with collect_handles() as made:
-            hold(engine, kind, self, made)
+            replaced = "ProgressBar: this engine's bar of the same kind is replaced by this one (a cell run again?)."
+            hold(engine, kind, self, made, refuse=False, if_held=replaced)
             if is_primary_process():
                 engine.add_event_handler(Events.STARTED, self._started)
                 if self.iteration_bar:
