@@ -255,7 +255,7 @@ def test_plot_gives_each_unit_an_axis_of_its_own(default_run):
     from ember.cli._plot import panels
 
     logged = {k for line in (default_run / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
-    assert panels(logged - {"step", "time"}) == {
+    assert panels(logged - {"step", "time", "hparams", "metrics"}) == {  # less the hyperparameters record
         "loss": ["train/loss", "val/loss"],
         "learning rate": ["train/lr"],
         "accuracy": ["val/accuracy"],
@@ -467,7 +467,7 @@ def test_a_resumed_run_drops_the_logs_of_steps_past_its_checkpoint(tmp_path, cap
 
     config = {
         "trainer": {"max_epochs": 2},
-        "handlers": {"progress": False, "writers": ["jsonl", "csv", "tensorboard"], "log_every": 10},
+        "handlers": {"progress": False, "writers": ["jsonl", "csv", "tensorboard"], "log_every": 10, "histograms": 20},
         "output": str(tmp_path),
     }
     assert train(config)["iterations"] == 44
@@ -475,6 +475,12 @@ def test_a_resumed_run_drops_the_logs_of_steps_past_its_checkpoint(tmp_path, cap
     (tmp_path / "summary.json").unlink()
     assert train(config)["resumed_from"] == 22
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    hparams = [row for row in rows if "hparams" in row]  # the first run's, at step 44, dropped with its steps
+    assert [(r["step"], r["hparams"]["trainer.max_epochs"], r["hparams"]["handlers.histograms"]) for r in hparams] == [
+        (44, 2, 20)
+    ]
+    assert hparams[0]["metrics"] == {k: rows[-2][k] for k in ("val/accuracy", "val/loss")}  # the last evaluation's
+    rows = [row for row in rows if "hparams" not in row]
     logged = sorted((name, row["step"]) for row in rows for name in row if name not in ("step", "time"))
     assert logged == sorted(
         [("train/loss", s) for s in (10, 20, 30, 40)]
@@ -484,8 +490,16 @@ def test_a_resumed_run_drops_the_logs_of_steps_past_its_checkpoint(tmp_path, cap
     csv_rows = (tmp_path / "metrics.csv").read_text().splitlines()
     assert csv_rows[0] == "step,name,value"
     assert len(csv_rows) - 1 == len(logged)
-    starts = [e.step for e in read_events(tmp_path / "tb") if e.HasField("session_log")]
+    events = read_events(tmp_path / "tb")
+    starts = [e.step for e in events if e.HasField("session_log")]
     assert starts == [23]  # TensorBoard's purge mark: steps from 23 in the earlier file are dropped
+    histograms = sorted((v.tag, e.step) for e in events for v in e.summary.value if v.HasField("histo"))
+    layers = sorted({tag for tag, _ in histograms})
+    assert layers == [
+        f"weights/{layer}.{p}" for layer in ("Conv_0", "Conv_1", "Dense_0", "Dense_1") for p in ("bias", "kernel")
+    ]
+    assert histograms == sorted((tag, step) for tag in layers for step in (20, 40, 40))  # 40 again after the resume
+    assert [e.step for e in events for v in e.summary.value if v.tag == "_hparams_/session_start_info"] == [44, 44]
 
 
 def test_precision_and_remat_from_the_config(tmp_path, capsys):

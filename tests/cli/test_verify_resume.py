@@ -18,7 +18,7 @@ def report(how, devices="the same 1 device(s)"):
         f"  optimizer state: 10 arrays equal {how.split(' of ')[0].replace('a relative ', '')}",
         f"  the rest of the state: 2 arrays equal {how.split(' of ')[0].replace('a relative ', '')}",
         "  counters, data position, metrics' and handlers' states: equal",
-        "  logged records: 32 equal, each once",  # the loss and the learning rate of 16 steps
+        "  logged records: 33 equal, each once",  # the loss and the learning rate of 16 steps; the hyperparameters
     ]
 
 

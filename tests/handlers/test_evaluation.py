@@ -18,7 +18,7 @@ from ember.handlers import (
 )
 from ember.metrics import Average
 from ember.training import create_evaluator
-from ember.writers import JsonlWriter
+from ember.writers import CsvWriter, JsonlWriter, MultiWriter, TensorBoardWriter
 from tests.handlers.trainers import DATA, evaluator, trainer
 
 
@@ -155,7 +155,7 @@ def test_common_training_handlers_take_ignites_sampler_output_names_and_pbar_cho
     handlers = setup_common_training_handlers(
         engine, train_sampler=sampler, output_names=["loss", "acc"], with_pbar_on_iters=False, log_every_iters=1
     )
-    handlers["progress"].stream = out
+    handlers["progress"].stream, handlers["progress"].display = out, "bar"  # drawn as on a terminal
     state = engine.run([0.5, 0.25], max_epochs=2)
     assert sampler.epochs == [0, 1]
     assert sorted(state.metrics) == ["acc", "loss"]
@@ -257,21 +257,48 @@ def test_precompile_says_where_the_run_compiles_for_itself():
     assert evaluator(t).precompile(DATA[0]).result() is True
 
 
-def test_an_array_metric_is_left_out_of_a_scalar_writer_said_once_and_the_run_goes_on(tmp_path):
-    """A ConfusionMatrix beside Accuracy, two evaluations into JSONL: accuracy written twice, the matrix named once."""
+def test_an_array_metric_goes_to_writers_that_show_arrays_the_others_say_so_once(tmp_path, caplog):
+    """A ConfusionMatrix beside Accuracy, two evaluations, and the run goes on.
+
+    JSONL records the matrix as a nested list, TensorBoard as a table; CSV leaves it out and says so once; accuracy
+    reaches all three.
+    """
     from ember.metrics import Accuracy, ConfusionMatrix
+    from tests.writers.tb_reader import read_events, read_scalars
 
     trainer = Engine(lambda e, b: b)
     evaluator = Engine(lambda e, b: {"y_pred": np.eye(3, dtype=np.float32)[[0, 1, 2, 2]], "y": np.array([0, 1, 2, 1])})
     Accuracy().attach(evaluator, "accuracy")
     ConfusionMatrix(3).attach(evaluator, "cm")
-    Evaluate(evaluator, [0], writer=JsonlWriter(tmp_path / "m.jsonl"), tag="val").attach(trainer)
-    with pytest.warns(UserWarning, match="leaves out") as said:
+    writer = MultiWriter(
+        [JsonlWriter(tmp_path / "m.jsonl"), CsvWriter(tmp_path / "m.csv"), TensorBoardWriter(tmp_path)]
+    )
+    Evaluate(evaluator, [0], writer=writer, tag="val").attach(trainer)
+    with caplog.at_level(logging.WARNING, logger="ember.writers"):
         trainer.run([0, 1], max_epochs=2)
-    assert [str(w.message) for w in said] == [
-        "ScalarLogger leaves out 'val/cm', an array of shape (3, 3): a writer of scalars shows numbers only. Name the "
-        "scalar metrics in metric_names=[...] to log just those."
+    assert [r.getMessage() for r in caplog.records if r.name == "ember.writers"] == [
+        "CsvWriter leaves out 'val/cm', an array of shape (3, 3): it shows numbers only (TensorBoardWriter shows "
+        "arrays as tables, JsonlWriter records them)."
     ]
+    cm = [[1, 0, 0], [0, 1, 1], [0, 0, 1]]
     rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["val/accuracy"]) for r in rows] == [(2, 0.75), (4, 0.75)]
-    assert all(set(r) == {"step", "time", "val/accuracy"} for r in rows)
+    assert [{k: v for k, v in r.items() if k != "time"} for r in rows] == [
+        {"step": 2, "val/accuracy": 0.75},
+        {"step": 2, "array": {"val/cm": cm}},
+        {"step": 4, "val/accuracy": 0.75},
+        {"step": 4, "array": {"val/cm": cm}},
+    ]
+    assert (tmp_path / "m.csv").read_text().splitlines() == [
+        "step,name,value",
+        "2,val/accuracy,0.75",
+        "4,val/accuracy,0.75",
+    ]
+    assert read_scalars(tmp_path) == {"val/accuracy": [(2, 0.75), (4, 0.75)]}
+    tables = [
+        (e.step, v.tensor.string_val[0].decode())
+        for e in read_events(tmp_path)
+        for v in e.summary.value
+        if v.tag.startswith("val/cm")
+    ]
+    table = "| | 0 | 1 | 2 |\n|---|---|---|---|\n| **0** | 1 | 0 | 0 |\n| **1** | 0 | 1 | 1 |\n| **2** | 0 | 0 | 1 |"
+    assert tables == [(2, table), (4, table)]

@@ -60,6 +60,38 @@ def test_each_category_gets_exactly_its_time_and_they_add_up_to_the_wall_time(tm
     assert (record["wall"], record["steps"], record["ended"]) == (21.0, 8, "completed")
 
 
+def test_a_save_inside_a_step_or_an_evaluation_counts_as_checkpoint_only_and_other_stays_zero(tmp_path):
+    """A save blocking 1.5 s at a step's end and 0.5 s at an evaluation's (the best checkpoint's place)."""
+    from ember.handlers import Checkpoint, GoodputLedger
+
+    clock = Clock()
+    trainer, evaluator = Engine(lambda e, b: setattr(clock, "now", clock.now + 1.0)), Engine(lambda e, b: None)
+    saves = Checkpoint({"trainer": trainer}, tmp_path / "checkpoints")
+
+    def blocks(seconds):
+        clock.now += seconds
+        saves.blocked += seconds
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda: blocks(1.5))  # before the ledger's
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: evaluator.run([0]))
+    evaluator.add_event_handler(Events.ITERATION_COMPLETED, lambda: setattr(clock, "now", clock.now + 2.0))
+    evaluator.add_event_handler(Events.COMPLETED, lambda: blocks(0.5))
+    GoodputLedger(tmp_path, clock=clock, started=0.0).attach(trainer, evaluators=[evaluator], checkpoints=[saves])
+    trainer.run([0, 1, 2], max_epochs=1)
+    record = read_records(tmp_path)[-1]
+    assert {k: record[k] for k in CATEGORIES} == {
+        "startup": 0.0,
+        "compilation": 1.0,
+        "productive": 2.0,
+        "data": 0.0,
+        "checkpoint": 2.0,
+        "evaluation": 2.0,
+        "lost": 0.0,
+        "other": 0.0,
+    }
+    assert record["wall"] == 7.0
+
+
 @pytest.mark.parametrize(
     ("writes", "reached"),
     [

@@ -4,7 +4,7 @@
 
 Ignite's frames were recorded with torch 2.13.0 (CPU) and pytorch-ignite 0.5.5 running the same lines on an engine
 whose output is ``{"loss": b, "vec": torch.tensor([1.0, 2.0]), "tag": "hi"}`` over ``[0.5, 0.25]`` for 2 epochs,
-``ProgressBar(file=out, persist=True, mininterval=0)``, ``attach(e, output_transform=lambda o: o,
+``ProgressBar(file=out, display="bar", persist=True, mininterval=0)``, ``attach(e, output_transform=lambda o: o,
 state_attributes=["alpha"])``; its last frame of epoch 1 was
 ``Epoch [1/2]: [2/2] 100%|##########, loss=0.25, vec_0=1, vec_1=2, tag=hi, alpha=0.5 [00:00<00:00]``.
 """
@@ -33,7 +33,7 @@ def _engine():
 def test_ignites_documented_lines_draw_ignites_bar():
     out = io.StringIO()
     engine = _engine()
-    bar = ProgressBar(file=out, persist=True, mininterval=0)
+    bar = ProgressBar(file=out, display="bar", persist=True, mininterval=0)
     bar.attach(engine, output_transform=lambda o: o, state_attributes=["alpha"], event_name=Events.ITERATION_COMPLETED)
     engine.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda: bar.log_message("hello"))
     engine.run([0.5, 0.25], max_epochs=2)
@@ -48,7 +48,7 @@ def test_ignites_documented_lines_draw_ignites_bar():
 def test_a_value_it_cannot_show_warns_once_and_the_rest_are_shown():
     out = io.StringIO()
     engine = Engine(lambda e, b: {"loss": b, "image": np.zeros((2, 2))})
-    ProgressBar(1, stream=out, persist=True, mininterval=0, bar_format="{desc} {n}{postfix}").attach(
+    ProgressBar(1, stream=out, display="bar", persist=True, mininterval=0, bar_format="{desc} {n}{postfix}").attach(
         engine, output_transform=lambda o: o
     )
     with pytest.warns(UserWarning, match=re.escape("ProgressBar cannot show 'image': a value of shape (2, 2)")) as w:
@@ -66,14 +66,11 @@ def test_ignites_bar_over_the_epochs():
     out = io.StringIO()
     engine = Engine(lambda e, b: b)
     engine.add_event_handler(Events.EPOCH_COMPLETED, lambda e: e.state.metrics.update(acc=e.state.epoch / 10))
-    ProgressBar(file=out, mininterval=0, bar_format="{desc} {n}/{total}{postfix}").attach(
+    ProgressBar(file=out, display="bar", mininterval=0, bar_format="{desc} {n}/{total}{postfix}").attach(
         engine, metric_names=["acc"], event_name=Events.EPOCH_COMPLETED, closing_event_name=Events.COMPLETED
     )
     engine.run([1, 2], max_epochs=3)
-    assert (
-        frames(out)
-        == ["Epochs 0/3", "Epochs 0/3", "Epochs 1/3, acc=0.1", "Epochs 2/3, acc=0.2"] + ["Epochs 3/3, acc=0.3"] * 2
-    )
+    assert frames(out) == ["Epochs 0/3", "Epochs 1/3, acc=0.1", "Epochs 2/3, acc=0.2"] + ["Epochs 3/3, acc=0.3"] * 2
 
 
 def test_events_it_cannot_move_on_are_named():
@@ -90,12 +87,12 @@ def test_a_bar_attached_again_replaces_the_first_of_its_kind_and_another_kind_st
     """
     first_out, second_out, epochs_out = io.StringIO(), io.StringIO(), io.StringIO()
     engine = Engine(lambda e, b: {"loss": b})
-    ProgressBar(file=first_out, persist=True, mininterval=0).attach(engine, output_keys=["loss"])
-    ProgressBar(file=epochs_out, persist=True, mininterval=0).attach(
+    ProgressBar(file=first_out, display="bar", persist=True, mininterval=0).attach(engine, output_keys=["loss"])
+    ProgressBar(file=epochs_out, display="bar", persist=True, mininterval=0).attach(
         engine, event_name=Events.EPOCH_COMPLETED, closing_event_name=Events.COMPLETED
     )
     with pytest.warns(UserWarning, match="bar of the same kind is replaced") as said:
-        ProgressBar(file=second_out, persist=True, mininterval=0).attach(engine, output_keys=["loss"])
+        ProgressBar(file=second_out, display="bar", persist=True, mininterval=0).attach(engine, output_keys=["loss"])
     assert len(said) == 1
     engine.run([0.5, 0.25], max_epochs=2)
     assert first_out.getvalue() == ""  # the replaced bar draws nothing

@@ -34,19 +34,24 @@ def test_progress_bar_totals_postfix_and_epochs():
     t = trainer()
     RunningAverage(output_transform=lambda o: o["loss"]).attach(t, "loss")
     bar = ProgressBar(
-        2, stream=out, persist=True, epoch_bar=True, mininterval=0, bar_format="{desc} {n}/{total}{postfix}"
+        2,
+        stream=out,
+        display="bar",
+        persist=True,
+        epoch_bar=True,
+        mininterval=0,
+        bar_format="{desc} {n}/{total}{postfix}",
     )
     bar.attach(t, metric_names=["loss"])
     t.run(DATA, max_epochs=2)
     frames = [f.split(", loss=")[0] + (", loss" if ", loss=" in f else "") for f in bar_frames(out)]
-    assert frames == ["Epochs 0/2"] * 2 + [
-        "Epoch [1/2]:  0/4",
+    assert frames == [
+        "Epochs 0/2",
         "Epoch [1/2]:  0/4",
         "Epoch [1/2]:  2/4",  # the first refresh has nothing fetched yet
         "Epoch [1/2]:  4/4, loss",  # the value fetched at iteration 2
         "Epoch [1/2]:  4/4, loss",  # the epoch's end: this iteration's value
         "Epochs 1/2",
-        "Epoch [2/2]:  0/4",
         "Epoch [2/2]:  0/4",
         "Epoch [2/2]:  2/4",
         "Epoch [2/2]:  4/4, loss",
@@ -63,21 +68,20 @@ def test_progress_bar_with_unknown_length_and_nested_evaluator():
     engine = Engine(lambda e, b: {"loss": float(b)})
     inner = Engine(lambda e, b: b)
     engine.add_event_handler(Events.EPOCH_COMPLETED, lambda: inner.run([1, 2, 3]))
-    ProgressBar(1, stream=out, mininterval=0, bar_format="{desc} {n}/{total}{postfix}").attach(
+    ProgressBar(1, stream=out, display="bar", mininterval=0, bar_format="{desc} {n}/{total}{postfix}").attach(
         engine, output_keys=["loss"]
     )
-    ProgressBar(1, stream=out, mininterval=0, desc="Eval", bar_format="{desc} {n}/{total}").attach(inner)
+    ProgressBar(1, stream=out, display="bar", mininterval=0, desc="Eval", bar_format="{desc} {n}/{total}").attach(inner)
     engine.run((x for x in range(3)), max_epochs=1)
     frames = bar_frames(out)
     assert frames == [  # one epoch: Ignite's "Iteration", or the desc given, without "[1/1]"
         "Iteration:  0/None",
-        "Iteration:  0/None",
         "Iteration:  1/None",
         "Iteration:  2/None, loss=0",
         "Iteration:  3/None, loss=1",
-        *("Eval:  0/3", "Eval:  0/3", "Eval:  1/3", "Eval:  2/3", "Eval:  3/3"),
+        *("Eval:  0/3", "Eval:  1/3", "Eval:  2/3", "Eval:  3/3"),
     ]
-    assert out.getvalue().count("\x1b[A") == 6  # drawn on the line below the trainer's bar, then cleared
+    assert out.getvalue().count("\x1b[A") == 5  # drawn on the line below the trainer's bar, then cleared
 
 
 def test_progress_bar_arguments():
@@ -138,7 +142,7 @@ def test_output_transform_names_the_per_step_loss_apart_from_an_evaluators(tmp_p
 def test_progress_bar_shows_what_output_transform_names():
     out = io.StringIO()
     t = trainer()
-    bar = ProgressBar(2, stream=out, mininterval=0, bar_format="{desc} {n}/{total}{postfix}")
+    bar = ProgressBar(2, stream=out, display="bar", mininterval=0, bar_format="{desc} {n}/{total}{postfix}")
     bar.attach(t, output_transform=lambda o: {"batchloss": o["loss"]})
     t.run(DATA)
     assert re.fullmatch(r"Iteration:  4/4, batchloss=[\d.]+", bar_frames(out)[-1])

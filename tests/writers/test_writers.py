@@ -96,19 +96,19 @@ def test_files_tensorboard_and_console_through_one_run_writer(tmp_path):
         w.close()
     assert read_scalars(tmp_path / "tb") == {
         "loss": [(1, 0.5), (2, 0.25), (3, 0.166667), (4, 0.125)],
-        "val/acc": [(1, 0.25), (0, 0.75), (3, 0.75), (0, 0.75)],
+        "val/acc": [(1, 0.25), (2, 0.75), (3, 0.75), (4, 0.75)],  # the final metrics at the last step, not at 0
     }
     assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= tags(tmp_path / "tb")
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r.get("step"), r.get("loss")) for r in rows] == [
         (1, 0.5),
         (2, 0.25),
-        (None, None),
+        (2, None),  # the hyperparameters, at the last step written: a resume before it drops them with it
         (3, 0.5 / 3),
         (4, 0.125),
-        (None, None),
+        (4, None),
     ]
-    assert rows[2] == {"hparams": {"lr": 0.1, "batch": 32}, "metrics": {"val/acc": 0.75}}
+    assert rows[2] == {"step": 2, "hparams": {"lr": 0.1, "batch": 32}, "metrics": {"val/acc": 0.75}}
     assert (tmp_path / "metrics.csv").read_text().splitlines() == [
         "step,name,value",
         "1,loss,0.5",

@@ -19,6 +19,7 @@ from ember.errors import ConfigError
 _POSITIVE = frozenset(
     {"batch_size", "max_epochs", "max_iters", "steps_per_call", "eval_every", "keep_latest", "keep_best"}
     | {"every_iters", "patience", "log_every", "epoch_length", "rollback_after", "durable_every"}
+    | {"histograms"}
 )
 
 #: Text fields that name a folder: an empty one would be the working folder, silently.

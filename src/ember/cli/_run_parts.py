@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import signal
@@ -39,10 +40,13 @@ from ember.handlers import (
     ScalarLogger,
     StallWatchdog,
     TerminateOnNan,
+    WeightsHistHandler,
 )
+from ember.handlers._reporting.display import shown_as
 from ember.metrics import Accuracy, Loss, RunningAverage
 from ember.training import Sharded, TrainState, create_evaluator, create_trainer
 from ember.writers import AsyncWriter, create_run_writer
+from ember.writers._mlflow import flat_settings
 
 
 @dataclass
@@ -58,7 +62,7 @@ class Console:
     def open(cls, cfg: Config, stream: TextIO | None, progress_stream: TextIO | None) -> Console:
         """The console of a run of ``cfg`` printing to ``stream`` (stdout), its bars on ``progress_stream`` (stderr)."""
         out = stream or sys.stdout
-        bar = cfg.handlers.progress and _on_a_terminal(progress_stream or sys.stderr)
+        bar = cfg.handlers.progress and shown_as("auto", progress_stream) != "lines"  # the bar's own decision
         return cls(cast(TextIO, _AboveBars(out)) if bar else out, bar, progress_stream)
 
     def say(self, text: str) -> None:
@@ -171,6 +175,7 @@ def attach_handlers(cfg: Config, engines: Engines, run_dir: Path, console: Conso
         trainer, every
     )
     LRMonitor(writer, tag="train/lr").attach(trainer, every)
+    _attach_tensorboard_tabs(cfg, trainer, evaluator, writer)
     if console.bar:  # before Evaluate: each epoch's bar is finished and cleared before the epoch's line is printed
         bar = ProgressBar(refresh_every=10, persist=True, stream=console.progress_stream, desc="Epoch")
         bar.attach(trainer, metric_names=["loss"])
@@ -198,6 +203,21 @@ def attach_handlers(cfg: Config, engines: Engines, run_dir: Path, console: Conso
             ),
         )
     return Handlers(writer, best, latest, preemption, stopper, nan_guard, skip_limit, accuracies)
+
+
+def _attach_tensorboard_tabs(cfg: Config, trainer: Engine, evaluator: Engine, writer: AsyncWriter) -> None:
+    """The parameters' histograms every ``handlers.histograms`` iterations; the HParams tab at the run's end."""
+    if cfg.handlers.histograms is not None:
+        WeightsHistHandler(writer).attach(trainer, Events.ITERATION_COMPLETED(every=cfg.handlers.histograms))
+    if cfg.handlers.hparams:
+        settings = flat_settings(dataclasses.asdict(cfg)).items()  # HParams takes numbers, bools and text
+        hparams = {k: v if isinstance(v, bool | int | float | str) else str(v) for k, v in settings if k != "output"}
+
+        def record(_: Engine) -> None:  # the last evaluation's numbers: the run's result beside its settings
+            metrics = {f"val/{k}": float(v) for k, v in evaluator.state.metrics.items() if k in ("accuracy", "loss")}
+            writer.write_hparams(hparams, metrics)
+
+        trainer.add_event_handler(Events.COMPLETED, record)
 
 
 def _early_stopping(cfg: Config, trainer: Engine, evaluator: Engine, to_save: dict[str, Any]) -> EarlyStopping | None:
@@ -257,14 +277,6 @@ def _length(data: Any) -> int | None:
         return len(data)
     except TypeError:
         return None
-
-
-def _on_a_terminal(stream: Any) -> bool:
-    """Whether ``stream`` is a terminal (a bar redrawn in place belongs there, not in a log file)."""
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
-        return False
 
 
 class _AboveBars(io.TextIOBase):

@@ -126,6 +126,10 @@ class HandlersConfig:
         default_factory=lambda: ["tensorboard", "jsonl"]
     )
     log_every: int = 50
+    #: every this many iterations a histogram of each parameter (TensorBoard's Histograms tab); ``null``: none.
+    histograms: int | None = None
+    #: the config's hyperparameters in TensorBoard's HParams tab, with the last validation numbers, at the run's end.
+    hparams: bool = True
     #: a StallWatchdog (``{}`` for its defaults); ``null``: none.
     stall: StallConfig | None = None
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ember.writers._histogram import Histogram, histogram
-from ember.writers._writer import Writer, check_outcome, synced
+from ember.writers._writer import Writer, array_writing, check_outcome, synced
 
 _STOP = object()
 
@@ -228,6 +228,12 @@ class AsyncWriter(Writer):
     def write_text(self, step: int, name: str, text: str) -> None:
         """Queue text."""
         self._put(self.writer.write_text, step, name, text)
+
+    def write_array(self, step: int, name: str, array: Any) -> None:
+        """Queue an array; a device array is copied now and read on the thread."""
+        if self.active:
+            (array,) = _own([array])
+        self._put(lambda: array_writing(self.writer)(step, name, np.asarray(array)))
 
     def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
         """Queue hyperparameters."""

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 from ember._atomic_file import fsync_path, replace_file
 from ember.writers._writer import Writer
 
@@ -117,7 +119,10 @@ class JsonlWriter(_FileWriter):
         (3, 0.5)
     """
 
+    _step = 0  # the last step written: write_hparams' record carries it, so a resume before it drops it
+
     def _line(self, record: Mapping[str, Any]) -> None:
+        self._step = max(self._step, record.get("step", 0))
         self._open().write(json.dumps(record) + "\n")
 
     def _keep(self, line: str, step: int) -> bool:
@@ -135,9 +140,13 @@ class JsonlWriter(_FileWriter):
         """Append ``{"step", "time", "text": {name: text}}``."""
         self._line({"step": step, "time": time.time(), "text": {name: text}})
 
+    def write_array(self, step: int, name: str, array: Any) -> None:
+        """Append ``{"step", "time", "array": {name: nested list}}``."""
+        self._line({"step": step, "time": time.time(), "array": {name: np.asarray(array).tolist()}})
+
     def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
-        """Append ``{"hparams": ..., "metrics": ...}``."""
-        self._line({"hparams": dict(hparams), "metrics": dict(metrics or {})})
+        """Append ``{"step", "hparams", "metrics"}``, at the last step written."""
+        self._line({"step": self._step, "hparams": dict(hparams), "metrics": dict(metrics or {})})
 
 
 class CsvWriter(_FileWriter):

@@ -15,15 +15,21 @@ from ember._extras import missing
 from ember.writers._writer import Writer, check_outcome
 
 
-def _flat(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested settings as MLflow params: dotted names, values as text."""
-    out: dict[str, str] = {}
+def flat_settings(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings under dotted names, the leaves as they are (MLflow's params, TensorBoard's HParams).
+
+    Examples:
+        >>> from ember.writers._mlflow import flat_settings
+        >>> flat_settings({"optimizer": {"lr": 0.001, "schedule": None}, "name": "digits"})
+        {'optimizer.lr': 0.001, 'optimizer.schedule': None, 'name': 'digits'}
+    """
+    out: dict[str, Any] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            out.update(_flat(value, f"{name}."))
+            out.update(flat_settings(value, f"{name}."))
         else:
-            out[name] = str(value)
+            out[name] = value
     return out
 
 
@@ -113,7 +119,7 @@ class MlflowWriter(Writer):
 
     def _log_params(self, params: Mapping[str, Any], kept: Mapping[str, str] | None = None) -> None:
         """Log ``params``; those already in the run (``kept``) are not logged again, a changed one becomes a tag."""
-        flat = _flat(params)
+        flat = {k: str(v) for k, v in flat_settings(params).items()}  # MLflow's params are text
         kept = kept or {}
         new = [self._param(k, v) for k, v in flat.items() if k not in kept]
         changed = [self._tag(f"ember.relaunch.{k}", v) for k, v in flat.items() if k in kept and kept[k] != v]
@@ -126,8 +132,10 @@ class MlflowWriter(Writer):
         metrics = [
             self._metric(name, float(value), now, int(step))
             for name, value in values.items()
-            if int(step) not in self._logged.get(name, ())
+            if int(step) not in self._logged.setdefault(name, set())
         ]
+        for name in values:  # a point is logged once: write_hparams' final metrics at a step already logged are not
+            self._logged[name].add(int(step))
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
 
@@ -148,7 +156,7 @@ class MlflowWriter(Writer):
         self.client.log_text(self.run_id, text, f"{name}/step_{int(step):08d}.txt")
 
     def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
-        """The hyperparameters as params; final ``metrics`` as metrics at the last step written."""
+        """The hyperparameters as params; final ``metrics`` at the last step written (but not twice at one step)."""
         self._log_params(hparams, kept=self.client.get_run(self.run_id).data.params)
         if metrics:
             self.write_scalars(self._step, metrics)

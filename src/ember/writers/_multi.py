@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ember.writers._writer import Writer, synced
+from ember.writers._writer import Writer, array_writing, synced
 
 
 class MultiWriter(Writer):
@@ -49,6 +49,11 @@ class MultiWriter(Writer):
         """Fan out [`Writer.write_text`][ember.writers.Writer.write_text]."""
         for w in self.writers:
             w.write_text(step, name, text)
+
+    def write_array(self, step: int, name: str, array: Any) -> None:
+        """Fan out [`Writer.write_array`][ember.writers.Writer.write_array]."""
+        for w in self.writers:
+            array_writing(w)(step, name, array)
 
     def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
         """Fan out [`Writer.write_hparams`][ember.writers.Writer.write_hparams]."""

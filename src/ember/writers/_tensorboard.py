@@ -43,6 +43,29 @@ def events_writer_class() -> Any:
     return EventsWriter
 
 
+def array_table(array: np.ndarray) -> str:
+    """``array`` as a Markdown table (TensorBoard's Text tab draws one): a row per row, a 1-D array as one row.
+
+    An array of more than two dimensions is written as its nested list.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ember.writers._tensorboard import array_table
+        >>> print(array_table(np.array([[5, 1], [0, 4]])))
+        | | 0 | 1 |
+        |---|---|---|
+        | **0** | 5 | 1 |
+        | **1** | 0 | 4 |
+    """
+    if array.ndim > 2:
+        return str(array.tolist())
+    rows = np.atleast_2d(array)
+    head = "| | " + " | ".join(str(j) for j in range(rows.shape[1])) + " |"
+    rule = "|---" * (rows.shape[1] + 1) + "|"
+    body = [f"| **{i}** | " + " | ".join(f"{x:g}" for x in row.tolist()) + " |" for i, row in enumerate(rows)]
+    return "\n".join([head, rule, *body])
+
+
 class TensorBoardWriter(Writer):
     """Writes TensorBoard event files in ``logdir`` (scalars, histograms, images, text, hparams).
 
@@ -75,12 +98,15 @@ class TensorBoardWriter(Writer):
         # The file is opened at the first write, so a run that writes nothing (a relaunch of a finished run)
         # leaves no empty event file behind.
         self._events: Any = None
+        self._step = 0  # the last step written: the final metrics of write_hparams are written there
+        self._curves: dict[str, int] = {}  # each scalar's last step: a final metric already there is not repeated
         self.flush_secs = flush_secs
         self._flushed = time.monotonic()
 
     def _write(self, step: int, summary: Any) -> None:
         from tensorboardX.proto.event_pb2 import Event  # pyright: ignore[reportAttributeAccessIssue]  # generated
 
+        self._step = max(self._step, int(step))
         self._event(Event(summary=summary, step=int(step), wall_time=time.time()))
 
     def _event(self, event: Any) -> None:
@@ -108,6 +134,7 @@ class TensorBoardWriter(Writer):
 
         for name, value in values.items():
             self._write(step, scalar(name, float(value)))
+            self._curves[name] = int(step)
 
     def write_histogram(self, step: int, name: str, values: Any) -> None:
         """A histogram: a [`Histogram`][ember.writers.Histogram] as it is, or an array's over TensorBoard's buckets."""
@@ -143,14 +170,23 @@ class TensorBoardWriter(Writer):
 
         self._write(step, text_summary(name, text))
 
+    def write_array(self, step: int, name: str, array: Any) -> None:
+        """An array as text: a table (rows by columns, as a confusion matrix reads) in TensorBoard's Text tab."""
+        self.write_text(step, name, array_table(np.asarray(array)))
+
     def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
-        """The HParams plugin's record of this run, in this run's file."""
+        """The HParams plugin's record of this run, in this run's file; ``metrics`` as scalars at the last step written.
+
+        At the last step, not at 0: a metric that is also a curve (``val/accuracy``) keeps its curve going forward, and
+        one the curve already has at that step is not written twice (the HParams tab reads the curve's last value).
+        """
         from tensorboardX.summary import hparams as hparams_summaries
 
         scores = {k: float(v) for k, v in (metrics or {}).items()}
+        step = self._step
         for summary in hparams_summaries(dict(hparams), scores):
-            self._write(0, summary)
-        self.write_scalars(0, scores)
+            self._write(step, summary)
+        self.write_scalars(step, {k: v for k, v in scores.items() if self._curves.get(k) != step})
 
     def flush(self) -> None:
         """Put every event written so far on disk."""

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 #: How a run ended, as `Writer.set_outcome` takes it: ran to its end (or a handler ended it), raised, or was
 #: stopped by a signal or Ctrl-C (a relaunch resumes it).
@@ -23,6 +27,11 @@ def synced(writer: Any) -> Callable[[], None]:
     A class that matches the protocol without subclassing it inherits none of its methods.
     """
     return getattr(writer, "sync", writer.flush)
+
+
+def array_writing(writer: Any) -> Callable[[int, str, Any], None]:
+    """``writer.write_array``, or the protocol's (left out, said once) for a writer written before it existed."""
+    return getattr(writer, "write_array", None) or functools.partial(Writer.write_array, writer)
 
 
 @runtime_checkable
@@ -64,6 +73,29 @@ class Writer(Protocol):
 
     def write_text(self, step: int, name: str, text: str) -> None:
         """Record a piece of text at ``step``; ignored unless overridden."""
+
+    def write_array(self, step: int, name: str, array: Any) -> None:
+        """Record an array (a confusion matrix, per-class values) at ``step``.
+
+        A writer that cannot show one leaves it out, and says so once per name (a warning on the ``ember.writers``
+        logger); [`TensorBoardWriter`][ember.writers.TensorBoardWriter] shows it as a table,
+        [`JsonlWriter`][ember.writers.JsonlWriter] records it as a nested list.
+
+        Examples:
+            >>> import numpy as np
+            >>> from ember.writers import ConsoleWriter
+            >>> ConsoleWriter().write_array(3, "val/cm", np.eye(2))  # a console shows numbers: left out, said once
+        """
+        said = vars(self).setdefault("_arrays_left_out", set())
+        if name not in said:
+            said.add(name)
+            logging.getLogger("ember.writers").warning(
+                "%s leaves out %r, an array of shape %s: it shows numbers only (TensorBoardWriter shows arrays as "
+                "tables, JsonlWriter records them).",
+                type(self).__name__,
+                name,
+                np.shape(array),
+            )
 
     def write_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, float] | None = None) -> None:
         """Record the run's hyperparameters (and final metrics); ignored unless overridden."""

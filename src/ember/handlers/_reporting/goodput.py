@@ -81,7 +81,7 @@ class GoodputLedger:
         self._checkpoints: list[Checkpoint] = []
         self._cache = {"hits": 0, "saved": 0.0}
         self._runs = 0
-        self._eval_mark = 0.0
+        self._eval_mark = self._blocked_at_eval = self._blocked_at_mark = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -104,7 +104,7 @@ class GoodputLedger:
         self._begin = self._process_start if self._runs == 1 else now  # a later run() in this process: from now
         self._t["startup"] = now - self._begin
         self._first_iteration = self._iteration = engine.state.iteration
-        self._blocked_at_start = sum(c.blocked for c in self._checkpoints)
+        self._blocked_at_start = self._blocked()
         earlier = [r for r in read_records(self.path.parent) if r.get("last_iteration") is not None]
         if earlier and engine.state.iteration < max(r["last_iteration"] for r in earlier):
             before = max(earlier, key=lambda r: r["last_iteration"])
@@ -120,19 +120,27 @@ class GoodputLedger:
     def _got_batch(self) -> None:
         self._t["data"] += self.clock() - self._mark
 
+    def _blocked(self) -> float:
+        """Seconds the checkpoints have blocked so far: a save inside a step or an evaluation is counted once."""
+        return sum(c.blocked for c in self._checkpoints) if self._checkpoints else 0.0
+
+    def _iteration_started(self) -> None:
+        self._mark, self._blocked_at_mark = self.clock(), self._blocked()
+
     def _iteration_done(self, engine: Engine) -> None:
         now = self.clock()
-        self._t["compilation" if self._steps == 0 else "productive"] += now - self._mark
+        spent = now - self._mark - (self._blocked() - self._blocked_at_mark)  # a save at this event is checkpoint's
+        self._t["compilation" if self._steps == 0 else "productive"] += spent
         self._steps += 1
         self._iteration = engine.state.iteration
         if now - self._last_flush >= self.flush_every:
             self._write()
 
     def _evaluation_started(self) -> None:
-        self._eval_mark = self.clock()
+        self._eval_mark, self._blocked_at_eval = self.clock(), self._blocked()
 
     def _evaluation_done(self) -> None:
-        self._t["evaluation"] += self.clock() - self._eval_mark
+        self._t["evaluation"] += self.clock() - self._eval_mark - (self._blocked() - self._blocked_at_eval)
 
     def _completed(self) -> None:
         self._ended = "completed"
@@ -163,7 +171,7 @@ class GoodputLedger:
         """
         now = self.clock()
         t = dict(self._t)
-        t["checkpoint"] = sum(c.blocked for c in self._checkpoints) - self._blocked_at_start
+        t["checkpoint"] = self._blocked() - self._blocked_at_start
         wall = now - self._begin
         t["other"] = wall - sum(v for k, v in t.items() if k not in ("other", "lost"))
         return {
@@ -213,7 +221,7 @@ class GoodputLedger:
             trainer.add_event_handler(Events.STARTED, self._started)
             trainer.add_event_handler(Events.GET_BATCH_STARTED, self._mark_now)
             trainer.add_event_handler(Events.GET_BATCH_COMPLETED, self._got_batch)
-            trainer.add_event_handler(Events.ITERATION_STARTED, self._mark_now)
+            trainer.add_event_handler(Events.ITERATION_STARTED, self._iteration_started)
             trainer.add_event_handler(Events.ITERATION_COMPLETED, self._iteration_done)
             trainer.add_event_handler(Events.COMPLETED, self._completed)
             trainer.add_event_handler(Events.EXCEPTION_RAISED, self._failed)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,6 +13,7 @@ import numpy as np
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, collect_handles
 from ember.handlers._reporting.values import check_names, check_transform, pick
 from ember.writers import AsyncWriter, Writer
+from ember.writers._writer import array_writing
 
 _async_for: weakref.WeakKeyDictionary[Writer, AsyncWriter] = weakref.WeakKeyDictionary()
 # each async writer's registration on each engine; the loggers that share it each hold a share of its handle
@@ -137,31 +137,23 @@ class ScalarLogger:
         self.output_keys = check_names("output_keys", output_keys)
         self.output_transform = check_transform(output_transform)
         self.global_step_transform = global_step_transform
-        self._skipped: set[str] = set()  # the arrays left out, said once each
 
     def __call__(self, engine: Engine) -> None:
-        """Write the chosen values at ``global_step_transform(engine, event_name)`` (the iteration by default)."""
-        values = self._numbers(pick(engine, self.metric_names, self.output_keys, self.tag, self.output_transform))
+        """Write the chosen values at ``global_step_transform(engine, event_name)`` (the iteration by default).
+
+        A value of one number goes to ``write_scalars``; an array (a confusion matrix, per-class values) to
+        ``write_array``, which a writer that cannot show it leaves out with one note.
+        """
+        values = pick(engine, self.metric_names, self.output_keys, self.tag, self.output_transform)
         if values:
             transform = self.global_step_transform
-            step = transform(engine, engine.last_event_name) if transform is not None else engine.state.iteration
-            self.writer.write_scalars(int(step), values)
-
-    def _numbers(self, values: dict[str, Any]) -> dict[str, Any]:
-        """The values that are one number; an array (a confusion matrix, per-class values) is left out, said once."""
-        kept = {}
-        for name, value in values.items():
-            shape = np.shape(value)  # a device array's own shape: nothing is read from the device
-            if math.prod(shape) == 1:
-                kept[name] = value
-            elif name not in self._skipped:
-                self._skipped.add(name)
-                warnings.warn(
-                    f"ScalarLogger leaves out {name!r}, an array of shape {shape}: a writer of scalars shows numbers "
-                    "only. Name the scalar metrics in metric_names=[...] to log just those.",
-                    stacklevel=3,
-                )
-        return kept
+            step = int(transform(engine, engine.last_event_name) if transform is not None else engine.state.iteration)
+            # a device array's own shape: nothing is read from the device
+            arrays = {name: value for name, value in values.items() if math.prod(np.shape(value)) != 1}
+            if len(arrays) < len(values):
+                self.writer.write_scalars(step, {k: v for k, v in values.items() if k not in arrays})
+            for name, value in arrays.items():
+                array_writing(self.writer)(step, name, value)
 
     def attach(
         self, engine: Engine, event: Events | FilteredEvent | EventsList = Events.EPOCH_COMPLETED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TextIO
@@ -11,6 +12,7 @@ import numpy as np
 from ember._extras import missing
 from ember.engine import Engine, Events, FilteredEvent, RemovableEventHandle, collect_handles
 from ember.handlers._attached import hold
+from ember.handlers._reporting.display import CHOICES, in_a_notebook, shown_as
 from ember.handlers._reporting.values import check_names, check_transform, pick
 from ember.writers import is_primary_process
 from ember.writers._async import start_host_copy
@@ -68,8 +70,13 @@ class ProgressBar:
     the epoch's metrics (already host numbers) are shown. Numbers and strings are shown as they are, a 1-D value as
     ``name_0``, ``name_1``... (Ignite's), anything else is left out with a warning. Totals come from
     ``epoch_length``; data of unknown length gets a bar without a total or ETA. A bar attached to an evaluator
-    while the trainer's is open is drawn below it and removed when the evaluation ends. Only the primary process
-    draws.
+    while the trainer's is open is drawn below it and removed when the evaluation ends. A run resumed mid-epoch gets
+    a bar for the rest of that epoch. Only the primary process draws.
+
+    What is drawn follows where it goes (``display="auto"``): a bar on a terminal; tqdm's widget in a Jupyter
+    notebook (ember's ``notebook`` extra brings ipywidgets; without it, lines and a one-time note); and on a file or
+    a pipe (a batch log under Slurm, CI, ``nohup``) one plain line an epoch, ``Epoch [2/50]: [128/128] 00:06,
+    loss=0.123``, with no carriage returns or escape codes. ``display="bar"``, ``"widget"`` or ``"lines"`` chooses.
 
     Args:
         refresh_every: iterations between refreshes.
@@ -80,6 +87,7 @@ class ProgressBar:
         stream: where to draw (standard error by default); Ignite's ``file=`` is the same.
         desc: the label in front of the bar (Ignite's: ``"Epoch"``, ``"Iteration"`` for one epoch).
         bar_format: tqdm's format; Ignite's by default, ``None`` for tqdm's own.
+        display: ``"auto"`` (by where ``stream`` goes), ``"bar"``, ``"widget"`` (a notebook's) or ``"lines"``.
         tqdm_kwargs: passed to ``tqdm.tqdm`` (``ncols``, ``ascii``, ...).
 
     Examples:
@@ -88,11 +96,21 @@ class ProgressBar:
         >>> from ember.handlers import ProgressBar
         >>> out = io.StringIO()
         >>> engine = Engine(lambda e, b: {"loss": b})
-        >>> bar = ProgressBar(2, stream=out, persist=True, mininterval=0, bar_format="{desc} {n}/{total}{postfix}")
+        >>> bar = ProgressBar(2, stream=out, display="bar", persist=True, mininterval=0,
+        ...                   bar_format="{desc} {n}/{total}{postfix}")
         >>> _ = bar.attach(engine, output_keys=["loss"])
         >>> _ = engine.run([0.5, 0.25, 0.125, 0.0625])
         >>> [frame.strip() for frame in out.getvalue().split(chr(13)) if frame][-3:]  # the postfix lags one refresh
         ['Iteration:  2/4', 'Iteration:  4/4, loss=0.25', 'Iteration:  4/4, loss=0.0625']
+
+        Written to a file (not a terminal), one line an epoch:
+
+        >>> log = io.StringIO()
+        >>> _ = ProgressBar(stream=log).attach(engine := Engine(lambda e, b: {"loss": b}), output_keys=["loss"])
+        >>> _ = engine.run([0.5, 0.25], max_epochs=2)
+        >>> print(log.getvalue(), end="")
+        Epoch [1/2]: [2/2] 00:00, loss=0.25
+        Epoch [2/2]: [2/2] 00:00, loss=0.25
     """
 
     _open: ClassVar[int] = 0  # bars currently drawn by this process, for nesting
@@ -107,10 +125,13 @@ class ProgressBar:
         stream: TextIO | None = None,
         desc: str | None = None,
         bar_format: str | None = IGNITE_FORMAT,
+        display: str = "auto",
         **tqdm_kwargs: Any,
     ) -> None:
         if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 1:
             raise ValueError(f"`refresh_every` must be a positive int, got {refresh_every!r}.")
+        if display not in CHOICES:
+            raise ValueError(f"`display` must be one of {', '.join(map(repr, CHOICES))}; got {display!r}.")
         try:
             # the ignore below: imported to fail early when tqdm is missing
             import tqdm  # noqa: F401  # pyright: ignore[reportUnusedImport]
@@ -125,6 +146,9 @@ class ProgressBar:
         self.refresh_every, self.persist, self.epoch_bar = refresh_every, persist, epoch_bar
         self.iteration_bar = iteration_bar
         self.stream, self.desc, self.bar_format, self.tqdm_kwargs = stream, desc, bar_format, tqdm_kwargs
+        self.display = display
+        self._shown_as = "bar"
+        self._began = 0.0  # when the epoch (or the rest of a resumed one) began, for a line's elapsed time
         self._bar: Any = None
         self._epochs: Any = None
         self._shown = 0
@@ -149,12 +173,16 @@ class ProgressBar:
 
         tqdm.write(message, file=self.stream)
 
-    def _new_bar(self, total: int | None, desc: str, leave: bool) -> Any:
-        from tqdm import tqdm
+    def _new_bar(self, total: int | None, desc: str, leave: bool, initial: int) -> Any:
+        if self._shown_as == "widget":
+            from tqdm.notebook import tqdm
+        else:
+            from tqdm import tqdm
 
         ProgressBar._open += 1
         return tqdm(
             total=total,
+            initial=initial,
             desc=desc,
             leave=leave,
             position=ProgressBar._open - 1,
@@ -169,6 +197,12 @@ class ProgressBar:
             bar.close()
             ProgressBar._open -= 1
 
+    def _lines_to(self) -> TextIO:
+        """Where lines go: the stream given, else standard error (standard output in a notebook: no red boxes)."""
+        import sys
+
+        return self.stream or (sys.stdout if in_a_notebook() else sys.stderr)
+
     def _label(self, engine: Engine) -> str:
         """Ignite's: ``Epoch [2/50]`` (``desc`` for ``Epoch``); a one-epoch run's is ``Iteration`` (or ``desc``)."""
         st = engine.state
@@ -182,21 +216,41 @@ class ProgressBar:
         return values
 
     def _started(self, engine: Engine) -> None:
+        st = engine.state
+        self._shown_as, self._began = shown_as(self.display, self.stream), time.monotonic()  # the stream may be new
+        if self._shown_as == "lines":
+            return
         if self.epoch_bar:
-            st = engine.state
             total = st.max_epochs
             if total is None and st.max_iters is not None and st.epoch_length:  # a max_iters run: its epochs
                 total = -(-st.max_iters // st.epoch_length)
-            self._epochs = self._new_bar(total, "Epochs", leave=True)
-            self._epochs.update(engine.state.epoch)
+            self._epochs = self._new_bar(total, "Epochs", leave=True, initial=st.epoch - _mid_epoch(engine))
+        if self.iteration_bar and _mid_epoch(engine):  # resumed mid-epoch: no EPOCH_STARTED, the rest gets a bar
+            self._epoch_started(engine)
+
+    def _line(self, engine: Engine) -> None:
+        """Lines instead of bars (a log file, a pipe): ``Epoch [2/5]: [64/64] 00:06, loss=0.123``, once an epoch."""
+        from tqdm import tqdm
+
+        st = engine.state
+        values = self._values(engine, self._keys if st.output is not None else ())
+        done = st.iteration - (st.epoch - 1) * st.epoch_length if st.epoch_length else st.iteration
+        shown = ", ".join(
+            f"{k}={v if isinstance(v, str) else tqdm.format_num(v)}" for k, v in postfix(values, self._unshown).items()
+        )
+        elapsed = tqdm.format_interval(time.monotonic() - self._began)
+        line = f"{self._label(engine)}: [{done}/{st.epoch_length or '?'}] {elapsed}"
+        print(line + (f", {shown}" if shown else ""), file=self._lines_to(), flush=True)
 
     def _epoch_started(self, engine: Engine) -> None:
+        self._began = time.monotonic()
+        if self._shown_as == "lines" or not self.iteration_bar:
+            return
         st = engine.state
         nested = ProgressBar._open > (1 if self._epochs is not None else 0)
         label = f"{self._label(engine)}: "  # as Ignite's set_description labels it: "Epoch [2/50]: "
-        self._bar = self._new_bar(st.epoch_length, label, self.persist and not nested)
         self._shown = (st.iteration - (st.epoch - 1) * st.epoch_length) if st.epoch_length else 0
-        self._bar.update(self._shown)
+        self._bar = self._new_bar(st.epoch_length, label, self.persist and not nested, initial=self._shown)
 
     def _refresh(self, engine: Engine) -> None:
         if self._bar is None:
@@ -216,6 +270,9 @@ class ProgressBar:
         self._shown = done
 
     def _epoch_completed(self, engine: Engine) -> None:
+        if self._shown_as == "lines":
+            self._line(engine)
+            return
         shows = self._bar is not None or (self._epochs is not None and not self.iteration_bar)
         # The epoch's metrics are host numbers by now; the output is the epoch's last one.
         now = self._values(engine, self._keys if engine.state.output is not None else ()) if shows else {}
@@ -275,10 +332,18 @@ class ProgressBar:
         with collect_handles() as made:
             replaced = "ProgressBar: this engine's bar of the same kind is replaced by this one (a cell run again?)."
             hold(engine, kind, self, made, refuse=False, if_held=replaced)
+            shown = shown_as(self.display, self.stream)  # a widget that cannot be drawn is said here, at attach
+            if shown == "lines" and self.display == "auto" and in_a_notebook():
+                warnings.warn(
+                    "ProgressBar: this notebook has no ipywidgets, so progress is one line an epoch; for a bar, "
+                    "install ember's `notebook` extra (pip install ipywidgets) and restart the kernel.",
+                    UserWarning,
+                    stacklevel=2,
+                )
             if is_primary_process():
                 engine.add_event_handler(Events.STARTED, self._started)
+                engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
                 if self.iteration_bar:
-                    engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
                     engine.add_event_handler(moves, self._refresh)
                 engine.add_event_handler(Events.EPOCH_COMPLETED, self._epoch_completed)
                 engine.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED | Events.TERMINATE, self._completed)
@@ -299,6 +364,12 @@ class ProgressBar:
                 f"event_name={event_name!r}, closing_event_name={closing!r}."
             )
         return event_name
+
+
+def _mid_epoch(engine: Engine) -> bool:
+    """Whether ``engine`` stands inside an epoch that EPOCH_STARTED will not announce again (a mid-epoch resume)."""
+    st = engine.state
+    return bool(st.epoch_length) and (st.epoch - 1) * st.epoch_length <= st.iteration < st.epoch * st.epoch_length
 
 
 def _attribute_names(state_attributes: Sequence[str] | None) -> tuple[str, ...]:

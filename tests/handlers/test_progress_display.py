@@ -1,0 +1,121 @@
+"""Where the progress goes decides what is drawn: a bar on a terminal, lines in a file, a widget in a notebook."""
+
+import io
+import os
+import pty
+import re
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from ember import Engine, Events
+from ember.handlers import ProgressBar
+from ember.handlers._reporting import display
+from tests.handlers.test_reporting import bar_frames
+
+
+def _engine():
+    engine = Engine(lambda e, b: {"loss": b})
+    engine.add_event_handler(Events.EPOCH_COMPLETED, lambda e: e.state.metrics.update(acc=e.state.epoch / 4))
+    return engine
+
+
+def test_a_file_gets_one_plain_line_an_epoch():
+    """A batch log: no carriage return, no escape code, exactly one line an epoch with the epoch's values."""
+    log = io.StringIO()
+    engine = _engine()
+    ProgressBar(1, stream=log, epoch_bar=True, mininterval=0).attach(engine, metric_names="all", output_keys=["loss"])
+    engine.run([0.5, 0.25, 0.125], max_epochs=2)
+    text = log.getvalue()
+    assert "\r" not in text
+    assert "\x1b" not in text
+    lines = text.splitlines()
+    assert [re.sub(r" 00:0\d,", " T,", line) for line in lines] == [
+        "Epoch [1/2]: [3/3] T, acc=0.25, loss=0.125",
+        "Epoch [2/2]: [3/3] T, acc=0.5, loss=0.125",
+    ]
+
+
+def test_a_terminal_gets_the_bar():
+    """The same bar on a pseudo-terminal draws frames redrawn in place (carriage returns)."""
+    leader, follower = pty.openpty()
+    try:
+        with os.fdopen(follower, "w", closefd=False) as terminal:
+            assert display.shown_as("auto", terminal) == "bar"
+            engine = _engine()
+            ProgressBar(1, stream=terminal, mininterval=0, ncols=60).attach(engine, output_keys=["loss"])
+            engine.run([0.5, 0.25], max_epochs=1)
+            terminal.flush()
+        drawn = os.read(leader, 65536).decode()
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert "\r" in drawn
+    assert "Iteration: [2/2] 100%" in drawn
+
+
+def test_the_rest_of_an_epoch_resumed_midway_has_a_bar():
+    """A run continued inside an epoch (no EPOCH_STARTED for it) draws that epoch's bar from where it stands."""
+    out = io.StringIO()
+    engine = Engine(lambda e, b: {"loss": b})
+    engine.add_event_handler(Events.ITERATION_COMPLETED(once=6), lambda e: e.terminate(final=False))
+    bar = ProgressBar(1, stream=out, display="bar", epoch_bar=True, mininterval=0, bar_format="{desc} {n}/{total}")
+    bar.attach(engine)
+    engine.run([1, 2, 3, 4], max_epochs=3)
+    out.truncate(0), out.seek(0)
+    engine.run([1, 2, 3, 4], max_epochs=3)
+    assert bar_frames(out) == [
+        "Epochs 1/3",  # one epoch done, the second in progress
+        "Epoch [2/3]:  2/4",  # the rest of epoch 2, from iteration 6
+        "Epoch [2/3]:  3/4",
+        "Epoch [2/3]:  4/4",
+        "Epochs 2/3",
+        "Epoch [3/3]:  0/4",
+        "Epoch [3/3]:  1/4",
+        "Epoch [3/3]:  2/4",
+        "Epoch [3/3]:  3/4",
+        "Epoch [3/3]:  4/4",
+        "Epochs 3/3",
+        "Epochs 3/3",
+    ]
+
+
+def test_a_notebook_without_ipywidgets_gets_lines_on_standard_output_and_one_note(monkeypatch, capsys):
+    monkeypatch.setattr(display, "in_a_notebook", lambda: True)
+    monkeypatch.setattr(display, "widgets_available", lambda: False)
+    monkeypatch.setattr("ember.handlers._reporting.progress.in_a_notebook", lambda: True)
+    engine = _engine()
+    with pytest.warns(UserWarning, match=re.escape("ProgressBar: this notebook has no ipywidgets")) as said:
+        ProgressBar().attach(engine, output_keys=["loss"])
+    assert len(said) == 1
+    engine.run([0.5], max_epochs=1)
+    out, err = capsys.readouterr()
+    assert re.fullmatch(r"Iteration: \[1/1\] 00:0\d, loss=0.5\n", out)
+    assert err == ""
+
+
+def test_a_display_it_does_not_know_or_cannot_draw_is_named():
+    with pytest.raises(ValueError, match=re.escape("`display` must be one of 'auto', 'bar', 'widget', 'lines'; got")):
+        ProgressBar(display="tqdm")
+    with pytest.raises(ValueError, match=re.escape("display='widget' draws tqdm's notebook widget: it needs")):
+        ProgressBar(display="widget").attach(Engine(lambda e, b: b))
+
+
+NOTEBOOK = [
+    "import warnings; warnings.simplefilter('error')",
+    "from ember import Engine\nfrom ember.handlers import ProgressBar\n"
+    "engine = Engine(lambda e, b: {'loss': b})\nhandle = ProgressBar(1).attach(engine, output_keys=['loss'])",
+    "_ = engine.run([0.5, 0.25, 0.125], max_epochs=2)",
+]
+
+
+def test_a_notebook_gets_the_widget_and_no_text_frames():
+    """A notebook run through a real Jupyter kernel (nbclient): the bars are widgets, nothing is drawn as text."""
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in NOTEBOOK])
+    NotebookClient(notebook, timeout=120, kernel_name="python3", startup_timeout=120).execute()
+    outputs = notebook.cells[2].outputs
+    widgets = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(widgets) == 2  # one bar an epoch
+    assert [o for o in outputs if o.output_type == "stream"] == []  # no text frames, no warnings
+    assert [o for o in outputs if o.output_type == "error"] == []
