@@ -44,14 +44,70 @@ def fresh_compilations():
 collect_ignore_glob = ["*_script.py"]
 
 
+# The suite runs on every core (pytest-xdist, `-n auto` in pyproject.toml), a test file to a worker (`--dist
+# loadfile`: a file's module fixtures, a compiled model or an 8-device subprocess, are made once). The files that
+# take longest go first, so no worker is left with one of them at the end while the other idles.
+FIRST = (
+    "tests/test_benchmarks.py",
+    "tests/training/test_sharded.py",
+    "tests/test_examples.py",
+    "tests/cli/test_cli.py",
+    "tests/cli/test_distributed.py",
+    "tests/distributed/test_lost_process.py",
+    "tests/test_docs_blocks.py",
+    "tests/cli/test_trackers.py",
+    "tests/training/test_placement.py",
+    "tests/cli/test_verify_resume.py",
+    "tests/cli/test_records.py",
+    "tests/cli/test_stops.py",
+    "tests/distributed/test_multiprocess_training.py",
+    "tests/data/test_grain.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first (their order above), then the rest in collection order."""
+    rank = {path: i for i, path in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(FIRST)))
+
+
+def _matrix_lines(matrix):
+    return [f"{save} | {point} | {how} | {launches} | yes" for save, point, how, launches in matrix]
+
+
+def pytest_sessionfinish(session):
+    """On a worker: hand the relaunch matrix's cells to the controller, which prints the summary."""
+    import sys
+
+    relaunch = sys.modules.get("tests.handlers.test_relaunch")
+    if hasattr(session.config, "workeroutput") and relaunch is not None:
+        session.config.workeroutput["relaunch_matrix"] = _matrix_lines(relaunch.MATRIX)
+
+
+_WORKER_LINES: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core, at most 4 (each holds JAX and starts 8-device and 2-process runs of its own)."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """On the controller: a worker's relaunch matrix, as it finished."""
+    _WORKER_LINES.extend(getattr(node, "workeroutput", {}).get("relaunch_matrix", []))
+
+
 def pytest_terminal_summary(terminalreporter):
     """Print the relaunch matrix (tests/handlers/test_relaunch.py) for the cells that ran and passed."""
     import sys
 
-    relaunch = sys.modules.get("tests.handlers.test_relaunch")
-    if relaunch is None or not relaunch.MATRIX:
+    relaunch = sys.modules.get("tests.handlers.test_relaunch")  # run in this process (no workers)
+    lines = _matrix_lines(relaunch.MATRIX) if relaunch is not None else _WORKER_LINES
+    if not lines:
         return
     terminalreporter.write_sep("-", "relaunch matrix: cells that passed")
     terminalreporter.write_line("checkpoints at | interrupted at | by | launches to complete | same as uninterrupted")
-    for save, point, how, launches in relaunch.MATRIX:
-        terminalreporter.write_line(f"{save} | {point} | {how} | {launches} | yes")
+    for line in lines:
+        terminalreporter.write_line(line)
