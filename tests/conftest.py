@@ -48,7 +48,9 @@ collect_ignore_glob = ["*_script.py"]
 # loadfile`: a file's module fixtures, a compiled model or an 8-device subprocess, are made once). The files that
 # take longest go first, so no worker is left with one of them at the end while the other idles.
 FIRST = (
-    "tests/test_benchmarks.py",
+    "tests/benchmarks/test_workloads.py",
+    "tests/benchmarks/test_startup.py",
+    "tests/benchmarks/test_host_speed.py",
     "tests/training/test_sharded.py",
     "tests/test_examples.py",
     "tests/cli/test_cli.py",

@@ -1,20 +1,13 @@
-import json
+"""The host-side benchmarks at smoke size, each reporting every row.
+
+The engine's overhead, checkpoints, prefetch, metrics, throughput, host cost, data, Orbax, handler costs.
+"""
+
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def run_benchmark(script: str, *args: str, timeout: int) -> str:
-    """The standard output of ``benchmarks/<script> <args>``, run to completion in a fresh interpreter."""
-    done = subprocess.run(
-        [sys.executable, str(BENCH / script), *args], capture_output=True, text=True, check=True, timeout=timeout
-    )
-    return done.stdout
+from tests.benchmarks.run import BENCH, run_benchmark
 
 
 def test_engine_overhead_benchmark_runs_and_reports_every_case():
@@ -114,61 +107,6 @@ def test_throughput_benchmark_names_an_unknown_row_or_model():
     assert "--models: expected tiny, 512 or tiny,512, got 'tiny,1024'" in fails("--models", "tiny,1024")
 
 
-def test_workloads_benchmark_runs_both_sides_and_reports_them():
-    """Two epochs, one repeat: each side's run, first epoch and later epochs, each with its speed; nothing timed."""
-    out = run_benchmark("workloads.py", "--workloads", "digits,chars", "--epochs", "2", "--repeats", "1", timeout=600)
-    cell, one = r"[\d.]+ \([\d.]+-[\d.]+\)", r"1\.000 \(1\.000-1\.000\)"
-    for workload in ("digits", "chars"):
-        ember = rf"^{workload} \| 2 \| ember( \| {cell}){{6}}$"
-        hand = rf"^{workload} \| 2 \| hand loop \| {cell} \| {one} \| {cell} \| {one} \| {cell} \| {one}$"
-        assert re.search(ember, out, re.M), out
-        assert re.search(hand, out, re.M), out
-    assert re.search(rf"^digits \| 2 \| keras fit( \| {cell}){{6}}$", out, re.M), out
-    assert re.search(
-        rf"^digits: ember's speed vs Keras fit, median \(min-max\): run {cell}, later epochs {cell}$", out, re.M
-    )
-    assert "workload | epochs | side | run, s | speed vs the hand loop | first epoch, s |" in out
-
-
-def test_workloads_benchmark_names_an_unknown_workload():
-    """An unknown workload is refused with the list of workloads."""
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "workloads.py"), "--workloads", "resnet50"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert done.returncode == 2
-    assert "error: unknown workload 'resnet50'; the workloads are ['chars', 'digits', 'lm', 'resnet']" in done.stderr
-
-
-def test_the_accelerator_workloads_run_at_smoke_size_on_both_sides():
-    """Lm and resnet, each side once at a toy size: the table and the JSON line; on CPU no MFU and no memory peak."""
-    out = run_benchmark("workloads.py", "--workloads", "lm,resnet", "--smoke", timeout=600)
-    for workload, unit in (("lm", "tokens"), ("resnet", "images")):
-        assert f"| side | steps/s | {unit}/s | MFU | device memory peak | vs hand loop |" in out
-        assert re.search(rf"^{workload}: 2 steps per window, median of the windows; cpu x1, jax ", out, re.M)
-        assert re.search(r"^\| ember \| [\d.]+ \| [\d,]+ \| n/a \| n/a \| [\d.]+x \|$", out, re.M), out
-        assert re.search(r"^\| hand loop \| [\d.]+ \| [\d,]+ \| n/a \| n/a \| 1\.000x \|$", out, re.M), out
-        row = json.loads(next(line for line in out.splitlines() if line.startswith(f'{{"{workload}"')))[workload]
-        assert row["hand loop"]["ratio_to_hand"] == 1.0
-        assert row["ember"][f"{unit}_per_s"] == pytest.approx(
-            row["ember"]["steps_per_s"] * (128 if unit == "tokens" else 4)
-        )
-    assert re.search(r"^lm: [\d,]+ parameters; Size\(width=32, blocks=1, ", out, re.M)
-    assert re.search(r"^resnet: [\d,]+ parameters; Size\(image=16, width=4, ", out, re.M)
-
-
-def test_sharded_benchmark_runs_both_sides_and_the_memory_table():
-    """Two steps, one repeat, on 8 simulated devices: both sides and both placements reported; nothing timed."""
-    out = run_benchmark("sharded.py", "--steps", "2", "--repeats", "1", timeout=600)
-    assert "8 cpu devices" in out.splitlines()[0]
-    assert re.search(r"^ember fsdp\(\) +[\d.]+ steps/s +[\d.]+ x hand", out, re.M), out
-    fullest = dict(re.findall(r"^(replicated|FSDP).* ([\d.]+) MiB on the fullest device$", out, re.M))
-    assert float(fullest["FSDP"]) < float(fullest["replicated"]) / 4
-
-
 def test_host_cost_benchmark_reports_the_added_microseconds():
     """A few hundred steps, one repeat: the three rows and ember's added microseconds; nothing is timed."""
     out = run_benchmark("host_cost.py", "--steps", "200", "--repeats", "1", timeout=300)
@@ -187,33 +125,6 @@ def test_data_benchmark_reports_each_way_of_feeding_the_step():
         assert re.search(
             rf"^  {row} +[\d.]+ ms/step   throughput x[\d.]+ of memory   waiting for data [\d.]+ ms/step$", out, re.M
         ), out
-
-
-def test_first_step_benchmark_times_a_fresh_process_of_each_side():
-    """One repeat: both sides train the digits CNN for one step in a fresh process; the report names both."""
-    out = run_benchmark("first_step.py", "--repeats", "1", timeout=300)
-    assert re.search(r"^hand loop +median [\d.]+ s \(min [\d.]+, max [\d.]+\)$", out, re.M), out
-    assert re.search(r"^ember +median [\d.]+ s .* [+-][\d.]+% over the hand loop$", out, re.M), out
-
-
-def test_first_step_benchmark_times_the_commands_quick_answers():
-    """--cli, one repeat: the bare interpreter and the three answers that import no JAX, each with its ratio."""
-    out = run_benchmark("first_step.py", "--cli", "--repeats", "1", timeout=300)
-    names = [
-        m.group(1).strip()
-        for m in re.finditer(r"^(.+?) +median [\d.]+ s \(min [\d.]+, max [\d.]+\), [\d.]+x$", out, re.M)
-    ]
-    assert names == ["python -c pass", "ember --version", "a config typo", "a finished run", "the digits run"], out
-
-
-def test_first_step_benchmark_times_the_compilation_cache_off_empty_and_filled():
-    """--cache, one repeat: a one-epoch run with the cache off, empty and filled, each against the run without."""
-    out = run_benchmark("first_step.py", "--cache", "--repeats", "1", timeout=300)
-    names = [
-        m.group(1).strip()
-        for m in re.finditer(r"^(.+?) +median [\d.]+ s \(min [\d.]+, max [\d.]+\), [+-][\d.]+ s$", out, re.M)
-    ]
-    assert names == ["off", "empty (a first run)", "filled (a relaunch)"], out
 
 
 def test_orbax_checks_benchmark_runs_and_reports_both_rows():
@@ -241,15 +152,3 @@ def test_handler_costs_benchmark_reports_cpu_time_per_handler_and_thread():
     assert any(line.startswith("Evaluate | ") for line in lines), out
     assert any(line.startswith("every handler together | ") for line in lines), out
     assert any(line.startswith("MainThread | ") for line in lines[lines.index("by thread | µs per step") :]), out
-
-
-def test_step_program_fingerprints_each_configuration_the_same_way_twice():
-    """Four configurations, each a program's length and fingerprint; a second run prints the very same lines."""
-    first = run_benchmark("step_program.py", timeout=300)
-    lines = first.splitlines()[1:]
-    assert len(lines) == 4
-    for line, precision in zip(lines, ("32-true", "16-mixed", "bf16-mixed", "32-true"), strict=True):
-        assert re.fullmatch(
-            rf"{precision}, accumulate \d, remat \S+, guard (True|False) +\d+ lines  [0-9a-f]{{16}}", line
-        )
-    assert run_benchmark("step_program.py", timeout=300) == first
