@@ -47,6 +47,32 @@ def test_saving_and_loading_resumes_exactly(tmp_path, stop_at):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_loading_into_a_running_trainer_is_refused_before_its_arrays_are_touched(tmp_path):
+    """load_objects from a handler of the run it would load into: one line naming it, and the run trains on."""
+    straight, data = new_trainer()
+    straight.run(data, max_epochs=2)
+    trainer, data = new_trainer()
+    saver = Checkpoint({"trainer": trainer}, tmp_path, background=False)
+    saver.attach(trainer, Events.ITERATION_COMPLETED(once=2))
+    refused = []
+
+    def load_midway(engine):
+        with pytest.raises(RuntimeError) as error:
+            load_objects({"trainer": engine}, tmp_path)
+        refused.append(str(error.value))
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=3), load_midway)
+    trainer.run(data, max_epochs=2)
+    assert refused == [
+        "load_objects: ['trainer'] is running; load a checkpoint before run() (or after it returns), not from one of "
+        "its handlers."
+    ]
+    for a, b in zip(
+        jax.tree.leaves(trainer.state.train_state), jax.tree.leaves(straight.state.train_state), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # nothing released: the run ended as straight
+
+
 def test_ignites_checkpoint_on_an_evaluator_keeps_the_best_named_by_the_trainers_epoch(tmp_path):
     """Ignite's arguments, positionally: the n_saved best by score_function, named by the trainer's epoch."""
     trainer = Engine(lambda e, b: b)

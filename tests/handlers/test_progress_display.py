@@ -98,8 +98,10 @@ def test_a_notebook_without_ipywidgets_gets_lines_on_standard_output_and_one_not
 def test_a_display_it_does_not_know_or_cannot_draw_is_named():
     with pytest.raises(ValueError, match=re.escape("`display` must be one of 'auto', 'bar', 'widget', 'lines'; got")):
         ProgressBar(display="tqdm")
+    engine = Engine(lambda e, b: b)
     with pytest.raises(ValueError, match=re.escape("display='widget' draws tqdm's notebook widget: it needs")):
-        ProgressBar(display="widget").attach(Engine(lambda e, b: b))
+        ProgressBar(display="widget").attach(engine)
+    ProgressBar(display="lines").attach(engine)  # the refused bar holds nothing: no "replaced" warning (an error here)
 
 
 NOTEBOOK = [

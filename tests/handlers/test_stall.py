@@ -40,10 +40,8 @@ def test_a_handler_that_hangs_ends_the_process_with_its_stack_on_disk(tmp_path):
 
 def watch_ended(watchdog: StallWatchdog) -> bool:
     """Whether the watching thread has ended, waiting for it at most 30 s (an event, not a sleep past a deadline)."""
-    watcher = watchdog._watcher
-    assert watcher is not None
-    watcher.join(timeout=30)
-    return not watcher.is_alive()
+    assert watchdog.watch.thread is not None  # it was started
+    return watchdog.watch.join(timeout=30)
 
 
 def test_a_run_that_keeps_making_progress_is_left_alone(tmp_path):

@@ -303,6 +303,21 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
         return self._process_fn
 
     @property
+    def running(self) -> bool:
+        """Whether a run of this engine is in progress: inside ``run()``, or an ``iterate()`` not yet finished.
+
+        Loading a state into a running engine is refused (``load_state_dict``, ``load_objects``).
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> engine, seen = Engine(lambda e, b: b), []
+            >>> _ = engine.add_event_handler(Events.STARTED, lambda e: seen.append(e.running))
+            >>> _ = engine.run([1]); seen, engine.running
+            ([True], False)
+        """
+        return self._running
+
+    @property
     def outer_engine(self) -> Engine | None:
         """The engine whose run this engine's run was started from (by one of its handlers), or ``None``.
 

@@ -13,7 +13,7 @@ import numpy as np
 from ember.checkpoint import CheckpointInfo, CorruptCheckpointError, open_store
 from ember.checkpoint._stores import Store
 from ember.checkpoint._writer import settle_writes_into
-from ember.engine import Stateful, TreeStateful
+from ember.engine import Engine, Stateful, TreeStateful
 
 
 def kind_of(name: str, obj: Any) -> str:
@@ -74,6 +74,12 @@ def load_objects(
         (3, 3)
     """
     kinds = {name: kind_of(name, obj) for name, obj in to_load.items()}
+    running = [name for name, obj in to_load.items() if isinstance(obj, Engine) and obj.running]
+    if running:  # refused before anything is read or released: the run goes on with its own arrays
+        raise RuntimeError(
+            f"load_objects: {running} is running; load a checkpoint before run() (or after it returns), not from "
+            "one of its handlers."
+        )
     if isinstance(checkpoint, Mapping):
         _load_from_dict(to_load, checkpoint)
         return None

@@ -328,18 +328,18 @@ class ProgressBar:
         self._transform = check_transform(output_transform)
         self._attributes = _attribute_names(state_attributes)
         moves = self._moves(event_name, closing_event_name)
+        shown = shown_as(self.display, self.stream)  # a widget that cannot be drawn is said here, at attach
+        if shown == "lines" and self.display == "auto" and in_a_notebook():
+            warnings.warn(
+                "ProgressBar: this notebook has no ipywidgets, so progress is one line an epoch; for a bar, "
+                "install ember's `notebook` extra (pip install ipywidgets) and restart the kernel.",
+                UserWarning,
+                stacklevel=2,
+            )
         kind = ("ProgressBar", self.epoch_bar, self.iteration_bar)  # one bar of each kind per engine
         with collect_handles() as made:
             replaced = "ProgressBar: this engine's bar of the same kind is replaced by this one (a cell run again?)."
             hold(engine, kind, self, made, refuse=False, if_held=replaced)
-            shown = shown_as(self.display, self.stream)  # a widget that cannot be drawn is said here, at attach
-            if shown == "lines" and self.display == "auto" and in_a_notebook():
-                warnings.warn(
-                    "ProgressBar: this notebook has no ipywidgets, so progress is one line an epoch; for a bar, "
-                    "install ember's `notebook` extra (pip install ipywidgets) and restart the kernel.",
-                    UserWarning,
-                    stacklevel=2,
-                )
             if is_primary_process():
                 engine.add_event_handler(Events.STARTED, self._started)
                 engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)

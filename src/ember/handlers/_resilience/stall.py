@@ -13,6 +13,7 @@ from typing import Any
 
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._checkpointing.checkpoint import Checkpoint, checkpoints_given
+from ember.handlers._resilience.watch import Watch
 from ember.handlers._resilience.watchdog import EXIT_CODE
 
 
@@ -119,8 +120,8 @@ class StallWatchdog:
         self._paused = False
         self._seen: set[int] = set()  # the evaluators that have compiled their step (run an iteration)
         self._writing_since: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
+        poll = min(1.0, max(0.05, min(self.step_timeout, self.startup_timeout, self.save_timeout) / 10))
+        self.watch = Watch("ember-stall-watchdog", poll, self._check)
 
     # -- progress, from the engines' handlers ------------------------------------------------------
 
@@ -130,10 +131,7 @@ class StallWatchdog:
     def _started(self, engine: Engine) -> None:
         self._thread_id = threading.get_ident()
         self._expect("first iteration", self.startup_timeout, "startup_timeout")
-        if self._watcher is None or not self._watcher.is_alive():
-            self._stop.clear()
-            self._watcher = threading.Thread(target=self._watch, name="ember-stall-watchdog", daemon=True)
-            self._watcher.start()
+        self.watch.start()
 
     def _iteration(self, engine: Engine) -> None:
         self._seen.add(id(engine))
@@ -150,10 +148,10 @@ class StallWatchdog:
 
     def _terminated(self, engine: Engine) -> None:
         if engine.should_terminate == "skip_completed":
-            self._stop.set()
+            self.watch.stop()
 
     def _finished(self) -> None:
-        self._stop.set()
+        self.watch.stop()
 
     # -- the watching thread ------------------------------------------------------------------------
 
@@ -178,13 +176,13 @@ class StallWatchdog:
             return None  # the training thread waits for a write: save_timeout's to bound
         return f"no {self._waiting_for} completed in time"
 
-    def _watch(self) -> None:
-        poll = min(1.0, max(0.05, min(self.step_timeout, self.startup_timeout, self.save_timeout) / 10))
-        while not self._stop.wait(poll):
-            why = self._late(time.monotonic())
-            if why is not None and not self._stop.is_set():
-                self._diagnose(why)
-                return
+    def _check(self) -> bool:
+        """On the watch's thread: diagnose and end the run if it is late; whether it did."""
+        why = self._late(time.monotonic())
+        if why is None or self.watch.stopped:
+            return False
+        self._diagnose(why)
+        return True
 
     def _header(self, why: str) -> str:
         import jax

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ember._multiprocess import REQUEUE_STATUS, coordination_client
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._checkpointing.checkpoint import Checkpoint
+from ember.handlers._resilience.watch import Watch
 
 #: The exit status of a process the watchdog ends: EX_TEMPFAIL, "try again" (relaunch every process).
 EXIT_CODE = REQUEUE_STATUS
@@ -88,8 +88,7 @@ class ProcessWatchdog:
             raise ValueError(f"`confirm_within` must be a number of seconds >= 0, got {confirm_within!r}.")
         self.checkpoint, self.poll_every, self._exit = checkpoint, float(poll_every), exit
         self.confirm_within = float(confirm_within)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.watch = Watch("ember-process-watchdog", self.poll_every, self._check)
 
     def lost(self) -> list[int]:
         """The processes the coordination service no longer counts as alive (``[]`` in a single process).
@@ -138,26 +137,23 @@ class ProcessWatchdog:
         sys.stdout.flush()
         self._exit(EXIT_CODE)
 
-    def _watch(self) -> None:
-        while not self._stop.wait(self.poll_every):
-            try:
-                lost = self.lost()
-            except RuntimeError as e:
-                self._end([0], str(e))
-                return
-            if lost:
-                self._end(lost, "it stopped answering the coordination service")
-                return
+    def _check(self) -> bool:
+        """On the watch's thread: end this process if another is lost; whether it did."""
+        try:
+            lost = self.lost()
+        except RuntimeError as e:
+            self._end([0], str(e))
+            return True
+        if lost:
+            self._end(lost, "it stopped answering the coordination service")
+        return bool(lost)
 
     def _start(self) -> None:
-        if coordination_client() is None or (self._thread is not None and self._thread.is_alive()):
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._watch, name="ember-process-watchdog", daemon=True)
-        self._thread.start()
+        if coordination_client() is not None:
+            self.watch.start()
 
     def _finish(self) -> None:
-        self._stop.set()
+        self.watch.stop()
 
     def _failed(self, _engine: Engine, error: BaseException) -> None:
         self._finish()
@@ -181,7 +177,7 @@ class ProcessWatchdog:
             # without recoverability the runtime aborts this process when the service declares the loss
             if lost or not jax.config.values.get("jax_enable_recoverability") or waited >= self.confirm_within:
                 return lost
-            self._stop.wait(self.poll_every)
+            self.watch.wait(self.poll_every)
             waited += self.poll_every
 
     def attach(self, trainer: Engine) -> RemovableEventHandle:
