@@ -9,23 +9,19 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "ember"
 
-#: modules over 400 lines: the one class of Ignite's `Checkpoint`, whose 14 public methods each carry an example
-LONG_MODULES = {"handlers/_checkpointing/checkpoint.py"}
-#: functions over 60 lines, to be split (issue 46: ember train's wiring, the step's composition, the engines' factories)
+#: modules over 400 lines: the public classes of Ignite's `Checkpoint` (14 public methods), `Engine` (the run's 20,
+#: beside the registry's 10 in `_handlers.py`) and `Metric` (22), each method with an example; their mechanics are
+#: parts they hold (`Loop`, `Attachments`) or functions (`_resume.py`, `_saved.py`), not bases that split a class
+LONG_MODULES = {"handlers/_checkpointing/checkpoint.py", "engine/_engine.py", "metrics/_metric.py"}
+#: functions of over 60 lines of code (their docstring, whose example the house requires, not counted): the engine's
+#: epoch loop (one frame on the hot path, kept whole for speed), Ignite's two long signatures' bodies
 LONG_FUNCTIONS = {
-    "training/_step/steps.py:make_train_step",
-    "handlers/_common.py:setup_common_training_handlers",
-    "training/_trainer.py:create_trainer",
-    "training/_lr_finder.py:lr_find",
-    "handlers/_checkpointing/loading.py:load_objects",
-    "cli/_launch.py:launch",
     "engine/_loop.py:_run_epoch",
-    "training/_step/ema.py:ema",
-    "cli/_verify_resume.py:verify_resume",
-    "training/_supervised.py:create_supervised_trainer",
+    "handlers/_checkpointing/loading.py:load_objects",
+    "handlers/_common.py:setup_common_training_handlers",
 }
-#: classes of ember's that inherit more than one class of ember's (issue 46: the engine's parts, the metrics' base)
-SEVERAL_BASES = {"Engine", "Metric", "Average"}
+#: classes of ember's that inherit more than one class of ember's: none (issue 46 composed the engine and the metrics)
+SEVERAL_BASES: set[str] = set()
 
 
 def modules() -> list[Path]:
@@ -49,11 +45,25 @@ def test_no_module_is_over_400_lines_but_those_listed():
     )
 
 
-def test_no_function_is_over_60_lines_but_those_listed():
+def code_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """The function's lines, its signature included, less its docstring's."""
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def test_code_lines_leave_the_docstring_out():
+    source = 'def f(x):\n    """Doc.\n\n    Examples:\n        >>> f(1)\n        1\n    """\n    y = x\n    return y\n'
+    assert code_lines(ast.parse(source).body[0]) == 3
+
+
+def test_no_function_is_over_60_lines_of_code_but_those_listed():
     long = set()
     for path in modules():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and code_lines(node) > 60:
                 long.add(f"{path.relative_to(SRC)}:{node.name}")
     new, fixed = sorted(long - LONG_FUNCTIONS), sorted(LONG_FUNCTIONS - long)
     assert long == LONG_FUNCTIONS, f"new: {new}; fixed (take off the list): {fixed}"

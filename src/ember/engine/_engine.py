@@ -2,33 +2,23 @@
 
 from __future__ import annotations
 
-import inspect
-import threading
-from collections.abc import Callable, Iterable, Iterator
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from ember.engine._events import EventEnum, FilteredEvent
+from ember.engine._events import EventEnum, Events, FilteredEvent
 from ember.engine._handlers import EventHandlers
 from ember.engine._handles import RemovableEventHandle
-from ember.engine._loop import INTERRUPT, PAUSE, RunLoop
-from ember.engine._resume import Resume
-from ember.engine._runs import RunSetup
+from ember.engine._loop import INTERRUPT, PAUSE, Loop, outermost
+from ember.engine._resume import AttachedStates, load_run_state, run_state_dict
+from ember.engine._runs import prepare_run, set_data
 from ember.engine._state import State
+from ember.engine._validate import check_process_fn
 
 ProcessFn = Callable[["Engine", Any], Any]
 
 
-class _Driving(threading.local):
-    engines: list[Engine]  # the engines whose run is in progress on this thread's stack, outermost first
-
-    def __init__(self) -> None:
-        self.engines = []
-
-
-_driving = _Driving()
-
-
-class Engine(EventHandlers, RunSetup, Resume, RunLoop):
+class Engine(EventHandlers):
     """Runs ``process_fn(engine, batch)`` over data, firing [`Events`][ember.engine.Events] to registered handlers.
 
     The engine owns the loop and the counters (Python ints in `state`); the process function owns the work. Handlers
@@ -43,10 +33,6 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
     Attributes:
         state: the run's [`State`][ember.engine.State].
         last_event_name: the event fired last.
-        should_terminate: ``True`` once [`terminate`][ember.engine.Engine.terminate] was called (``"skip_completed"``
-            with ``skip_completed=True``), until the next run starts; setting it stops the run as ``terminate()``.
-        should_terminate_single_epoch: ``True`` once [`terminate_epoch`][ember.engine.Engine.terminate_epoch] was
-            called (``"skip_epoch_completed"`` when it skips EPOCH_COMPLETED), until the epoch ends.
         logger: the engine's ``logging.Logger``, named as Ignite names its own
             (``"ember.engine._engine.Engine"``, the class name last): run start and resume, each epoch's and the
             run's time, ``terminate``/``interrupt`` requests at INFO, an exception that ends the run at ERROR.
@@ -69,24 +55,20 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
     interrupt_resume_enabled = True
 
     def __init__(self, process_fn: ProcessFn) -> None:
-        if process_fn is None:
-            raise ValueError("`process_fn` must be callable as process_fn(engine, batch), got None.")
-        if not callable(process_fn):
-            raise TypeError(f"`process_fn` must be callable as process_fn(engine, batch), got {process_fn!r}.")
-        try:
-            inspect.signature(process_fn).bind(None, None)
-        except TypeError:
-            raise ValueError(
-                f"`process_fn` must accept (engine, batch); {getattr(process_fn, '__qualname__', process_fn)}"
-                f"{inspect.signature(process_fn)} does not."
-            ) from None
-        except ValueError:  # no signature to inspect: trust it
-            pass
-        # the parts, each with its own state: the loop (state, signals, progress, data position, one dispatch per
-        # event), what a checkpoint of the run holds besides (user keys, attached states), the handler registry
-        RunLoop.__init__(self, process_fn)
-        Resume.__init__(self)
-        EventHandlers.__init__(self)
+        check_process_fn(process_fn)
+        super().__init__()  # the registry: one dispatch table per event, the counter each event's filters read
+        self.state = State()
+        self.last_event_name: EventEnum | str | None = None
+        self.logger = logging.getLogger(f"ember.engine._engine.{type(self).__name__}")
+        # the run: its generator, signals, progress and data position; it fires this engine's dispatch table
+        self._loop = Loop(self, process_fn, self._dispatch, self._wrap_data)
+        # what a checkpoint of the run holds besides the loop's position: user keys, attached objects' states
+        self._state_dict_user_keys: list[str] = []
+        self._states = AttachedStates()
+
+    def _wrap_data(self, data: Iterable[Any]) -> Iterable[Any]:
+        """What the engine iterates for ``data``; a `TrainingEngine` puts it on its devices."""
+        return data
 
     def track_state(self, name: str, obj: Any) -> Callable[[], None]:
         """Save ``obj.state_dict()`` inside this engine's ``state_dict``, and restore it with it.
@@ -110,6 +92,83 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
         if not isinstance(name, str) or not name:
             raise TypeError(f"`name` must be a non-empty string, got {name!r}.")
         return self._states.add(name, obj)
+
+    # -- saving and restoring the run's position (Ignite's ``Serializable``) ----------------------
+
+    @property
+    def state_dict_user_keys(self) -> list[str]:
+        """Names of ``state`` attributes that [`state_dict`][ember.engine.Engine.state_dict] saves too; append to it.
+
+        Examples:
+            >>> from ember import Engine
+            >>> engine = Engine(lambda engine, batch: None)
+            >>> engine.state_dict_user_keys.append("best_loss")
+            >>> engine.state.best_loss = 0.25
+            >>> engine.state_dict()["best_loss"]
+            0.25
+        """
+        return self._state_dict_user_keys
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's position: ``epoch_length``, ``iteration``, ``max_epochs`` or ``max_iters``, user keys.
+
+        When the data's iterator has ``get_state()`` (Grain's protocol: [`ArrayDataset`][ember.data.ArrayDataset], Grain
+        loaders and datasets), its position is saved under ``"data"``.
+
+        Examples:
+            >>> from ember import Engine
+            >>> engine = Engine(lambda engine, batch: None)
+            >>> _ = engine.run([1, 2, 3], max_epochs=2)
+            >>> engine.state_dict()
+            {'epoch_length': 3, 'iteration': 6, 'max_epochs': 2}
+        """
+        return run_state_dict(self._loop, self._state_dict_user_keys, self._states)
+
+    def mark_epoch_incomplete(self) -> None:
+        """From an EPOCH_COMPLETED handler: a checkpoint taken now makes a resumed run fire this EPOCH_COMPLETED again.
+
+        [`Preemption`][ember.handlers.Preemption] calls it when a signal cut the epoch's evaluation short, so the
+        evaluation runs again, whole, after the resume. It holds for every checkpoint taken until the next epoch starts
+        (the save at COMPLETED of a run stopped there included).
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> engine = Engine(lambda e, b: b)
+            >>> saved = []
+            >>> @engine.on(Events.EPOCH_COMPLETED)
+            ... def cut_short(engine):
+            ...     engine.mark_epoch_incomplete()
+            ...     saved.append(engine.state_dict())
+            >>> _ = engine.run([1, 2])
+            >>> saved[0]["epoch_completed"]
+            False
+        """
+        if self.last_event_name is not Events.EPOCH_COMPLETED:
+            raise RuntimeError(
+                f"mark_epoch_incomplete() is for EPOCH_COMPLETED handlers; it was called at {self.last_event_name!r}."
+            )
+        self._loop.progress.epoch_owed = True
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a position saved by [`state_dict`][ember.engine.Engine.state_dict]; the next `run` continues from it.
+
+        ``epoch`` may stand in for ``iteration`` (the start of that epoch's successor). Resuming in the
+        middle of an epoch delivers the batches an uninterrupted run would have seen: data whose iterator
+        has ``get_state``/``set_state`` continues from its saved position, other data is skipped through.
+
+        Raises:
+            TypeError: ``state_dict`` is not a mapping.
+            ValueError: a required key is missing, both or neither of a pair are given, or the
+                position lies past the end of the run.
+
+        Examples:
+            >>> from ember import Engine
+            >>> engine = Engine(lambda engine, batch: print(batch, end=" "))
+            >>> engine.load_state_dict({"iteration": 5, "epoch_length": 3, "max_epochs": 3})
+            >>> _ = engine.run(["a", "b", "c"])
+            c a b c
+        """
+        load_run_state(self._loop, state_dict, self._state_dict_user_keys, self._states)
 
     # -- control ---------------------------------------------------------------------------------
 
@@ -137,7 +196,7 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
             50
         """
         self.logger.info("Terminate signaled. Engine will stop after current iteration is finished.")
-        self._signals.set_terminate("skip_completed" if skip_completed else True, final=final)
+        self._loop.signals.set_terminate("skip_completed" if skip_completed else True, final=final)
 
     def terminate_epoch(self, skip_epoch_completed: bool = False) -> None:
         """End the current epoch once the current event's handlers have run; the next epoch follows.
@@ -156,7 +215,7 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
             6
         """
         self.logger.info("Terminate current epoch is signaled. The epoch ends after current iteration is finished.")
-        self.should_terminate_single_epoch = "skip_epoch_completed" if skip_epoch_completed else True
+        self._loop.signals.set_terminate_epoch("skip_epoch_completed" if skip_epoch_completed else True)
 
     def interrupt(self) -> None:
         """Return from [`run`][ember.engine.Engine.run] once the current event's handlers have run; INTERRUPT fires.
@@ -184,10 +243,48 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
                 "and resume runs, or call terminate() to end the run."
             )
         self.logger.info("interrupt signaled. Engine will interrupt the run after current iteration is finished.")
-        self._signals.set_interrupt(True)
+        self._loop.signals.set_interrupt(True)
 
     def _request_pause(self) -> None:
-        self._signals.set_pause(True)
+        self._loop.signals.set_pause(True)
+
+    @property
+    def should_terminate(self) -> bool | str:
+        """``True`` once ``terminate()`` was called (``"skip_completed"`` with ``skip_completed=True``), as Ignite.
+
+        Setting it to ``True`` from a handler stops the run as ``terminate()`` does; it is cleared when a run starts.
+        """
+        return self._loop.signals.terminate
+
+    @should_terminate.setter
+    def should_terminate(self, value: bool | str) -> None:
+        self._loop.signals.set_terminate(value)
+
+    @property
+    def should_terminate_single_epoch(self) -> bool | str:
+        """``True`` once ``terminate_epoch()`` was called (``"skip_epoch_completed"`` when it skips EPOCH_COMPLETED).
+
+        Setting it from a handler ends the epoch as ``terminate_epoch()`` does; it is cleared once the epoch ends.
+        """
+        return self._loop.signals.epoch_request
+
+    @should_terminate_single_epoch.setter
+    def should_terminate_single_epoch(self, value: bool | str) -> None:
+        self._loop.signals.set_terminate_epoch(value)
+
+    def set_data(self, data: Iterable[Any]) -> None:
+        """Switch the data source: the next batch comes from the start of ``data``.
+
+        The epoch length is not changed.
+
+        Examples:
+            >>> from ember import Engine, Events
+            >>> engine = Engine(lambda engine, batch: print(batch, end=" "))
+            >>> _ = engine.add_event_handler(Events.ITERATION_COMPLETED(once=2), lambda e: e.set_data("xyz"))
+            >>> _ = engine.run("abc", max_epochs=2)
+            a b x y z x
+        """
+        set_data(self._loop, data)
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -236,14 +333,14 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
             >>> engine.run([1, 2, 3], max_epochs=3).iteration  # continues: one more epoch
             9
         """
-        if not self._prepare_run(data, max_epochs, max_iters, epoch_length):
+        if not prepare_run(self._loop, data, max_epochs, max_iters, epoch_length):
             return self.state
         try:
-            for signal in self._drive():
+            for signal in self._loop.drive():
                 if signal is INTERRUPT:
                     break
         finally:
-            self._data.release()
+            self._loop.data.release()
         return self.state
 
     def iterate(
@@ -274,21 +371,21 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
         if unknown:
             raise TypeError(f"iterate() got unexpected arguments {sorted(unknown)}; it takes those of run().")
         self._check_registration(event, self._request_pause, (), {})
-        if not self._prepare_run(data, **run_kwargs):
+        if not prepare_run(self._loop, data, **run_kwargs):
             return iter(())
         handle = self.add_event_handler(event, self._request_pause)
         return self._iterate(handle)
 
     def _iterate(self, handle: RemovableEventHandle) -> Iterator[State]:
         try:
-            for signal in self._drive():
+            for signal in self._loop.drive():
                 if signal is PAUSE:
                     yield self.state
                 elif signal is INTERRUPT:
                     return
         finally:
             handle.remove()
-            self._data.release()
+            self._loop.data.release()
 
     @property
     def process_function(self) -> ProcessFn:
@@ -300,7 +397,7 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
             >>> Engine(step).process_function is step
             True
         """
-        return self._process_fn
+        return self._loop.process_fn
 
     @property
     def running(self) -> bool:
@@ -315,7 +412,7 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
             >>> _ = engine.run([1]); seen, engine.running
             ([True], False)
         """
-        return self._running
+        return self._loop.running
 
     @property
     def outer_engine(self) -> Engine | None:
@@ -334,22 +431,5 @@ class Engine(EventHandlers, RunSetup, Resume, RunLoop):
             >>> seen, evaluator.outer_engine
             ([True, False], None)
         """
-        outer = _driving.engines[0] if self._running else self
+        outer = outermost() if self._loop.running else self
         return None if outer is self else outer
-
-    def _drive(self) -> Iterator[str]:
-        while self._gen is not None:
-            self._running = True
-            _driving.engines.append(self)
-            try:
-                signal = next(self._gen)
-            except StopIteration:
-                self._gen = None
-                return
-            except BaseException:
-                self._gen = None
-                raise
-            finally:
-                self._running = False
-                _driving.engines.pop()
-            yield signal

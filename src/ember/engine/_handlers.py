@@ -28,9 +28,10 @@ _EVENT_TO_ATTR: dict[EventEnum | str, str] = {
 
 
 class EventHandlers:
-    """Registers events and handlers on an engine and fires them; [`Engine`][ember.engine.Engine] inherits it.
+    """Registers events and handlers on an engine and fires them; [`Engine`][ember.engine.Engine] is one.
 
-    The run loop (``_dispatch``, one `Dispatch` per event) fires what is registered here.
+    Its own state: one `Dispatch` per event (``_dispatch``, which the engine's run loop fires) and the counter each
+    event's filters read. It is the engine's only base class, as Ignite's registration API is its ``Engine``'s.
 
     Examples:
         >>> from ember import Engine, Events
@@ -41,11 +42,11 @@ class EventHandlers:
         (False, 1)
     """
 
-    _dispatch: dict[EventEnum | str, Dispatch]
-    state: Any  # the engine's State, made by the run loop
+    state: Any  # the engine's State
     last_event_name: EventEnum | str | None
 
     def __init__(self) -> None:
+        self._dispatch: dict[EventEnum | str, Dispatch] = {e: Dispatch() for e in Events}
         self._event_to_attr: dict[EventEnum | str, str] = dict(_EVENT_TO_ATTR)
 
     def register_events(

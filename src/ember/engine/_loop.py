@@ -11,18 +11,20 @@ its epochs), `DataPosition` (where it stands in its data), one `Dispatch` per ev
 from __future__ import annotations
 
 import contextlib
-import logging
+import threading
 import time
 import warnings
-from collections.abc import Callable, Generator, Iterable
-from typing import Any
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ember.engine._dispatch import Dispatch
 from ember.engine._events import EventEnum, Events
 from ember.engine._position import DataPosition
 from ember.engine._progress import Progress
 from ember.engine._signals import Signals
-from ember.engine._state import State
+
+if TYPE_CHECKING:
+    from ember.engine._engine import Engine
 
 #: What the run generator yields to its driver.
 PAUSE = "pause"  # an ``iterate`` event fired: hand the state to the caller
@@ -43,77 +45,102 @@ class _TerminateEpoch(Exception):
     """Raised inside the loop to end the epoch after ``terminate_epoch()``."""
 
 
-class RunLoop:
-    """The engine's run loop over its parts; `Engine` adds the public API on top."""
+class _Driving(threading.local):
+    engines: list[Engine]  # the engines whose run is in progress on this thread's stack, outermost first
 
-    _gen: RunGen | None  # a run suspended by interrupt() or iterate()
+    def __init__(self) -> None:
+        self.engines = []
 
-    def __init__(self, process_fn: Callable[[Any, Any], Any]) -> None:
-        self._process_fn = process_fn
-        self.state = State()
-        self.last_event_name: EventEnum | str | None = None
-        self.logger = logging.getLogger(f"ember.engine._engine.{type(self).__name__}")
-        self._signals = Signals()  # what handlers asked for
-        self._progress = Progress()  # where the run stands in its epochs
-        self._data = DataPosition()  # the data as given, its live iterator, a position not yet live
-        self._dispatch: dict[EventEnum | str, Dispatch] = {e: Dispatch() for e in Events}
-        self._gen = None
-        self._running = False
 
-    def _suspended(self) -> bool:
+_driving = _Driving()
+
+
+def outermost() -> Engine | None:
+    """The engine whose run, on this thread, the running runs were started from; ``None`` when none runs."""
+    return _driving.engines[0] if _driving.engines else None
+
+
+class Loop:
+    """An engine's run: the generator that fires its events, and the parts it runs over.
+
+    The engine holds one and passes itself: handlers and the process function receive the engine, whose ``state``
+    and ``last_event_name`` the loop keeps. Its own parts: `Signals` (what handlers asked for), `Progress` (where the
+    run stands in its epochs), `DataPosition` (where it stands in its data), and the registry's dispatch table.
+
+    Examples:
+        >>> from ember import Engine
+        >>> engine = Engine(lambda engine, batch: batch)
+        >>> _ = engine.run([1, 2]); engine.state.iteration
+        2
+    """
+
+    gen: RunGen | None  # a run suspended by interrupt() or iterate()
+
+    def __init__(
+        self,
+        engine: Engine,
+        process_fn: Callable[[Any, Any], Any],
+        dispatch: dict[Any, Dispatch],
+        wrap_data: Callable[[Iterable[Any]], Iterable[Any]],
+    ) -> None:
+        self.engine = engine
+        self.process_fn = process_fn
+        self.wrap_data = wrap_data  # what the engine iterates for the data given (a trainer's puts it on device)
+        self.dispatch = dispatch
+        self.signals = Signals()  # what handlers asked for
+        self.progress = Progress()  # where the run stands in its epochs
+        self.data = DataPosition()  # the data as given, its live iterator, a position not yet live
+        self.gen = None
+        self.running = False
+
+    def suspended(self) -> bool:
         """Whether a run is in progress: suspended by ``interrupt()`` or ``iterate()``, or running."""
-        return self._gen is not None
+        return self.gen is not None
 
-    def _drop_run(self) -> None:
+    def drop_run(self) -> None:
         """Forget the run in progress (a new run starts, or a position was loaded)."""
-        self._gen = None
+        self.gen = None
 
-    def _start_gen(self) -> None:
+    def start(self) -> None:
         """Make the run's generator, unless a run is in progress."""
-        if self._gen is None:
-            self._gen = self._run_gen()
+        if self.gen is None:
+            self.gen = self._run_gen()
 
-    def _reset_filters(self) -> None:
-        for d in self._dispatch.values():
+    def reset_filters(self) -> None:
+        """Every filter of every registration starts over (a new run, or a loaded position)."""
+        for d in self.dispatch.values():
             d.due = -1
             for r in d.regs:
                 if r.filter is not None:
                     r.filter.reset()
 
-    # -- signals ---------------------------------------------------------------------------------
-
-    @property
-    def should_terminate(self) -> bool | str:
-        """``True`` once ``terminate()`` was called (``"skip_completed"`` with ``skip_completed=True``), as Ignite.
-
-        Setting it to ``True`` from a handler stops the run as ``terminate()`` does; it is cleared when a run starts.
-        """
-        return self._signals.terminate
-
-    @should_terminate.setter
-    def should_terminate(self, value: bool | str) -> None:
-        self._signals.set_terminate(value)
-
-    @property
-    def should_terminate_single_epoch(self) -> bool | str:
-        """``True`` once ``terminate_epoch()`` was called (``"skip_epoch_completed"`` when it skips EPOCH_COMPLETED).
-
-        Setting it from a handler ends the epoch as ``terminate_epoch()`` does; it is cleared once the epoch ends.
-        """
-        return self._signals.epoch_request
-
-    @should_terminate_single_epoch.setter
-    def should_terminate_single_epoch(self, value: bool | str) -> None:
-        self._signals.set_terminate_epoch(value)
+    def drive(self) -> Iterator[Signal]:
+        """Advance the run, yielding each `PAUSE` and `INTERRUPT`; ``running`` is ``True`` while it advances."""
+        engine = self.engine
+        while self.gen is not None:
+            self.running = True
+            _driving.engines.append(engine)
+            try:
+                signal = next(self.gen)
+            except StopIteration:
+                self.gen = None
+                return
+            except BaseException:
+                self.gen = None
+                raise
+            finally:
+                self.running = False
+                _driving.engines.pop()
+            yield signal
 
     def _pause_point(self) -> RunGen:
-        if self._signals.pause:
-            self._signals.set_pause(False)
+        if self.signals.pause:
+            self.signals.set_pause(False)
             yield PAUSE
 
     def _on_signal(self, event: EventEnum) -> RunGen:
         """Act on the requests the handlers of ``event`` made, after all of them have run."""
-        signals = self._signals
+        signals = self.signals
         yield from self._pause_point()
         if signals.terminate:
             raise _Terminate
@@ -129,22 +156,25 @@ class RunLoop:
             signals.end_epoch_request()  # the epoch is over already
         if signals.interrupt:
             signals.set_interrupt(False)
-            self._fire(Events.INTERRUPT, self.state.iteration)
+            self._fire(Events.INTERRUPT, self.engine.state.iteration)
             yield INTERRUPT
 
     def _fire(self, event: EventEnum, value: int, *extra: Any) -> None:
-        self.last_event_name = event
-        d = self._dispatch[event]
+        engine = self.engine
+        engine.last_event_name = event
+        d = self.dispatch[event]
         if d.regs:
-            d.fire(self, value, *extra)
+            d.fire(engine, value, *extra)
 
     # -- the run ---------------------------------------------------------------------------------
 
     def _run_gen(self) -> RunGen:
-        st, signals, progress = self.state, self._signals, self._progress
+        engine = self.engine
+        st, signals, progress = engine.state, self.signals, self.progress
         signals.clear()
         progress.exhausted = False
-        st.times = {"EPOCH_COMPLETED": None, "COMPLETED": None}
+        times: dict[str, float | None] = {"EPOCH_COMPLETED": None, "COMPLETED": None}
+        st.times = times
         run_start = time.perf_counter()
         try:
             try:
@@ -161,28 +191,28 @@ class RunLoop:
                             yield from self._on_signal(Events.EPOCH_STARTED)
                     completed = yield from self._run_epoch()
                     progress.epoch_open = False
-                    st.times["EPOCH_COMPLETED"] = time.perf_counter() - epoch_start
+                    times["EPOCH_COMPLETED"] = time.perf_counter() - epoch_start
                     if completed:
                         self._fire(Events.EPOCH_COMPLETED, st.epoch)
-                        st.times["EPOCH_COMPLETED"] = time.perf_counter() - epoch_start
+                        times["EPOCH_COMPLETED"] = time.perf_counter() - epoch_start
                         if signals.any:
                             yield from self._on_signal(Events.EPOCH_COMPLETED)
-                    self.logger.info("Epoch[%d] Complete. Time taken: %s", st.epoch, _hms(st.times["EPOCH_COMPLETED"]))
+                    engine.logger.info("Epoch[%d] Complete. Time taken: %s", st.epoch, _hms(times["EPOCH_COMPLETED"]))
             except _Terminate:
                 self._fire(Events.TERMINATE, st.epoch)
                 yield from self._pause_point()
-            st.times["COMPLETED"] = time.perf_counter() - run_start
+            times["COMPLETED"] = time.perf_counter() - run_start
             if signals.terminate != "skip_completed":
                 self._fire(Events.COMPLETED, st.epoch)
-                st.times["COMPLETED"] = time.perf_counter() - run_start
+                times["COMPLETED"] = time.perf_counter() - run_start
                 yield from self._pause_point()
-            self.logger.info("Engine run finished. Time taken: %s", _hms(st.times["COMPLETED"]))
+            engine.logger.info("Engine run finished. Time taken: %s", _hms(times["COMPLETED"]))
         except GeneratorExit:
             raise
         except BaseException as e:
-            self._data.release(failed=True)
+            self.data.release(failed=True)
             if not getattr(e, "_ember_logged", False):  # an evaluator's run inside a trainer's: said once, by the first
-                self.logger.error("Engine run is terminating due to exception: %s", str(e) or type(e).__name__)
+                engine.logger.error("Engine run is terminating due to exception: %s", str(e) or type(e).__name__)
                 with contextlib.suppress(AttributeError):  # an exception that takes no attributes is said again
                     e._ember_logged = True  # type: ignore[attr-defined]  # a mark on the exception object
             self._fire(Events.EXCEPTION_RAISED, st.iteration, e)
@@ -190,15 +220,16 @@ class RunLoop:
 
     def _run_epoch(self) -> Generator[Signal, None, bool]:
         """Run one epoch (or its rest); return whether EPOCH_COMPLETED should fire."""
-        st, signals, progress = self.state, self._signals, self._progress
-        d = self._dispatch
+        engine = self.engine
+        st, signals, progress = engine.state, self.signals, self.progress
+        d = self.dispatch
         gbs, gbc = d[Events.GET_BATCH_STARTED], d[Events.GET_BATCH_COMPLETED]
         its, itc = d[Events.ITERATION_STARTED], d[Events.ITERATION_COMPLETED]
-        process = self._process_fn
+        process = self.process_fn
         length = st.epoch_length
         if progress.completion_pending(st):
             return True  # continued after a terminate() at the epoch's last iteration
-        data = self._data
+        data = self.data
         if data.live is None and st.dataloader is not None:
             data.open(st.dataloader, iteration=st.iteration, epoch=st.epoch, epoch_pos=progress.epoch_pos)
         pos = progress.epoch_pos
@@ -206,9 +237,9 @@ class RunLoop:
             while True:
                 st.batch = None
                 if data.live is not None:
-                    self.last_event_name = Events.GET_BATCH_STARTED
+                    engine.last_event_name = Events.GET_BATCH_STARTED
                     if gbs.regs:
-                        gbs.fire(self, st.iteration)
+                        gbs.fire(engine, st.iteration)
                     if signals.any:
                         yield from self._on_signal(Events.GET_BATCH_STARTED)
                     try:
@@ -221,9 +252,9 @@ class RunLoop:
                         e.add_note(f"(raised by the data, fetching the batch of iteration {st.iteration + 1})")
                         raise
                     st.output = None  # only once a batch came: the epoch's last output outlives the data's end
-                    self.last_event_name = Events.GET_BATCH_COMPLETED
+                    engine.last_event_name = Events.GET_BATCH_COMPLETED
                     if gbc.regs:
-                        gbc.fire(self, st.iteration)
+                        gbc.fire(engine, st.iteration)
                     if signals.any:
                         yield from self._on_signal(Events.GET_BATCH_COMPLETED)
                 else:
@@ -231,15 +262,15 @@ class RunLoop:
                 pos += 1
                 progress.epoch_pos = pos
                 st.iteration += 1
-                self.last_event_name = Events.ITERATION_STARTED
+                engine.last_event_name = Events.ITERATION_STARTED
                 if its.regs:
-                    its.fire(self, st.iteration)
+                    its.fire(engine, st.iteration)
                 if signals.any:
                     yield from self._on_signal(Events.ITERATION_STARTED)
-                st.output = process(self, st.batch)
-                self.last_event_name = Events.ITERATION_COMPLETED
+                st.output = process(engine, st.batch)
+                engine.last_event_name = Events.ITERATION_COMPLETED
                 if itc.regs:
-                    itc.fire(self, st.iteration)
+                    itc.fire(engine, st.iteration)
                 if signals.any:
                     yield from self._on_signal(Events.ITERATION_COMPLETED)
                 if pos == length:
@@ -253,14 +284,14 @@ class RunLoop:
             skip = signals.end_epoch_request()
             self._fire(Events.TERMINATE_SINGLE_EPOCH, st.epoch)
             if st.dataloader is not None:
-                self._data.fresh_pass(st.dataloader, st.iteration)
+                data.fresh_pass(st.dataloader, st.iteration)
             if signals.any:
                 yield from self._on_signal(Events.TERMINATE_SINGLE_EPOCH)
             return not skip
 
     def _refetch(self, pos: int) -> Generator[Signal, None, bool]:
         """After the iterator ran out: put the next batch in ``state.batch`` or end the epoch (``False``)."""
-        st = self.state
+        st = self.engine.state
         restarted = False
         while True:
             if st.epoch_length is None:  # data of unknown length: this was the end of the first epoch
@@ -277,13 +308,13 @@ class RunLoop:
                     UserWarning,
                     stacklevel=2,
                 )
-                self._progress.exhausted = True
+                self.progress.exhausted = True
                 return False
             self._fire(Events.DATALOADER_STOP_ITERATION, st.iteration)
-            if self._signals.any:
+            if self.signals.any:
                 yield from self._on_signal(Events.DATALOADER_STOP_ITERATION)
             loader: Iterable[Any] = st.dataloader  # type: ignore[assignment]  # only called when there is data
-            it = self._data.fresh_pass(loader, st.iteration)
+            it = self.data.fresh_pass(loader, st.iteration)
             restarted = True
             try:
                 st.batch = next(it)

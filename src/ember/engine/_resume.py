@@ -6,10 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ember._protocols import Stateful
-from ember.engine._events import EventEnum, Events
-from ember.engine._position import DataPosition
-from ember.engine._progress import Progress
-from ember.engine._signals import Signals
+from ember.engine._loop import Loop
 from ember.engine._state import State
 
 
@@ -135,123 +132,30 @@ class AttachedStates:
                 self._waiting[name] = state
 
 
-class Resume:
-    """Saving and restoring a run's position (Ignite's ``Serializable``): the engine's ``state_dict`` and its load.
+def run_state_dict(loop: Loop, user_keys: list[str], states: AttachedStates) -> dict[str, Any]:
+    """``Engine.state_dict``: the run's position from its loop's parts, the user keys and the attached states."""
+    state = loop.engine.state
+    out = engine_state_dict(state, user_keys, loop.data.saved())
+    if loop.signals.ended_by_decision:
+        out["terminated"] = True  # a relaunch that loads this has nothing left to run
+    if loop.progress.completion_pending(state) or loop.progress.epoch_owed:
+        out["epoch_completed"] = False  # resumed, the run fires this epoch's EPOCH_COMPLETED first
+    attached = states.state_dict()
+    if attached:
+        out["attached"] = attached
+    return out
 
-    Its own parts are the user keys and the attached states; it reads and writes the run loop's (the state, the
-    signals, the progress, the data position). ``Engine`` is made of it, the run loop, the run setup and the handler
-    registry.
 
-    Examples:
-        >>> from ember import Engine
-        >>> engine = Engine(lambda engine, batch: None)
-        >>> engine.load_state_dict({"iteration": 4, "epoch_length": 2, "max_epochs": 3})
-        >>> engine.state.epoch, engine.run([0, 1]).iteration
-        (2, 6)
-    """
-
-    # the run loop's parts (`RunLoop`)
-    state: State
-    last_event_name: EventEnum | str | None
-    _signals: Signals
-    _progress: Progress
-    _data: DataPosition
-    _running: bool
-    _reset_filters: Callable[[], None]
-    _drop_run: Callable[[], None]
-
-    def __init__(self) -> None:
-        self._state_dict_user_keys: list[str] = []
-        self._states = AttachedStates()
-
-    @property
-    def state_dict_user_keys(self) -> list[str]:
-        """Names of ``state`` attributes that [`state_dict`][ember.engine.Engine.state_dict] saves too; append to it.
-
-        Examples:
-            >>> from ember import Engine
-            >>> engine = Engine(lambda engine, batch: None)
-            >>> engine.state_dict_user_keys.append("best_loss")
-            >>> engine.state.best_loss = 0.25
-            >>> engine.state_dict()["best_loss"]
-            0.25
-        """
-        return self._state_dict_user_keys
-
-    def state_dict(self) -> dict[str, Any]:
-        """The run's position: ``epoch_length``, ``iteration``, ``max_epochs`` or ``max_iters``, user keys.
-
-        When the data's iterator has ``get_state()`` (Grain's protocol: [`ArrayDataset`][ember.data.ArrayDataset], Grain
-        loaders and datasets), its position is saved under ``"data"``.
-
-        Examples:
-            >>> from ember import Engine
-            >>> engine = Engine(lambda engine, batch: None)
-            >>> _ = engine.run([1, 2, 3], max_epochs=2)
-            >>> engine.state_dict()
-            {'epoch_length': 3, 'iteration': 6, 'max_epochs': 2}
-        """
-        out = engine_state_dict(self.state, self._state_dict_user_keys, self._data.saved())
-        if self._signals.ended_by_decision:
-            out["terminated"] = True  # a relaunch that loads this has nothing left to run
-        if self._progress.completion_pending(self.state) or self._progress.epoch_owed:
-            out["epoch_completed"] = False  # resumed, the run fires this epoch's EPOCH_COMPLETED first
-        attached = self._states.state_dict()
-        if attached:
-            out["attached"] = attached
-        return out
-
-    def mark_epoch_incomplete(self) -> None:
-        """From an EPOCH_COMPLETED handler: a checkpoint taken now makes a resumed run fire this EPOCH_COMPLETED again.
-
-        [`Preemption`][ember.handlers.Preemption] calls it when a signal cut the epoch's evaluation short, so the
-        evaluation runs again, whole, after the resume. It holds for every checkpoint taken until the next epoch starts
-        (the save at COMPLETED of a run stopped there included).
-
-        Examples:
-            >>> from ember import Engine, Events
-            >>> engine = Engine(lambda e, b: b)
-            >>> saved = []
-            >>> @engine.on(Events.EPOCH_COMPLETED)
-            ... def cut_short(engine):
-            ...     engine.mark_epoch_incomplete()
-            ...     saved.append(engine.state_dict())
-            >>> _ = engine.run([1, 2])
-            >>> saved[0]["epoch_completed"]
-            False
-        """
-        if self.last_event_name is not Events.EPOCH_COMPLETED:
-            raise RuntimeError(
-                f"mark_epoch_incomplete() is for EPOCH_COMPLETED handlers; it was called at {self.last_event_name!r}."
-            )
-        self._progress.epoch_owed = True
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore a position saved by [`state_dict`][ember.engine.Engine.state_dict]; the next `run` continues from it.
-
-        ``epoch`` may stand in for ``iteration`` (the start of that epoch's successor). Resuming in the
-        middle of an epoch delivers the batches an uninterrupted run would have seen: data whose iterator
-        has ``get_state``/``set_state`` continues from its saved position, other data is skipped through.
-
-        Raises:
-            TypeError: ``state_dict`` is not a mapping.
-            ValueError: a required key is missing, both or neither of a pair are given, or the
-                position lies past the end of the run.
-
-        Examples:
-            >>> from ember import Engine
-            >>> engine = Engine(lambda engine, batch: print(batch, end=" "))
-            >>> engine.load_state_dict({"iteration": 5, "epoch_length": 3, "max_epochs": 3})
-            >>> _ = engine.run(["a", "b", "c"])
-            c a b c
-        """
-        if self._running:
-            raise RuntimeError("load_state_dict() was called while this engine is running; call it before run().")
-        self._data.release()  # a live iterator's workers stop; the loaded position replaces its own
-        self._data.load(load_engine_state(self.state, state_dict, self._state_dict_user_keys))
-        self._states.load_state_dict(state_dict.get("attached", {}))
-        self._signals.set_terminate(state_dict.get("terminated") is True)  # should_terminate says so
-        completed = state_dict.get("epoch_completed")
-        self._progress.place(self.state, epoch_completed=completed if isinstance(completed, bool) else None)
-        self._drop_run()
-        self._reset_filters()
+def load_run_state(loop: Loop, saved: Mapping[str, Any], user_keys: list[str], states: AttachedStates) -> None:
+    """``Engine.load_state_dict``: check ``saved`` and place the run's loop, user keys and attached states there."""
+    if loop.running:
+        raise RuntimeError("load_state_dict() was called while this engine is running; call it before run().")
+    state = loop.engine.state
+    loop.data.release()  # a live iterator's workers stop; the loaded position replaces its own
+    loop.data.load(load_engine_state(state, saved, user_keys))
+    states.load_state_dict(saved.get("attached", {}))
+    loop.signals.set_terminate(saved.get("terminated") is True)  # should_terminate says so
+    completed = saved.get("epoch_completed")
+    loop.progress.place(state, epoch_completed=completed if isinstance(completed, bool) else None)
+    loop.drop_run()
+    loop.reset_filters()

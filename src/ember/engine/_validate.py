@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from typing import Any
 
 from ember.engine._state import State
+
+
+def check_process_fn(process_fn: object) -> None:
+    """Raise unless ``process_fn`` can be called as ``process_fn(engine, batch)`` (``Engine``'s argument)."""
+    if process_fn is None:
+        raise ValueError("`process_fn` must be callable as process_fn(engine, batch), got None.")
+    if not callable(process_fn):
+        raise TypeError(f"`process_fn` must be callable as process_fn(engine, batch), got {process_fn!r}.")
+    try:
+        inspect.signature(process_fn).bind(None, None)
+    except TypeError:
+        raise ValueError(
+            f"`process_fn` must accept (engine, batch); {getattr(process_fn, '__qualname__', process_fn)}"
+            f"{inspect.signature(process_fn)} does not."
+        ) from None
+    except ValueError:  # no signature to inspect: trust it
+        pass
 
 
 def check_count(name: str, value: object) -> None:

@@ -1,4 +1,4 @@
-"""`EngineAttachment`: how a metric attaches to an engine (Ignite's ``attach``/``detach``), inherited by `Metric`."""
+"""`Attachments`: how a metric attaches to engines (Ignite's ``attach``/``detach``), a part `Metric` holds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ember._protocols import FusableMetric, FusingEngine
 from ember.engine import Engine, Events, RemovableEventHandle
 from ember.metrics._composite import AttachedMetric
 from ember.metrics._saved import PublishedValues
-from ember.metrics._usage import EPOCH_WISE, MetricUsage, resolve_usage
+from ember.metrics._usage import MetricUsage, resolve_usage
 
 
 class _Unfuse:
@@ -30,13 +30,19 @@ class _Attachment:
         self.internal = 0  # composite metrics that rely on this one
 
 
-class EngineAttachment:
-    """Resets, updates and computes a metric on an engine's events; ``Metric`` inherits it.
+class Attachments:
+    """A metric's attachments to engines (Ignite's ``attach``/``detach``): a part every `Metric` holds.
 
-    Per engine the metric keeps one attachment: its usage, the names it writes in ``state.metrics``, and the handles
+    Per engine it keeps one attachment: the usage, the names the metric writes in ``state.metrics``, and the handles
     that undo it. A training engine may take the update into its compiled step (``engine.fuse_metric``); otherwise an
-    ITERATION_COMPLETED handler runs it. The metric's accumulators are saved with the engine
+    ITERATION_COMPLETED handler runs ``update_on(engine)``. At the usage's compute event ``value_on(engine)`` is
+    written under every name. The metric's accumulators are saved with the engine
     ([`ember.Engine.track_state`][ember.engine.Engine.track_state]).
+
+    Args:
+        metric: the metric attached: its ``reset``, ``fusable``, ``publishes_per_step`` and ``detach`` are used.
+        update_on: updates the metric from an engine's output.
+        value_on: the value to publish on an engine.
 
     Examples:
         >>> from ember import Engine
@@ -47,46 +53,15 @@ class EngineAttachment:
         {'total': 3.0}
     """
 
-    _restored: bool  # the accumulators came from load_state_dict and the resumed run has not started
+    def __init__(self, metric: Any, *, update_on: Callable[[Engine], None], value_on: Callable[[Engine], Any]) -> None:
+        self._metric = metric
+        self._update_on = update_on
+        self._value_on = value_on
+        self._by_engine: weakref.WeakKeyDictionary[Engine, _Attachment] = weakref.WeakKeyDictionary()
+        self.restored = False  # the accumulators came from load_state_dict and the resumed run has not started
 
-    def __init__(self) -> None:
-        self._attachments: weakref.WeakKeyDictionary[Engine, _Attachment] = weakref.WeakKeyDictionary()
-
-    # what Metric defines
-    def reset(self) -> None:
-        raise NotImplementedError
-
-    def update(self, output: Any) -> None:
-        raise NotImplementedError
-
-    def compute(self) -> Any:
-        raise NotImplementedError
-
-    @property
-    def fusable(self) -> bool:
-        raise NotImplementedError
-
-    @property
-    def publishes_per_step(self) -> bool:
-        raise NotImplementedError
-
-    def attach(self, engine: Engine, name: str, usage: str | MetricUsage = EPOCH_WISE) -> AttachedMetric:
-        """Reset, update and compute on ``engine``'s events; write ``engine.state.metrics[name]``; return the handle.
-
-        Usages, by Ignite's names: ``"epoch_wise"`` (default), ``"batch_wise"``, ``"running_epoch_wise"``,
-        ``"running_batch_wise"``, ``"single_epoch_running_batch_wise"``, or
-        [`MetricUsage.filtered`][ember.metrics.MetricUsage.filtered]. The metric's handlers run before the engine's
-        other handlers on the same event. Attached under two names, it still updates once per iteration.
-
-        Examples:
-            >>> import jax.numpy as jnp
-            >>> from ember import Engine
-            >>> from ember.metrics import Average
-            >>> engine = Engine(lambda engine, batch: jnp.asarray(batch, jnp.float32))
-            >>> _ = Average().attach(engine, "mean")
-            >>> engine.run([[1.0, 2.0], [3.0]]).metrics
-            {'mean': 2.0}
-        """
+    def attach(self, engine: Engine, name: str, usage: str | MetricUsage) -> AttachedMetric:
+        """``Metric.attach``: attach under ``name``; return the handle that detaches it."""
         if not isinstance(engine, Engine):
             raise TypeError(f"`engine` must be an ember Engine, got {type(engine).__name__}.")
         if not isinstance(name, str):  # any string, "" too, as Ignite takes it
@@ -96,87 +71,75 @@ class EngineAttachment:
             att.names.append(name)
             if len(att.names) == 1 and not att.internal:
                 att.handles.append(engine.add_priority_handler(att.usage.compute, self._completed, att))
-        ref = weakref.ref(engine)  # the handle keeps neither the engine alive, as engine handles do not
+        ref, metric = weakref.ref(engine), self._metric  # the handle keeps no engine alive, as engine handles do not
 
         def detach() -> None:
             live = ref()
             if live is not None:
-                self.detach(live, name)
+                metric.detach(live, name)
 
         return AttachedMetric(detach)
 
     def _attach_to(self, engine: Engine, usage: MetricUsage, key: str) -> _Attachment:
-        """This metric's attachment to ``engine``, made on first use; its state is saved under ``key``."""
-        att = self._attachments.get(engine)
+        """The attachment to ``engine``, made on first use; the metric's state is saved under ``key``."""
+        metric = self._metric
+        att = self._by_engine.get(engine)
         if att is not None:
             if att.usage != usage:
                 raise ValueError(
-                    f"This {type(self).__name__} is attached to the engine with usage {att.usage.name!r}; one "
+                    f"This {type(metric).__name__} is attached to the engine with usage {att.usage.name!r}; one "
                     f"metric object has one usage per engine. Use another instance for {usage.name!r}."
                 )
             return att
-        att = self._attachments[engine] = _Attachment(usage)
-        # checkpoints of the engine carry our accumulators, and the values metrics published
-        att.handles.append(_Unfuse(engine.track_state(f"metric:{key}", self)))
+        att = self._by_engine[engine] = _Attachment(usage)
+        # checkpoints of the engine carry the accumulators, and the values metrics published
+        att.handles.append(_Unfuse(engine.track_state(f"metric:{key}", metric)))
         engine.track_state("state.metrics", _published_values(engine))
         att.handles.append(engine.add_priority_handler(usage.reset, self._reset_at))
-        # a training engine may run our update inside its compiled step (see the class docstring)
+        # a training engine may run the update inside its compiled step (see `Metric`)
         undo = None
-        if isinstance(engine, FusingEngine) and self.fusable and usage.update is Events.ITERATION_COMPLETED:
+        if isinstance(engine, FusingEngine) and metric.fusable and usage.update is Events.ITERATION_COMPLETED:
             undo = engine.fuse_metric(
-                cast(FusableMetric, self), reset=usage.reset, compute=usage.compute, per_step=self.publishes_per_step
+                cast(FusableMetric, metric),
+                reset=usage.reset,
+                compute=usage.compute,
+                per_step=metric.publishes_per_step,
             )
         if undo is not None:  # updated inside the engine's compiled step: no dispatch of its own
             att.handles.append(_Unfuse(undo))
         else:
-            att.handles.append(engine.add_priority_handler(usage.update, self._updated))
+            att.handles.append(engine.add_priority_handler(usage.update, self._update_on))
         return att
 
-    def _attach_internal(self, engine: Engine, usage: MetricUsage, key: str) -> None:
+    def attach_internal(self, engine: Engine, usage: MetricUsage, key: str) -> None:
         """Attach without a name, for a composite metric that computes from this one."""
         self._attach_to(engine, usage, key).internal += 1
 
-    def _release_internal(self, engine: Engine) -> None:
+    def release_internal(self, engine: Engine) -> None:
         """A composite metric no longer computes from this one; detach it if nothing else uses it."""
-        att = self._attachments.get(engine)
+        att = self._by_engine.get(engine)
         if att is not None:
             att.internal -= 1
             if not att.internal and not att.names:
-                self.detach(engine)
+                self._metric.detach(engine)
 
     def _reset_at(self, engine: Engine) -> None:
         """The reset at the usage's event; a state restored from a checkpoint survives a resumed run's STARTED."""
-        if self._restored and engine.last_event_name is Events.STARTED and engine.state.iteration > 0:
-            self._restored = False  # the run goes on where the checkpoint left it: so do the accumulators
+        if self.restored and engine.last_event_name is Events.STARTED and engine.state.iteration > 0:
+            self.restored = False  # the run goes on where the checkpoint left it: so do the accumulators
             return
-        self.reset()
-
-    def _updated(self, engine: Engine) -> None:
-        self.update(self._from_engine(engine.state.output))
-
-    def _from_engine(self, output: Any) -> Any:
-        """What ``update`` takes from an engine's output (a metric written Ignite's way: after ``output_transform``)."""
-        return output
+        self._metric.reset()
 
     def _completed(self, engine: Engine, att: _Attachment) -> None:
         if not att.names:
             return
-        value = self.compute()
+        value = self._value_on(engine)
         for name in att.names:
             engine.state.metrics[name] = value
 
     def detach(self, engine: Engine, name: str | None = None) -> None:
-        """Stop updating on ``engine`` (for ``name`` only, if given); the metric's handlers are removed.
-
-        Examples:
-            >>> from ember import Engine
-            >>> from ember.metrics import Average
-            >>> engine, avg = Engine(lambda engine, batch: batch), Average()
-            >>> _ = avg.attach(engine, "a"); avg.detach(engine)
-            >>> avg.is_attached(engine)
-            False
-        """
-        att = self._attachments.get(engine)
+        """``Metric.detach``: stop updating on ``engine`` (for ``name`` only, if given)."""
+        att = self._by_engine.get(engine)
         if att is None:
             return
         if name is not None:
@@ -189,20 +152,11 @@ class EngineAttachment:
             handle.remove()
         for n in att.names:
             engine.state.metrics.pop(n, None)
-        del self._attachments[engine]
+        del self._by_engine[engine]
 
     def is_attached(self, engine: Engine, name: str | None = None) -> bool:
-        """Whether the metric is attached to ``engine`` (under ``name``, if given).
-
-        Examples:
-            >>> from ember import Engine
-            >>> from ember.metrics import Average
-            >>> engine, avg = Engine(lambda engine, batch: batch), Average()
-            >>> _ = avg.attach(engine, "a")
-            >>> avg.is_attached(engine), avg.is_attached(engine, "b")
-            (True, False)
-        """
-        att = self._attachments.get(engine)
+        """``Metric.is_attached``: whether attached to ``engine`` (under ``name``, if given)."""
+        att = self._by_engine.get(engine)
         return att is not None and (name is None or name in att.names)
 
 

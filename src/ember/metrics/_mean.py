@@ -17,11 +17,21 @@ def broadcast_weights(values: Any, mask: Any) -> Any:
     return jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (values.ndim - mask.ndim)), values.shape)
 
 
+def mean_accumulators() -> Any:
+    """A mean's accumulators before any update: ``(weighted total, count)``, both 0."""
+    return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+
+
+def mean_of(state: Any) -> Any:
+    """A mean's value from its accumulators: total over count."""
+    return state[0] / state[1]
+
+
 class MeanMetric(Metric):
     """A metric whose accumulators are ``(weighted total, count)`` and whose value is their ratio."""
 
     def empty(self) -> Any:
-        return (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+        return mean_accumulators()
 
     def finalize(self, state: Any) -> Any:
-        return state[0] / state[1]
+        return mean_of(state)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -14,15 +14,19 @@ from jax.experimental import multihost_utils
 
 from ember._multiprocess import gather_text
 from ember.errors import NotComputableError
-from ember.metrics._attach import EngineAttachment
-from ember.metrics._composite import MetricArithmetic
+from ember.metrics._attach import Attachments
+from ember.metrics._composite import AttachedMetric, MetricArithmetic
 from ember.metrics._ignite_style import check_device, ignite_update_argument, is_ignite_style
 from ember.metrics._ignite_style import load_state_dict as ignite_load_state_dict
 from ember.metrics._ignite_style import state_dict as ignite_state_dict
-from ember.metrics._saved import decode_tree, distinct_buffers, encode_tree, is_global
+from ember.metrics._saved import distinct_buffers, encode_tree, is_global, own_part
+from ember.metrics._usage import EPOCH_WISE, MetricUsage
+
+if TYPE_CHECKING:
+    from ember.engine import Engine
 
 
-class Metric(EngineAttachment, MetricArithmetic):
+class Metric(MetricArithmetic):
     """Base of ember's metrics: a pytree of device accumulators with a pure, jittable merge.
 
     Subclasses define [`empty`][ember.metrics.Metric.empty] (the zero accumulators),
@@ -85,7 +89,7 @@ class Metric(EngineAttachment, MetricArithmetic):
         self._output_transform = output_transform
         self.mask_key = mask_key
         self._update_fn = jax.jit(self._merge_batch)
-        EngineAttachment.__init__(self)
+        self._attached = Attachments(self, update_on=self._update_on, value_on=self._value_on)  # per engine
         self._zeros: Any = _UNSET  # empty() fetched once: a reset copies it on the host and dispatches nothing
         # the accumulators, the value the last step published (published_value, on device), the updates counted
         self._state, self._published, self._updates = None, None, 0
@@ -130,11 +134,70 @@ class Metric(EngineAttachment, MetricArithmetic):
             return tuple(out[k] for k in self.keys), mask
         return (tuple(out) if isinstance(out, tuple | list) else (out,)), None  # Ignite's [y_pred, y] too
 
-    def _from_engine(self, output: Any) -> Any:  # a metric written Ignite's way: after output_transform, as Ignite
-        if not self._ignite_style:
-            return output
-        self._updates += 1
-        return ignite_update_argument(self, output)
+    def _update_on(self, engine: Engine) -> None:
+        """The update from ``engine``'s output; a metric written Ignite's way takes it after ``output_transform``."""
+        output = engine.state.output
+        if self._ignite_style:
+            self._updates += 1
+            output = ignite_update_argument(self, output)
+        self.update(output)
+
+    def _value_on(self, engine: Engine) -> Any:
+        """The value published in ``engine.state.metrics`` at the usage's compute event."""
+        return self.compute()
+
+    # -- on engines ------------------------------------------------------------------------------
+
+    def attach(self, engine: Engine, name: str, usage: str | MetricUsage = EPOCH_WISE) -> AttachedMetric:
+        """Reset, update and compute on ``engine``'s events; write ``engine.state.metrics[name]``; return the handle.
+
+        Usages, by Ignite's names: ``"epoch_wise"`` (default), ``"batch_wise"``, ``"running_epoch_wise"``,
+        ``"running_batch_wise"``, ``"single_epoch_running_batch_wise"``, or
+        [`MetricUsage.filtered`][ember.metrics.MetricUsage.filtered]. The metric's handlers run before the engine's
+        other handlers on the same event. Attached under two names, it still updates once per iteration.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from ember import Engine
+            >>> from ember.metrics import Average
+            >>> engine = Engine(lambda engine, batch: jnp.asarray(batch, jnp.float32))
+            >>> _ = Average().attach(engine, "mean")
+            >>> engine.run([[1.0, 2.0], [3.0]]).metrics
+            {'mean': 2.0}
+        """
+        return self._attached.attach(engine, name, usage)
+
+    def detach(self, engine: Engine, name: str | None = None) -> None:
+        """Stop updating on ``engine`` (for ``name`` only, if given); the metric's handlers are removed.
+
+        Examples:
+            >>> from ember import Engine
+            >>> from ember.metrics import Average
+            >>> engine, avg = Engine(lambda engine, batch: batch), Average()
+            >>> _ = avg.attach(engine, "a"); avg.detach(engine)
+            >>> avg.is_attached(engine)
+            False
+        """
+        self._attached.detach(engine, name)
+
+    def is_attached(self, engine: Engine, name: str | None = None) -> bool:
+        """Whether the metric is attached to ``engine`` (under ``name``, if given).
+
+        Examples:
+            >>> from ember import Engine
+            >>> from ember.metrics import Average
+            >>> engine, avg = Engine(lambda engine, batch: batch), Average()
+            >>> _ = avg.attach(engine, "a")
+            >>> avg.is_attached(engine), avg.is_attached(engine, "b")
+            (True, False)
+        """
+        return self._attached.is_attached(engine, name)
+
+    def _attach_internal(self, engine: Engine, usage: MetricUsage, key: str) -> None:
+        self._attached.attach_internal(engine, usage, key)
+
+    def _release_internal(self, engine: Engine) -> None:
+        self._attached.release_internal(engine)
 
     def reset(self) -> None:
         """Zero the accumulators.
@@ -147,7 +210,7 @@ class Metric(EngineAttachment, MetricArithmetic):
             >>> avg.compute()
             5.0
         """
-        self._updates, self._published, self._restored = 0, None, False
+        self._updates, self._published, self._attached.restored = 0, None, False
         if not self._ignite_style:
             self._state = self._empty()  # buffers of its own: a compiled step donates them
 
@@ -195,25 +258,11 @@ class Metric(EngineAttachment, MetricArithmetic):
         """
         if self._ignite_style:
             ignite_load_state_dict(self, state_dict)
-            self._restored = True
+            self._attached.restored = True
             return
-        if isinstance(state_dict, Mapping) and "processes" in state_dict:
-            parts = state_dict["processes"]
-            if not isinstance(parts, list) or not parts or not all(isinstance(p, Mapping) for p in parts):
-                raise ValueError(
-                    f"`state_dict['processes']` of {type(self).__name__} must be a non-empty list of saved parts, "
-                    f"got {parts!r}."
-                )
-            if len(parts) == jax.process_count():
-                state, updates = self._checked(parts[jax.process_index()])
-            else:  # another number of processes: the parts merged on process 0
-                checked = [self._checked(part) for part in parts]
-                updates = sum(n for _, n in checked)
-                state = self.merge_processes([s for s, _ in checked]) if jax.process_index() == 0 else self._empty()
-        else:
-            state, updates = self._checked(state_dict)
+        state, updates = own_part(type(self).__name__, state_dict, self.empty(), self.merge_processes, self._empty)
         self._restore_state(state)
-        self._updates, self._published, self._restored = updates, None, True
+        self._updates, self._published, self._attached.restored = updates, None, True
 
     def _saved_state(self) -> Any:
         """What [`state_dict`][ember.metrics.Metric.state_dict] saves: the accumulators (a subclass may keep more)."""
@@ -222,23 +271,6 @@ class Metric(EngineAttachment, MetricArithmetic):
     def _restore_state(self, state: Any) -> None:
         """Take back what `_saved_state` gave, decoded from a checkpoint."""
         self._state = distinct_buffers(state)
-
-    def _checked(self, state_dict: Any) -> tuple[Any, int]:
-        """``(accumulators, updates)`` from one saved part, checked against this metric's kind."""
-        if not isinstance(state_dict, Mapping) or "state" not in state_dict or "updates" not in state_dict:
-            raise ValueError(
-                f"`state_dict` of {type(self).__name__} must hold 'state' and 'updates', got {state_dict!r}."
-            )
-        updates = state_dict["updates"]
-        if not isinstance(updates, int) or isinstance(updates, bool) or updates < 0:
-            raise ValueError(f"`state_dict['updates']` must be a non-negative int, got {updates!r}.")
-        state, fresh = decode_tree(state_dict["state"]), self.empty()
-        if fresh is not None and jax.tree.structure(fresh) != jax.tree.structure(state):
-            raise ValueError(
-                f"The saved state of {type(self).__name__} has the structure {jax.tree.structure(state)}, this metric "
-                f"{jax.tree.structure(fresh)}; was it saved by another kind of metric?"
-            )
-        return state, updates
 
     def _empty(self) -> Any:
         """Fresh accumulators in host memory (as a reset leaves them)."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ember.metrics._mean import MeanMetric, broadcast_weights
+from ember.metrics._mean import MeanMetric, broadcast_weights, mean_accumulators, mean_of
 from ember.metrics._metric import Metric
 
 
@@ -39,7 +39,7 @@ class _Reduction(Metric):
         return value, broadcast_weights(value, mask)
 
 
-class Average(_Reduction, MeanMetric):
+class Average(_Reduction):
     """The mean of the values seen, weighted by how many there are.
 
     A per-example array counts each element, a scalar counts once. Masked elements do not count.
@@ -58,9 +58,15 @@ class Average(_Reduction, MeanMetric):
         4.0
     """
 
+    def empty(self) -> Any:
+        return mean_accumulators()
+
     def batch_state(self, value: Any, mask: Any = None) -> Any:
         v, w = self._values(value, mask)
         return (jnp.sum(v * w), jnp.sum(w))
+
+    def finalize(self, state: Any) -> Any:
+        return mean_of(state)
 
 
 class Sum(_Reduction):

@@ -140,9 +140,9 @@ class RunningAverage(Metric):
             self._over_epochs.add(engine)
         return super().attach(engine, name, usage)
 
-    def _updated(self, engine: Engine) -> None:
+    def _update_on(self, engine: Engine) -> None:
         if self.src is None or engine not in self._over_epochs:
-            super()._updated(engine)
+            super()._update_on(engine)
             return
         if not self.src._updates:
             return  # an epoch without a batch adds nothing
@@ -168,14 +168,7 @@ class RunningAverage(Metric):
             self._over_epochs.discard(engine)
             self.src._release_internal(engine)
 
-    def _completed(self, engine: Engine, att: Any) -> None:
-        if not att.names:
-            return
+    def _value_on(self, engine: Engine) -> Any:
         # The value the compiled step published, or (updated by a handler) finalised here: a device
         # scalar either way, no host read.
-        value = self._published
-        if value is None:
-            value = self.finalize(self._state)
-        metrics = engine.state.metrics
-        for name in att.names:
-            metrics[name] = value
+        return self._published if self._published is not None else self.finalize(self._state)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -104,3 +105,44 @@ def distinct_buffers(state: Any) -> Any:
         return x
 
     return jax.tree.map(unique, state)
+
+
+def own_part(
+    kind: str,
+    saved: Any,
+    fresh: Any,
+    merge_processes: Callable[[list[Any]], Any],
+    empty: Callable[[], Any],
+) -> tuple[Any, int]:
+    """``(accumulators, updates)`` this process takes from a metric's ``state_dict`` (``Metric.load_state_dict``).
+
+    Saved from several processes (``"processes"``), each takes its own part; resumed on another number of processes,
+    process 0 takes the parts merged (``merge_processes``) and the others ``empty()``, with every count the total.
+    Each part is checked against ``fresh`` (the metric's ``empty()``): a part of another kind of metric is refused.
+    """
+    if not (isinstance(saved, Mapping) and "processes" in saved):
+        return _checked(kind, saved, fresh)
+    parts = saved["processes"]
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, Mapping) for p in parts):
+        raise ValueError(f"`state_dict['processes']` of {kind} must be a non-empty list of saved parts, got {parts!r}.")
+    if len(parts) == jax.process_count():
+        return _checked(kind, parts[jax.process_index()], fresh)
+    checked = [_checked(kind, part, fresh) for part in parts]  # another number of processes: merged on process 0
+    updates = sum(n for _, n in checked)
+    return (merge_processes([s for s, _ in checked]) if jax.process_index() == 0 else empty()), updates
+
+
+def _checked(kind: str, saved: Any, fresh: Any) -> tuple[Any, int]:
+    """``(accumulators, updates)`` from one saved part, checked against a metric's ``empty()`` (``fresh``)."""
+    if not isinstance(saved, Mapping) or "state" not in saved or "updates" not in saved:
+        raise ValueError(f"`state_dict` of {kind} must hold 'state' and 'updates', got {saved!r}.")
+    updates = saved["updates"]
+    if not isinstance(updates, int) or isinstance(updates, bool) or updates < 0:
+        raise ValueError(f"`state_dict['updates']` must be a non-negative int, got {updates!r}.")
+    state = decode_tree(saved["state"])
+    if fresh is not None and jax.tree.structure(fresh) != jax.tree.structure(state):
+        raise ValueError(
+            f"The saved state of {kind} has the structure {jax.tree.structure(state)}, this metric "
+            f"{jax.tree.structure(fresh)}; was it saved by another kind of metric?"
+        )
+    return state, updates

@@ -194,7 +194,7 @@ class TrainingEngine(Engine):
             >>> evaluator.precompile(jnp.ones(4), background=True).result()
             True
         """
-        prepare = getattr(self._process_fn, "precompile", None)
+        prepare = getattr(self.process_function, "precompile", None)
         compile_now = prepare(self, batch) if prepare is not None else None
         done: Future[bool] = Future()
         if compile_now is None:
@@ -271,7 +271,7 @@ class TrainingEngine(Engine):
                 f"step_cost reads one jit-compiled step; under {type(self.placement).__name__} the state has a device "
                 "axis."
             )
-        process: Any = self._process_fn  # a TrainProcess or an EvalProcess: its step, before compilation
+        process: Any = self.process_function  # a TrainProcess or an EvalProcess: its step, before compilation
         cost = jax.jit(process.step).lower(self.state.train_state, batch).compile().cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost  # one entry per program in older JAX
         return {name: float(value) for name, value in (cost or {}).items()}
