@@ -62,7 +62,7 @@ def compiled_step(handlers: bool, data: list[Any]) -> tuple[Any, list[Any]]:
     """The trainer's own compiled step, and a holder of what it carries (with the metrics' states, for ``handlers``)."""
     trainer = make_trainer(handlers)
     trainer.run(data[:2], max_epochs=1)  # compile, and leave the compiled step in the trainer's cache
-    step = next(iter(trainer._process_fn.compiled.values()))
+    step = next(iter(trainer.process_function.compiled.values()))
     metrics = trainer.fused_metrics  # with handlers: the step carries (train state, metric states)
     state = trainer.state.train_state
     return step, [(state, tuple(m.state for m in metrics)) if metrics else state]
