@@ -10,6 +10,7 @@ from ember.handlers._checkpointing.savers import DiskSaver, global_step_from_eng
 from ember.handlers._common import setup_common_training_handlers
 from ember.handlers._early_stopping import EarlyStopping
 from ember.handlers._evaluation import Evaluate
+from ember.handlers._evaluations import Evaluations
 from ember.handlers._optuna import OptunaPruning
 from ember.handlers._reporting.basic_profiler import BasicTimeProfiler
 from ember.handlers._reporting.epoch_outputs import EpochOutputStore
@@ -44,6 +45,7 @@ __all__ = [
     "EarlyStopping",
     "EpochOutputStore",
     "Evaluate",
+    "Evaluations",
     "GoodputLedger",
     "GradientSpikeMonitor",
     "GradsHistHandler",

@@ -94,7 +94,7 @@ class Attachments:
         att = self._by_engine[engine] = _Attachment(usage)
         # checkpoints of the engine carry the accumulators, and the values metrics published
         att.handles.append(_Unfuse(engine.track_state(f"metric:{key}", metric)))
-        engine.track_state("state.metrics", _published_values(engine))
+        engine.track_state("state.metrics", published_values(engine))
         att.handles.append(engine.add_priority_handler(usage.reset, self._reset_at))
         # a training engine may run the update inside its compiled step (see `Metric`)
         undo = None
@@ -163,7 +163,7 @@ class Attachments:
 _PUBLISHED: weakref.WeakKeyDictionary[Engine, PublishedValues] = weakref.WeakKeyDictionary()
 
 
-def _published_values(engine: Engine) -> PublishedValues:
+def published_values(engine: Engine) -> PublishedValues:
     """The one saver of ``engine.state.metrics`` that every metric attached to ``engine`` shares."""
     saver = _PUBLISHED.get(engine)
     if saver is None:

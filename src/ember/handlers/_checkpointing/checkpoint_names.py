@@ -38,6 +38,11 @@ def ranked(
     return step, global_step, priority, metrics
 
 
+def in_a_name(score_name: str | None) -> str | None:
+    """``score_name`` as a file or folder name shows it: an evaluation's ``"val/accuracy"`` as ``"val_accuracy"``."""
+    return None if score_name is None else score_name.replace("/", "_")
+
+
 def score_key(score_name: str | None) -> str:
     """What a score is recorded under in a store's manifests and folder names: its name, or ``"score"``."""
     return "score" if score_name is None else score_name
@@ -97,7 +102,7 @@ class Naming:
             "filename_prefix": self.filename_prefix,
             "ext": self.ext,
             "name": objects_name(to_save),
-            "score_name": self.score_name,
+            "score_name": in_a_name(self.score_name),
             "score": priority_text(priority) if self.scored else None,
             "global_step": global_step,
         }
@@ -109,7 +114,8 @@ class Naming:
         """A checkpoint folder's name in a store: ``filename_pattern``, else ``<prefix>step_<step>[-<score>]``."""
         if self.filename_pattern is not None:
             return self.ignite_name(to_save, global_step, priority)
-        return f"{self.prefix}step_{step:08d}" + (f"-{score_key(self.score_name)}={priority:.4f}" if scored else "")
+        score = in_a_name(score_key(self.score_name))
+        return f"{self.prefix}step_{step:08d}" + (f"-{score}={priority:.4f}" if scored else "")
 
     def metadata(self, to_save: Mapping[str, Any], priority: float) -> dict[str, Any]:
         """What a checkpoint's manifest records of the handler that wrote it (a relaunch knows its own by it)."""
