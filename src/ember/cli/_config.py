@@ -19,7 +19,7 @@ from ember.errors import ConfigError
 _POSITIVE = frozenset(
     {"batch_size", "max_epochs", "max_iters", "steps_per_call", "eval_every", "keep_latest", "keep_best"}
     | {"every_iters", "patience", "log_every", "epoch_length", "rollback_after", "durable_every"}
-    | {"histograms"}
+    | {"histograms", "every_epochs"}
 )
 
 #: Text fields that name a folder: an empty one would be the working folder, silently.
@@ -37,6 +37,7 @@ _RANGES: dict[str, tuple[str, Any]] = {
     "step_timeout": ("a positive number of seconds", lambda v: v > 0),
     "startup_timeout": ("a positive number of seconds", lambda v: v > 0),
     "save_timeout": ("a positive number of seconds (or null)", lambda v: v > 0),
+    "noise": ("a number >= 0", lambda v: v >= 0),
 }
 
 
@@ -91,7 +92,10 @@ def _convert(value: Any, t: Any, path: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}.")
-        return dict(value)
+        kind = get_args(t)[1] if get_args(t) else Any
+        if not dataclasses.is_dataclass(kind):
+            return dict(value)
+        return {k: _build(kind, v, f"{path}.{k}") for k, v in value.items()}  # type: ignore[arg-type]
     if dataclasses.is_dataclass(t):
         return _build(t, value, path)  # type: ignore[arg-type]  # is_dataclass narrowed t to a dataclass type
     if t in (int, float) and isinstance(value, str):
@@ -225,7 +229,25 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any] | None = None, o
                 f"{path} is empty. Write the fields to change (see `ember train --help` and the CLI page), or leave "
                 "the file out to train the built-in example."
             )
-    return _build(Config, _apply_overrides(raw, overrides), "")
+    config: Config = _build(Config, _apply_overrides(raw, overrides), "")
+    _check_evaluations(config)
+    return config
+
+
+def _check_evaluations(config: Config) -> None:
+    """The evaluations' names and schedules, and the one ``best_on`` names: what one field alone cannot say."""
+    problems = []
+    for name, evaluation in config.evaluations.items():
+        if not isinstance(name, str) or not name or "/" in name or name == "val":
+            problems.append(f"evaluations.{name}: expected a name without '/', other than 'val', got {name!r}.")
+        if evaluation.every_epochs is None and evaluation.every_iters is None:
+            problems.append(f"evaluations.{name}: give every_epochs or every_iters (or both); both are null.")
+    best_on = config.handlers.checkpoint.best_on
+    if best_on != "val" and best_on not in config.evaluations:
+        allowed = ", ".join(["val", *map(str, config.evaluations)])
+        problems.append(f"handlers.checkpoint.best_on: expected an evaluation of the run ({allowed}), got {best_on!r}.")
+    if problems:
+        raise config_error(problems)
 
 
 def dump_config(config: Config, source: str | os.PathLike[str] | None = None) -> str:

@@ -26,7 +26,9 @@ def attach_checkpoints(
     run_id: str,
     records: Writer | None = None,
 ) -> tuple[Checkpoint, Checkpoint]:
-    """Attach ``checkpoints/best`` (each evaluation) and ``checkpoints/latest`` (each epoch, ``every_iters``, the end).
+    """Attach ``checkpoints/best`` (by ``evaluator``'s accuracy) and ``checkpoints/latest`` (each epoch, the end).
+
+    ``evaluator`` is the evaluation ``best_on`` names; the latest are also saved every ``every_iters`` iterations.
 
     With ``fast_dir``, the latest go through a `TieredStore` whose durable tier is ``checkpoints/latest`` and whose
     fast tier is ``<fast_dir>/<run folder's name>-<run_id>`` (`shared_run_id`): two runs never share one, though
@@ -39,7 +41,7 @@ def attach_checkpoints(
         run_dir / "checkpoints" / "best",
         n_saved=config.keep_best,
         score_function=lambda e: e.state.metrics["accuracy"],
-        score_name="val_accuracy",
+        score_name=f"{config.best_on}_accuracy",
         global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED),  # the trainer's step
     )
     best.attach(evaluator, Events.COMPLETED)

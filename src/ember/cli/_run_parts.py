@@ -26,11 +26,13 @@ from ember.cli._registry import (
 )
 from ember.cli._run_checkpoints import attach_checkpoints, shared_run_id
 from ember.cli._run_course import SKIP_LIMIT, logged_outputs, nan_check, runs_on, watching
+from ember.cli._run_evaluations import Extra, build_evaluations
 from ember.cli._verify_resume import KILL_AT
 from ember.handlers import (
     Checkpoint,
     EarlyStopping,
     Evaluate,
+    Evaluations,
     GoodputLedger,
     LRMonitor,
     Preemption,
@@ -119,6 +121,16 @@ class Engines:
     trainer: Any
     evaluator: Any
     relaunched: bool  # the run folder had a config already: a relaunch of the run
+    extra: Extra = field(default_factory=dict)  # the evaluations beside val: name -> (evaluator, data, schedule)
+
+    def evaluator_of(self, name: str) -> Any:
+        """The evaluator of the evaluation ``name`` (``val``, or one of ``evaluations``)."""
+        return self.evaluator if name == "val" else self.extra[name][0]
+
+    @property
+    def evaluators(self) -> list[Any]:
+        """Every evaluator of the run, ``val``'s first."""
+        return [self.evaluator, *(evaluator for evaluator, _, _ in self.extra.values())]
 
 
 def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console: Console) -> Engines:
@@ -147,7 +159,8 @@ def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console
     Accuracy().attach(evaluator, "accuracy")
     Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
     RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "loss")
-    return Engines(data, val, steps_per_epoch, trainer, evaluator, relaunched)
+    extra = build_evaluations(cfg, trainer, val, predict)
+    return Engines(data, val, steps_per_epoch, trainer, evaluator, relaunched, extra)
 
 
 @dataclass
@@ -182,16 +195,21 @@ def attach_handlers(cfg: Config, engines: Engines, run_dir: Path, console: Conso
     Evaluate(evaluator, engines.val, writer=writer, tag="val").attach(
         trainer, Events.EPOCH_COMPLETED(every=cfg.trainer.eval_every)
     )
+    if engines.extra:  # each under its name, before the trainer's other handlers of its event
+        evaluations = Evaluations(trainer, writer=writer)
+        for name, (extra, data, schedule) in engines.extra.items():
+            evaluations.add(name, extra, data, schedule)
     to_save: dict[str, Any] = {"trainer": trainer}  # its state dict holds the data's position
     stopper = _early_stopping(cfg, trainer, evaluator, to_save)
     run_id = shared_run_id(run_dir)  # the run's own, in run.json: its fast checkpoint tier is its alone
-    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, evaluator, run_id, records=writer)
+    scored = engines.evaluator_of(h.checkpoint.best_on)
+    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, scored, run_id, records=writer)
     preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
-    preemption.attach(trainer, [evaluator])
+    preemption.attach(trainer, engines.evaluators)
     skip_limit = max(engines.steps_per_epoch or SKIP_LIMIT, (cfg.trainer.rollback_after or 0) + 1)
     nan_guard = TerminateOnNan(nan_check(guarded, skip_limit))  # a skip is the guard's; an epoch of skips, a stop
     nan_guard.attach(trainer)
-    _attach_survival(cfg, trainer, evaluator, run_dir, (latest, best), console)
+    _attach_survival(cfg, trainer, engines.evaluators, run_dir, (latest, best), console)
     accuracies: list[float] = []
     evaluator.add_event_handler(Events.COMPLETED, lambda e: accuracies.append(float(e.state.metrics["accuracy"])))
     if "console" not in h.writers:  # the console writer prints the evaluation's numbers itself
@@ -239,7 +257,7 @@ def _early_stopping(cfg: Config, trainer: Engine, evaluator: Engine, to_save: di
 def _attach_survival(
     cfg: Config,
     trainer: Any,
-    evaluator: Engine,
+    evaluators: list[Engine],
     run_dir: Path,
     checkpoints: tuple[Checkpoint, Checkpoint],
     console: Any,
@@ -251,7 +269,7 @@ def _attach_survival(
         rollback.attach(trainer)
         trainer.add_event_handler(Events.ITERATION_COMPLETED, _announcer(rollback, console.say))
     if console.primary:  # where the wall time went, across every relaunch: goodput.jsonl, `ember goodput RUN_DIR`
-        GoodputLedger(run_dir).attach(trainer, evaluators=[evaluator], checkpoints=checkpoints)
+        GoodputLedger(run_dir).attach(trainer, evaluators=evaluators, checkpoints=checkpoints)
     stall = cfg.handlers.stall
     if stall is not None:  # a hang ends the run with every thread's stack in the run folder, exit status 75
         StallWatchdog(
@@ -259,7 +277,7 @@ def _attach_survival(
             step_timeout=stall.step_timeout,
             startup_timeout=stall.startup_timeout,
             save_timeout=stall.save_timeout,
-        ).attach(trainer, evaluators=[evaluator], checkpoints=checkpoints)
+        ).attach(trainer, evaluators=evaluators, checkpoints=checkpoints)
     if jax.process_count() > 1:  # a lost process ends the others at once, naming the checkpoint to resume from
         ProcessWatchdog(latest).attach(trainer)
     if os.environ.get(KILL_AT):  # ember verify-resume's real SIGKILL, once that iteration is done

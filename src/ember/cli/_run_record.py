@@ -107,15 +107,15 @@ def closing_line(summary: dict[str, Any]) -> str:
         >>> closing_line({"epochs": 2, "iterations": 44, "seconds": 3.1, "best_accuracy": 0.9, "run_dir": "r"})
         'Done: 2 epochs, 44 iterations in 3.1 s; best val accuracy 0.9000. Run folder: r'
     """
-    best = summary["best_accuracy"]
+    best, on = summary["best_accuracy"], summary.get("best_on", "val")
     shown = "none yet (no evaluation finished)" if best is None else f"{best:.4f}"
     stopped = summary.get("stopped")
     if stopped is not None and stopped.startswith(("SIG", "a signal")):
         return (
             f"Stopped at iteration {summary['iterations']} ({_SIGNAL_WORDS.get(stopped, stopped)}), the checkpoint "
-            f"saved; run the same command to resume. Best val accuracy {shown}. Run folder: {summary['run_dir']}"
+            f"saved; run the same command to resume. Best {on} accuracy {shown}. Run folder: {summary['run_dir']}"
         )
     return (
         f"Done: {summary['epochs']} epochs, {summary['iterations']} iterations in {summary['seconds']} s; "
-        f"best val accuracy {shown}. Run folder: {summary['run_dir']}"
+        f"best {on} accuracy {shown}. Run folder: {summary['run_dir']}"
     )

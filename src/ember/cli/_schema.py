@@ -94,6 +94,8 @@ class CheckpointConfig:
     #: (``ember.checkpoint.TieredStore``); null: the run folder only.
     fast_dir: str | None = None
     durable_every: int = 5
+    #: the evaluation whose accuracy picks the best checkpoints: ``val``, or a name in ``evaluations``.
+    best_on: str = "val"
 
 
 @dataclass
@@ -135,6 +137,24 @@ class HandlersConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    """One more evaluation beside ``val`` (``evaluations:`` maps its name to this): its examples and its schedule.
+
+    Its accuracy and loss are written as ``<name>/accuracy`` and ``<name>/loss`` at the trainer's iteration, beside
+    ``val/...``; ``handlers.checkpoint.best_on: <name>`` keeps the best checkpoints by its accuracy.
+    """
+
+    #: ``val``: the held-out examples of ``data``; else a folder holding ``x.npy`` and ``y.npy`` (every example).
+    data: str = "val"
+    #: the standard deviation of Gaussian noise added to the inputs (the same at every evaluation); 0: none.
+    noise: float = 0.0
+    #: every this many epochs; null: by ``every_iters`` only.
+    every_epochs: int | None = 1
+    #: every this many iterations too; null: by epochs only.
+    every_iters: int | None = None
+
+
+@dataclass
 class Config:
     """Everything ``ember train`` needs; every field has a default (the embedded digits run).
 
@@ -149,5 +169,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     handlers: HandlersConfig = field(default_factory=HandlersConfig)
+    #: more evaluations beside ``val``, by name (``{val_noisy: {noise: 0.3, every_iters: 100}}``).
+    evaluations: dict[str, EvaluationConfig] = field(default_factory=dict)
     name: str = "ember"  # the family of runs: the MLflow experiment and the W&B project each run logs to
     output: str = "runs/digits"

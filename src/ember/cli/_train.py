@@ -140,7 +140,8 @@ def _concluded(
     close_stores(best, handlers.latest)  # their writer threads end with the run (a notebook runs many)
     if jax.process_count() > 1:  # process 0 has written every checkpoint: all read the same best
         multihost_utils.sync_global_devices("ember train: checkpoints written")
-    best_info = best.store.best("val_accuracy") if best.store is not None else None
+    scored = f"{cfg.handlers.checkpoint.best_on}_accuracy"  # the best checkpoints' score: val's, or an evaluation's
+    best_info = best.store.best(scored) if best.store is not None else None
     stopper, nan_guard, skip_limit = handlers.stopper, handlers.nan_guard, handlers.skip_limit
     stopped = why_stopped(trainer, handlers.preemption, stopper, nan_guard, skip_limit)
     es = cfg.handlers.early_stopping
@@ -158,7 +159,8 @@ def _concluded(
         "resumed_from": resumed_from,
         "epochs": trainer.state.epoch,
         "iterations": trainer.state.iteration,
-        "best_accuracy": None if best_info is None else best_info.metrics["val_accuracy"],
+        "best_accuracy": None if best_info is None else best_info.metrics[scored],
+        "best_on": cfg.handlers.checkpoint.best_on,
         "final_accuracy": handlers.accuracies[-1] if handlers.accuracies else None,
         "stopped_early": stopped == "early stopping",
         "stopped": stopped,

@@ -1,0 +1,96 @@
+"""`ember train`'s `evaluations:` section: more evaluations beside val, each under its name, through a relaunch."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from ember.cli import ConfigError, load_config, train
+
+
+def config(tmp_path, **evaluations):
+    return {
+        "model": {"name": "mlp"},
+        "trainer": {"max_epochs": 2},
+        "handlers": {
+            "progress": False,
+            "early_stopping": None,
+            "writers": ["jsonl"],
+            "log_every": 100,
+            "checkpoint": {"best_on": "val_noisy", "keep_best": 2},
+        },
+        "evaluations": evaluations,
+        "output": str(tmp_path / "run"),
+    }
+
+
+def logged(run_dir) -> list[tuple[str, int]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return sorted((k, r["step"]) for r in rows if "hparams" not in r for k in r if k.split("/")[0].startswith("val"))
+
+
+def test_a_second_evaluation_on_its_own_schedule_is_logged_scores_the_best_and_survives_a_relaunch(tmp_path):
+    cfg = config(tmp_path, val_noisy={"noise": 0.5, "every_epochs": None, "every_iters": 10})
+    summary = train(cfg)
+    assert (summary["iterations"], summary["best_on"]) == (44, "val_noisy")  # two epochs of 22
+    run = tmp_path / "run"
+    expected = sorted(
+        [(f"val/{m}", s) for m in ("accuracy", "loss") for s in (22, 44)]
+        + [(f"val_noisy/{m}", s) for m in ("accuracy", "loss") for s in (10, 20, 30, 40)]
+    )
+    assert logged(run) == expected
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    noisy = {r["step"]: r["val_noisy/accuracy"] for r in rows if "val_noisy/accuracy" in r}
+    best = sorted(p.name for p in (run / "checkpoints" / "best").iterdir())
+    ranked = sorted(noisy.items(), key=lambda item: -item[1])[:2]
+    assert best == sorted(f"step_{s:08d}-val_noisy_accuracy={a:.4f}" for s, a in ranked)
+    # the run dies after its last checkpoint's records: the relaunch from step 22 logs 30 and 40 again, once each
+    shutil.rmtree(run / "checkpoints" / "latest" / "step_00000044")
+    (run / "summary.json").unlink()
+    assert train(cfg)["resumed_from"] == 22
+    assert logged(run) == expected
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    again = {r["step"]: r["val_noisy/accuracy"] for r in rows if "val_noisy/accuracy" in r}
+    assert again == noisy  # the same evaluations, bit for bit
+
+
+def test_an_evaluation_of_a_folder_of_npy_files(tmp_path):
+    digits = load_digits()
+    folder = tmp_path / "held_out"
+    folder.mkdir()
+    np.save(folder / "x.npy", (digits.images[-100:, ..., None] / 16).astype("float32"))
+    np.save(folder / "y.npy", digits.target[-100:].astype("int32"))
+    cfg = config(tmp_path, val_noisy={"data": str(folder)})
+    cfg["trainer"]["max_epochs"] = 1
+    assert train(cfg)["iterations"] == 22
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], 0.5 < r["val_noisy/accuracy"] <= 1.0) for r in rows if "val_noisy/accuracy" in r] == [
+        (22, True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("evaluations", "best_on", "message"),
+    [
+        ({"val": {}}, "val", "evaluations.val: expected a name without '/', other than 'val', got 'val'."),
+        ({"a": {"every_epochs": None}}, "val", "evaluations.a: give every_epochs or every_iters (or both)"),
+        ({"a": {"noise": -1}}, "val", "evaluations.a.noise: expected a number >= 0, got -1.0."),
+        ({"a": {"every_iters": 0}}, "val", "evaluations.a.every_iters: expected a positive int, got 0."),
+        ({"a": {}}, "b", "handlers.checkpoint.best_on: expected an evaluation of the run (val, a), got 'b'."),
+    ],
+)
+def test_bad_evaluations_are_refused_when_the_config_is_read(tmp_path, evaluations, best_on, message):
+    cfg = config(tmp_path, **evaluations)
+    cfg["handlers"]["checkpoint"]["best_on"] = best_on
+    with pytest.raises(ConfigError) as raised:
+        load_config(cfg)
+    assert message in str(raised.value)
+
+
+def test_a_folder_without_its_labels_is_refused_before_training(tmp_path):
+    (tmp_path / "x.npy").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"evaluations.val_noisy.data: expected 'val' or a folder .* lacks y.npy"):
+        train(config(tmp_path, val_noisy={"data": str(tmp_path)}))
+    assert not (tmp_path / "run" / "checkpoints").exists()
