@@ -4,8 +4,9 @@ The step trains 3 parameters on a 4 x 3 batch, so what is left is host work: the
 trainer's own compiled step (the same function, the same ``TrainState`` pytree, the same dict output) in a
 bare ``for`` loop; ember's trainer runs it with its engine and its process function, with no handlers, and
 with a typical set (a running average of the loss, an epoch-wise ``Average``, both updated inside the step,
-and a progress bar that refreshes every 100 steps). That one is measured against a hand loop calling its own
-compiled step, which carries the two metrics' states, so both sides do the same device work. The difference
+and a progress bar that refreshes every 100 steps), and with two named evaluations (``Evaluations``) that are not
+due in the run. The handler row is measured against a hand loop calling its own compiled step, which carries the two
+metrics' states, so both sides do the same device work. The difference
 is ember's added microseconds per step. When PyTorch Ignite is importable (not a dependency: ``pip install torch
 pytorch-ignite``), its ``Engine`` drives the same compiled step and state with no handlers, a row of its own against
 the first hand loop. Rows alternate; the best and the median of the repeats are shown.
@@ -28,7 +29,8 @@ import numpy as np
 import optax
 from _runs import attach_metrics, interleaved
 
-from ember.handlers import ProgressBar
+from ember import Engine, Events
+from ember.handlers import Evaluations, ProgressBar
 from ember.training import TrainState, create_trainer
 
 
@@ -36,17 +38,21 @@ def loss_fn(model: Any, batch: Any) -> Any:
     return jnp.mean((model(batch["x"]) - batch["y"]) ** 2)
 
 
-def make_trainer(handlers: bool) -> Any:
+def make_trainer(handlers: bool, evaluations: bool = False) -> Any:
     state = TrainState.create(lambda p, x: x @ p, jnp.zeros(3), optax.sgd(1e-3))
     trainer = create_trainer(state, loss_fn)
+    if evaluations:  # two evaluations that are never due in the run: what they cost until they are
+        named = Evaluations(trainer)
+        named.add("val", Engine(lambda e, b: b), [0], Events.ITERATION_COMPLETED(every=10**9))
+        named.add("val_noisy", Engine(lambda e, b: b), [0], Events.ITERATION_COMPLETED(every=10**9))
     if handlers:
         attach_metrics(trainer, "LR")
         ProgressBar(refresh_every=100, stream=io.StringIO()).attach(trainer, metric_names=["running_loss"])
     return trainer
 
 
-def ember_side(data: list[Any], handlers: bool) -> Callable[[], float]:
-    trainer = make_trainer(handlers)
+def ember_side(data: list[Any], handlers: bool, evaluations: bool = False) -> Callable[[], float]:
+    trainer = make_trainer(handlers, evaluations)
     trainer.run(data[:2], max_epochs=1)  # compile
 
     def run() -> float:
@@ -117,7 +123,11 @@ def main(argv: list[str] | None = None) -> None:
         {"x": rng.normal(size=(4, 3)).astype(np.float32), "y": rng.normal(size=4).astype(np.float32)}
         for _ in range(args.steps)
     ]
-    sides = {"hand loop": hand_side(data, False), "ember": ember_side(data, False)}
+    sides = {
+        "hand loop": hand_side(data, False),
+        "ember": ember_side(data, False),
+        "ember, 2 evals not due": ember_side(data, False, evaluations=True),
+    }
     ignite = ignite_side(data)
     if ignite is not None:
         sides[f"Ignite {__import__('ignite').__version__}"] = ignite
