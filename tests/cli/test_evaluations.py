@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from ember.cli import ConfigError, load_config, train
+from ember.cli import ConfigError, load_config, main, train
 
 
 def config(tmp_path, **evaluations):
@@ -94,3 +94,37 @@ def test_a_folder_without_its_labels_is_refused_before_training(tmp_path):
     with pytest.raises(ConfigError, match=r"evaluations.val_noisy.data: expected 'val' or a folder .* lacks y.npy"):
         train(config(tmp_path, val_noisy={"data": str(tmp_path)}))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_ember_eval_evaluates_a_checkpoint_of_the_run_as_the_run_did(tmp_path, capsys):
+    """`ember eval RUN_DIR --checkpoint STEP`: each evaluation of the run on that checkpoint, as the run did it."""
+    cfg = config(tmp_path, val_noisy={"noise": 0.5, "every_epochs": None, "every_iters": 10})
+    cfg["trainer"]["max_epochs"] = 1
+    cfg["handlers"]["checkpoint"] |= {"every_iters": 10, "keep_latest": 5}
+    train(cfg)
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    recorded = {(k, r["step"]): v for r in rows for k, v in r.items() if k.startswith("val")}
+    capsys.readouterr()
+    assert main(["eval", str(run), "--checkpoint", "20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["step_00000020 (iteration 20)"] * 2
+    evaluated = json.loads((run / "eval.jsonl").read_text())
+    assert evaluated["step"] == 20
+    assert evaluated["val_noisy/accuracy"] == recorded[("val_noisy/accuracy", 20)]  # as the run evaluated it
+    assert evaluated["val_noisy/loss"] == recorded[("val_noisy/loss", 20)]
+    assert main(["eval", str(run)]) == 0  # the latest: the epoch's end, where the run evaluated val
+    latest = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()][-1]
+    assert (latest["step"], latest["val/accuracy"], latest["val/loss"]) == (
+        22,
+        recorded[("val/accuracy", 22)],
+        recorded[("val/loss", 22)],
+    )
+    assert main(["eval", str(run), "--checkpoint", "15"]) == 2
+    assert (
+        capsys.readouterr().err.strip().endswith(f"{run} holds no checkpoint of step 15; it holds steps [10, 20, 22].")
+    )
+    assert main(["eval", str(run), "--checkpoint", "newest"]) == 2
+    assert "`--checkpoint` must be latest, best or a step (an int), got 'newest'." in capsys.readouterr().err
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "has no config.yaml; is it a run folder of ember train?" in capsys.readouterr().err

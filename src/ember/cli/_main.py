@@ -123,6 +123,12 @@ def _add_run_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "resume", parents=[common], help="continue the run in RUN_DIR with the config saved there"
     )
     p_resume.add_argument("run_dir")
+    p_eval = sub.add_parser(
+        "eval", parents=[common], help="evaluate a checkpoint of the run in RUN_DIR with its config's evaluations"
+    )
+    p_eval.add_argument("run_dir")
+    p_eval.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="changes to the run's config")
+    p_eval.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step")
     p_inspect = sub.add_parser("inspect", parents=[common], help="print what a checkpoint holds")
     p_inspect.add_argument("checkpoint", help="a checkpoint folder, or a folder of checkpoints (its latest)")
     p_goodput = sub.add_parser(
@@ -222,6 +228,16 @@ def _inspect(args: argparse.Namespace) -> str:
     return describe_checkpoint(args.checkpoint)
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from ember.cli._run_evaluations import evaluate_run  # JAX from here on
+
+    bad = [item for item in args.overrides if "=" not in item]
+    if bad:
+        raise ConfigError(f"ember eval takes RUN_DIR then KEY=VALUE overrides; {bad[0]!r} is not one.")
+    evaluate_run(args.run_dir, args.checkpoint, args.overrides)
+    return 0
+
+
 def _goodput(args: argparse.Namespace) -> str:
     from ember.cli._goodput import goodput_table
 
@@ -241,6 +257,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "plan": _plan,
     "launch": _launch,
     "resume": _resume,
+    "eval": _eval,
     "verify-resume": _verify_resume,
     "inspect": _printed(_inspect),
     "goodput": _printed(_goodput),

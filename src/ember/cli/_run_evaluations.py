@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import optax
@@ -23,11 +23,17 @@ def build_evaluations(cfg: Config, trainer: Any, val: Any, predict: Any) -> Extr
     """Each evaluation of ``cfg.evaluations``: an evaluator of accuracy and loss, its data and its schedule."""
     extra: Extra = {}
     for name, evaluation in cfg.evaluations.items():
-        evaluator = create_evaluator(trainer, predict, placement=trainer.placement, precision=cfg.trainer.precision)
-        Accuracy().attach(evaluator, "accuracy")
-        Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
+        evaluator = classifier_evaluator(cfg, trainer, predict)
         extra[name] = (evaluator, evaluation_data(cfg, name, evaluation, val), schedule_of(evaluation))
     return extra
+
+
+def classifier_evaluator(cfg: Config, trainer: Any, predict: Any) -> Any:
+    """An evaluator of ``trainer``'s model with the run's placement and precision: its accuracy and loss."""
+    evaluator = create_evaluator(trainer, predict, placement=trainer.placement, precision=cfg.trainer.precision)
+    Accuracy().attach(evaluator, "accuracy")
+    Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
+    return evaluator
 
 
 def schedule_of(evaluation: EvaluationConfig) -> Any:
@@ -96,3 +102,71 @@ class Noisy:
         for batch in self.data:
             x = np.asarray(batch["x"])
             yield {**batch, "x": (x + rng.normal(0.0, self.sigma, x.shape)).astype(x.dtype)}
+
+
+def evaluate_run(
+    run_dir: str | Path, checkpoint: str = "latest", overrides: Sequence[str] = (), *, stream: TextIO | None = None
+) -> dict[str, Any]:
+    """``ember eval``: every evaluation of a run (``val`` and its ``evaluations:``) on one of its checkpoints.
+
+    The run's ``config.yaml`` builds the model, the data and the evaluators (``overrides`` change it: another
+    placement or device count, a larger batch); ``checkpoint`` is ``latest`` (the newest checkpoint in the run
+    folder), ``best`` (the best by the accuracy ``best_on`` names) or a step. The metrics are printed, one line an
+    evaluation, and appended to ``RUN_DIR/eval.jsonl`` at the checkpoint's step, as ``name/metric``.
+
+    Returns:
+        ``{"step", "checkpoint", "metrics"}``.
+    """
+    from ember.cli._config import config_source, importable, load_config
+    from ember.cli._registry import build_data
+    from ember.cli._run_parts import build_trainer, learning_rates, predict
+    from ember.handlers import load_objects
+    from ember.writers import JsonlWriter
+
+    run = Path(run_dir)
+    saved = run / "config.yaml"
+    if not saved.is_file():
+        raise FileNotFoundError(f"{run} has no config.yaml; is it a run folder of ember train?")
+    cfg = load_config(saved, overrides)
+    importable(config_source(saved))
+    importable(Path.cwd())
+    info = _checkpoint_of(run, cfg, checkpoint)
+    data, val, sample = build_data(cfg.data)
+    trainer = build_trainer(cfg, sample, learning_rates(cfg, data)[1])  # the run's optimizer state, to restore
+    runs = {"val": (classifier_evaluator(cfg, trainer, predict), val)}
+    runs |= {n: (e, d) for n, (e, d, _) in build_evaluations(cfg, trainer, val, predict).items()}
+    load_objects({"trainer": trainer}, info.path)
+    metrics: dict[str, float] = {}
+    for name, (engine, data) in runs.items():
+        engine.run(data)
+        found = {f"{name}/{k}": float(v) for k, v in engine.state.metrics.items()}
+        metrics |= found
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in found.items())
+        print(f"{info.path.name} (iteration {info.step}): {shown}", file=stream)
+    record = JsonlWriter(run / "eval.jsonl")
+    record.write_scalars(info.step, metrics)
+    record.close()
+    return {"step": info.step, "checkpoint": info.path.name, "metrics": metrics}
+
+
+def _checkpoint_of(run: Path, cfg: Config, which: str) -> Any:
+    """The checkpoint ``which`` (``latest``, ``best``, or a step) names in the run folder ``run``."""
+    from ember.checkpoint import open_store
+
+    folders = {kind: run / "checkpoints" / kind for kind in ("latest", "best")}
+    stores = {kind: open_store(folder) for kind, folder in folders.items() if folder.is_dir()}
+    if which == "latest" or which == "best":
+        store = stores.get(which)
+        found = None
+        if store is not None:
+            found = store.latest() if which == "latest" else store.best(f"{cfg.handlers.checkpoint.best_on}_accuracy")
+        if found is None:
+            raise FileNotFoundError(f"{folders[which]} holds no valid checkpoint to evaluate.")
+        return found
+    if not which.isdigit():
+        raise ValueError(f"`--checkpoint` must be latest, best or a step (an int), got {which!r}.")
+    held = [info for store in stores.values() for info in store.checkpoints() if info.step == int(which)]
+    if not held:
+        steps = sorted({info.step for store in stores.values() for info in store.checkpoints()})
+        raise FileNotFoundError(f"{run} holds no checkpoint of step {which}; it holds steps {steps}.")
+    return held[0]

@@ -26,7 +26,7 @@ from ember.cli._registry import (
 )
 from ember.cli._run_checkpoints import attach_checkpoints, shared_run_id
 from ember.cli._run_course import SKIP_LIMIT, logged_outputs, nan_check, runs_on, watching
-from ember.cli._run_evaluations import Extra, build_evaluations
+from ember.cli._run_evaluations import Extra, build_evaluations, classifier_evaluator
 from ember.cli._verify_resume import KILL_AT
 from ember.handlers import (
     Checkpoint,
@@ -45,8 +45,8 @@ from ember.handlers import (
     WeightsHistHandler,
 )
 from ember.handlers._reporting.display import shown_as
-from ember.metrics import Accuracy, Loss, RunningAverage
-from ember.training import Sharded, TrainState, create_evaluator, create_trainer
+from ember.metrics import RunningAverage
+from ember.training import Sharded, TrainState, create_trainer
 from ember.writers import AsyncWriter, create_run_writer
 from ember.writers._mlflow import flat_settings
 
@@ -133,16 +133,21 @@ class Engines:
         return [self.evaluator, *(evaluator for evaluator, _, _ in self.extra.values())]
 
 
-def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console: Console) -> Engines:
-    """The run's data and engines; the run folder and its ``config.yaml`` are written once they can be built."""
-    data, val, sample = build_data(cfg.data)
+def learning_rates(cfg: Config, data: Any) -> tuple[int | None, Any]:
+    """The training data's batches per epoch (``None``: the run counts iterations) and the run's schedule."""
     steps_per_epoch = cfg.data.epoch_length or _length(data)
     if steps_per_epoch is None and cfg.trainer.max_iters is None:
         raise ConfigError(
             "data.epoch_length: the training data has no len(), so give its batches per epoch (or trainer.max_iters)."
         )
     total = cfg.trainer.max_iters or cfg.trainer.max_epochs * (steps_per_epoch or 0)
-    schedule = build_schedule(cfg.optimizer, total)
+    return steps_per_epoch, build_schedule(cfg.optimizer, total)
+
+
+def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console: Console) -> Engines:
+    """The run's data and engines; the run folder and its ``config.yaml`` are written once they can be built."""
+    data, val, sample = build_data(cfg.data)
+    steps_per_epoch, schedule = learning_rates(cfg, data)
     check_labels(cfg.data, data, build_model(cfg.model), sample, cfg.model.name)
     trainer = build_trainer(cfg, sample, schedule)
     relaunched = (run_dir / "config.yaml").exists()
@@ -155,9 +160,7 @@ def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console
         console.say(also)
     if isinstance(trainer.placement, Sharded):
         console.say(f"{trainer.placement.summary()}\n{trainer.placement.layout(trainer.state.train_state)}")
-    evaluator = create_evaluator(trainer, predict, placement=trainer.placement, precision=cfg.trainer.precision)
-    Accuracy().attach(evaluator, "accuracy")
-    Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
+    evaluator = classifier_evaluator(cfg, trainer, predict)
     RunningAverage(output_transform=lambda o: o["loss"]).attach(trainer, "loss")
     extra = build_evaluations(cfg, trainer, val, predict)
     return Engines(data, val, steps_per_epoch, trainer, evaluator, relaunched, extra)
