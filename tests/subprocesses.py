@@ -66,15 +66,17 @@ def ember_train_signalled(
     wait_for: str | None = None,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] = ROOT,
+    command: str = "train",
 ) -> tuple[int, str, str]:
     """``ember train ARGS`` in a fresh process; ``sig`` once a line starting with ``wait_for`` is printed.
 
-    ``env`` adds to our environment; the process runs in ``cwd`` (the repository's root by default).
+    ``command`` runs another subcommand (``eval``). ``env`` adds to our environment; the process runs in ``cwd`` (the
+    repository's root by default).
 
     Returns ``(status, out, err)``. The whole run is bounded (240 s): a hang fails the test, never blocks it.
     """
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ember.cli", "train", *args],
+        [sys.executable, "-m", "ember.cli", command, *args],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         stdout=subprocess.PIPE,

@@ -1,13 +1,20 @@
 """`ember train`'s `evaluations:` section: more evaluations beside val, each under its name, through a relaunch."""
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
 from ember.cli import ConfigError, load_config, main, train
+from tests.subprocesses import ROOT, ember_train_signalled, end_group
 
 
 def config(tmp_path, **evaluations):
@@ -128,3 +135,125 @@ def test_ember_eval_evaluates_a_checkpoint_of_the_run_as_the_run_did(tmp_path, c
     assert "`--checkpoint` must be latest, best or a step (an int), got 'newest'." in capsys.readouterr().err
     assert main(["eval", str(tmp_path)]) == 2
     assert "has no config.yaml; is it a run folder of ember train?" in capsys.readouterr().err
+
+
+WATCH = ["--watch", "--name", "w", "--poll", "0.2"]
+
+
+def finished_run(tmp_path):
+    """One epoch (22 iterations) with a checkpoint every 5; the noisy evaluation every 10."""
+    cfg = config(tmp_path, val_noisy={"noise": 0.5, "every_epochs": None, "every_iters": 10})
+    cfg["trainer"]["max_epochs"] = 1
+    cfg["handlers"]["checkpoint"] |= {"every_iters": 5, "keep_latest": 10}
+    train(cfg)
+    return tmp_path / "run"
+
+
+def watched(run):
+    rows = [json.loads(line) for line in (run / "eval" / "w" / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in rows], rows, json.loads((run / "eval" / "w" / "watch.json").read_text())
+
+
+def test_a_watcher_killed_and_relaunched_evaluates_each_checkpoint_once_in_order(tmp_path):
+    run = finished_run(tmp_path)
+    recorded = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    status, _, _ = ember_train_signalled([str(run), *WATCH], signal.SIGKILL, "step_00000010", command="eval")
+    assert status == -signal.SIGKILL
+    status, out, err = ember_train_signalled([str(run), *WATCH], command="eval")
+    assert status == 0, err[-3000:]
+    assert out.splitlines()[-1] == "The run has ended: 5 checkpoints evaluated."
+    steps, rows, state = watched(run)
+    assert steps == [5, 10, 15, 20, 22]  # each once, in order, through the kill
+    assert state == {"evaluated": [5, 10, 15, 20, 22], "missed": []}
+    for row in rows:  # what the run itself logged at those steps, bit for bit, from another process
+        for name in {"val_noisy/accuracy", "val/accuracy"} & set(recorded.get(row["step"], {})):
+            assert row[f"w/{name}"] == recorded[row["step"]][name]
+    assert sum(f"w/{n}" in row for row in rows for n in ("val_noisy/accuracy", "val/accuracy")) == 2 * 5
+
+
+def test_a_checkpoint_deleted_before_the_watcher_read_it_is_reported(tmp_path, monkeypatch, capsys):
+    from ember.cli import _run_evaluations
+
+    run = finished_run(tmp_path)
+    listed = _run_evaluations._committed
+
+    def retention_between(run_dir):  # the training run's retention deletes step 15 once the watcher listed it
+        found = listed(run_dir)
+        shutil.rmtree(found[15].path)
+        return found
+
+    monkeypatch.setattr(_run_evaluations, "_committed", retention_between)
+    assert main(["eval", str(run), *WATCH]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "step_00000015: deleted before it was evaluated; reported in watch.json" in out
+    assert out[-1] == "The run has ended: 4 checkpoints evaluated; deleted before they were evaluated: [15]."
+    steps, _, state = watched(run)
+    assert steps == [5, 10, 20, 22]
+    assert state == {"evaluated": [5, 10, 20, 22], "missed": [15]}
+
+
+def test_a_watcher_beside_a_live_run_evaluates_every_checkpoint_it_commits(tmp_path):
+    """The watcher evaluates while the run trains, committed checkpoints only, each once, and ends with the run.
+
+    The run (the CNN, 40 epochs of 22 iterations, a checkpoint every 40 and at each epoch's end) trains for about
+    20 s here; the watcher is ready in about 4 s, and any machine slows both alike.
+    """
+    run = tmp_path / "run"
+    args = ["trainer.max_epochs=40", "handlers.early_stopping=null", "handlers.progress=false"]
+    args += ["handlers.writers=[jsonl]", "handlers.checkpoint.every_iters=40", "handlers.checkpoint.keep_latest=100"]
+    args += [f"--output={run}"]
+    training = subprocess.Popen(
+        [sys.executable, "-m", "ember.cli", "train", *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    watcher: dict[str, tuple[int, str, str]] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "config.yaml").exists():  # written before the first step
+            assert training.poll() is None, training.stderr.read()  # type: ignore[union-attr]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        thread = threading.Thread(
+            target=lambda: watcher.update(done=ember_train_signalled([str(run), *WATCH], command="eval"))
+        )
+        thread.start()
+        state = run / "eval" / "w" / "watch.json"
+        while not state.exists():  # the watcher's first checkpoint evaluated
+            assert thread.is_alive()
+            assert time.monotonic() < deadline + 120
+            time.sleep(0.05)
+        overlapped = training.poll() is None
+        assert training.wait(timeout=240) == 0
+        thread.join(timeout=240)
+    finally:
+        end_group(training.pid)
+        training.communicate(timeout=30)
+    status, _, err = watcher["done"]
+    assert status == 0, err[-3000:]
+    assert overlapped  # it evaluated while the run was training
+    committed = sorted(int(p.name[5:13]) for p in (run / "checkpoints" / "latest").iterdir())
+    steps, _, state = watched(run)
+    assert steps == state["evaluated"] == committed  # every multiple of 40 and each epoch's end, once, in order
+    assert committed == sorted(set(range(40, 881, 40)) | set(range(22, 881, 22)))
+
+
+def test_a_record_written_before_a_kill_marked_it_evaluated_is_dropped_and_written_again(tmp_path, capsys):
+    """Killed between its metrics and watch.json: the relaunch drops the record and evaluates that step again."""
+    run = finished_run(tmp_path)
+    assert main(["eval", str(run), *WATCH]) == 0
+    state_file = run / "eval" / "w" / "watch.json"
+    state_file.write_text(json.dumps({"evaluated": [5, 10, 15, 20], "missed": []}))  # 22's record is on disk
+    capsys.readouterr()
+    assert main(["eval", str(run), *WATCH]) == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "step_00000022 (iteration 22)",
+        "step_00000022 (iteration 22)",
+        "The run has ended",
+    ]
+    steps, _, state = watched(run)
+    assert steps == [5, 10, 15, 20, 22]
+    assert state == {"evaluated": [5, 10, 15, 20, 22], "missed": []}

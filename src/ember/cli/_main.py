@@ -129,6 +129,11 @@ def _add_run_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p_eval.add_argument("run_dir")
     p_eval.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="changes to the run's config")
     p_eval.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step")
+    p_eval.add_argument(
+        "--watch", action="store_true", help="evaluate every checkpoint of the run once, in order, until it ends"
+    )
+    p_eval.add_argument("--name", default="watch", help="--watch: its records go to RUN_DIR/eval/NAME (default watch)")
+    p_eval.add_argument("--poll", type=float, default=2.0, help="--watch: seconds between looks (default 2)")
     p_inspect = sub.add_parser("inspect", parents=[common], help="print what a checkpoint holds")
     p_inspect.add_argument("checkpoint", help="a checkpoint folder, or a folder of checkpoints (its latest)")
     p_goodput = sub.add_parser(
@@ -229,12 +234,19 @@ def _inspect(args: argparse.Namespace) -> str:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from ember.cli._run_evaluations import evaluate_run  # JAX from here on
+    from ember.cli._run_evaluations import evaluate_run, watch_run  # JAX from here on
 
     bad = [item for item in args.overrides if "=" not in item]
     if bad:
         raise ConfigError(f"ember eval takes RUN_DIR then KEY=VALUE overrides; {bad[0]!r} is not one.")
-    evaluate_run(args.run_dir, args.checkpoint, args.overrides)
+    if args.poll <= 0:
+        raise ValueError(f"`--poll` must be a positive number of seconds, got {args.poll}.")
+    if args.watch:
+        done = watch_run(args.run_dir, args.name, args.overrides, poll=args.poll)
+        missed = f"; deleted before they were evaluated: {done['missed']}" if done["missed"] else ""
+        print(f"The run has ended: {len(done['evaluated'])} checkpoints evaluated{missed}.")
+    else:
+        evaluate_run(args.run_dir, args.checkpoint, args.overrides)
     return 0
 
 

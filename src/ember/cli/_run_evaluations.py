@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -117,36 +119,50 @@ def evaluate_run(
     Returns:
         ``{"step", "checkpoint", "metrics"}``.
     """
-    from ember.cli._config import config_source, importable, load_config
-    from ember.cli._registry import build_data
-    from ember.cli._run_parts import build_trainer, learning_rates, predict
-    from ember.handlers import load_objects
     from ember.writers import JsonlWriter
 
-    run = Path(run_dir)
-    saved = run / "config.yaml"
-    if not saved.is_file():
-        raise FileNotFoundError(f"{run} has no config.yaml; is it a run folder of ember train?")
-    cfg = load_config(saved, overrides)
-    importable(config_source(saved))
-    importable(Path.cwd())
-    info = _checkpoint_of(run, cfg, checkpoint)
-    data, val, sample = build_data(cfg.data)
-    trainer = build_trainer(cfg, sample, learning_rates(cfg, data)[1])  # the run's optimizer state, to restore
-    runs = {"val": (classifier_evaluator(cfg, trainer, predict), val)}
-    runs |= {n: (e, d) for n, (e, d, _) in build_evaluations(cfg, trainer, val, predict).items()}
-    load_objects({"trainer": trainer}, info.path)
-    metrics: dict[str, float] = {}
-    for name, (engine, data) in runs.items():
-        engine.run(data)
-        found = {f"{name}/{k}": float(v) for k, v in engine.state.metrics.items()}
-        metrics |= found
-        shown = "  ".join(f"{k} {v:.4f}" for k, v in found.items())
-        print(f"{info.path.name} (iteration {info.step}): {shown}", file=stream)
-    record = JsonlWriter(run / "eval.jsonl")
+    job = EvaluationJob(run_dir, overrides)
+    info = _checkpoint_of(job.run, job.cfg, checkpoint)
+    metrics = job.evaluate(info, stream)
+    record = JsonlWriter(job.run / "eval.jsonl")
     record.write_scalars(info.step, metrics)
     record.close()
     return {"step": info.step, "checkpoint": info.path.name, "metrics": metrics}
+
+
+class EvaluationJob:
+    """A run's model and evaluators, built from its ``config.yaml`` in a job of their own (``ember eval``)."""
+
+    def __init__(self, run_dir: str | Path, overrides: Sequence[str] = ()) -> None:
+        from ember.cli._config import config_source, importable, load_config
+        from ember.cli._registry import build_data
+        from ember.cli._run_parts import build_trainer, learning_rates, predict
+
+        self.run = Path(run_dir)
+        saved = self.run / "config.yaml"
+        if not saved.is_file():
+            raise FileNotFoundError(f"{self.run} has no config.yaml; is it a run folder of ember train?")
+        self.cfg = cfg = load_config(saved, overrides)
+        importable(config_source(saved))
+        importable(Path.cwd())
+        data, val, sample = build_data(cfg.data)
+        self.trainer = build_trainer(cfg, sample, learning_rates(cfg, data)[1])  # the run's optimizer state
+        self.runs = {"val": (classifier_evaluator(cfg, self.trainer, predict), val)}
+        self.runs |= {n: (e, d) for n, (e, d, _) in build_evaluations(cfg, self.trainer, val, predict).items()}
+
+    def evaluate(self, info: Any, stream: TextIO | None = None) -> dict[str, float]:
+        """Restore the checkpoint ``info`` and run every evaluation on it; print a line each; return the metrics."""
+        from ember.handlers import load_objects
+
+        load_objects({"trainer": self.trainer}, info.path)
+        metrics: dict[str, float] = {}
+        for name, (engine, data) in self.runs.items():
+            engine.run(data)
+            found = {f"{name}/{k}": float(v) for k, v in engine.state.metrics.items()}
+            metrics |= found
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in found.items())
+            print(f"{info.path.name} (iteration {info.step}): {shown}", file=stream, flush=True)
+        return metrics
 
 
 def _checkpoint_of(run: Path, cfg: Config, which: str) -> Any:
@@ -170,3 +186,96 @@ def _checkpoint_of(run: Path, cfg: Config, which: str) -> Any:
         steps = sorted({info.step for store in stores.values() for info in store.checkpoints()})
         raise FileNotFoundError(f"{run} holds no checkpoint of step {which}; it holds steps {steps}.")
     return held[0]
+
+
+def watch_run(
+    run_dir: str | Path,
+    name: str,
+    overrides: Sequence[str] = (),
+    *,
+    poll: float = 2.0,
+    stream: TextIO | None = None,
+) -> dict[str, list[int]]:
+    """``ember eval --watch``: evaluate every committed checkpoint of a run once, in increasing order, until it ends.
+
+    Beside a training run (or after it), in a job of its own, possibly on another device count: every checkpoint
+    of the run folder's stores that is committed (never one being written) is evaluated as ``ember eval`` does, its
+    metrics appended to ``RUN_DIR/eval/NAME/metrics.jsonl`` at the checkpoint's step as ``NAME/val/accuracy``. What
+    was evaluated is kept in ``RUN_DIR/eval/NAME/watch.json``, written atomically after the metrics are on disk:
+    a watcher killed and relaunched evaluates none twice and skips none (a record past its last evaluated step is
+    dropped first). A checkpoint that retention deleted before it could be read is reported, on the console and in
+    ``watch.json`` (``missed``). The watcher ends once the run is complete (its ``summary.json`` says it ended
+    other than by a signal) and every checkpoint is evaluated; it looks every ``poll`` seconds.
+
+    Returns:
+        ``{"evaluated": [steps], "missed": [steps]}``, as ``watch.json`` holds them.
+    """
+    from ember._atomic_file import replace_file
+    from ember.checkpoint import CorruptCheckpointError
+    from ember.writers import JsonlWriter
+
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(f"`--name` must be a name without '/', got {name!r}.")
+    job = EvaluationJob(run_dir, overrides)
+    folder = job.run / "eval" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    state = _watched(folder)
+    record = JsonlWriter(folder / "metrics.jsonl")
+    record.resume_at(max(state["evaluated"], default=-1))  # a record whose step was not marked evaluated goes
+    while True:
+        ended = _run_ended(job.run)  # read before the listing: every checkpoint of an ended run is listed below
+        last = max(state["evaluated"] + state["missed"], default=-1)
+        for step, info in sorted(_committed(job.run).items()):
+            if step <= last:
+                continue
+            try:
+                metrics = job.evaluate(info, stream)
+            except (FileNotFoundError, CorruptCheckpointError):  # deleted (retention) or replaced as it was read
+                print(f"{info.path.name}: deleted before it was evaluated; reported in watch.json", file=stream)
+                state["missed"].append(step)
+            else:
+                record.write_scalars(step, {f"{name}/{k}": v for k, v in metrics.items()})
+                record.sync()  # on disk before watch.json says the step is done
+                state["evaluated"].append(step)
+            replace_file(folder, "watch.json", json.dumps(state))
+        if ended:
+            record.close()
+            return state
+        time.sleep(poll)
+
+
+def _watched(folder: Path) -> dict[str, list[int]]:
+    """What a watcher evaluated (and missed) before, from its ``watch.json``; nothing for a new one."""
+    path = folder / "watch.json"
+    if not path.exists():
+        return {"evaluated": [], "missed": []}
+    state = json.loads(path.read_text())
+    if not (isinstance(state, dict) and all(isinstance(state.get(k), list) for k in ("evaluated", "missed"))):
+        raise ValueError(f"{path} is not a watcher's state ({{'evaluated': [...], 'missed': [...]}}); move it aside.")
+    return {"evaluated": list(state["evaluated"]), "missed": list(state["missed"])}
+
+
+def _committed(run: Path) -> dict[int, Any]:
+    """The run's committed checkpoints by step, from its latest and best stores."""
+    from ember.checkpoint import open_store
+
+    found: dict[int, Any] = {}
+    for kind in ("best", "latest"):  # the latest store's wins a step both hold
+        folder = run / "checkpoints" / kind
+        if folder.is_dir():
+            found |= {info.step: info for info in open_store(folder).checkpoints()}
+    return found
+
+
+def _run_ended(run: Path) -> bool:
+    """Whether the training run has ended for good: a ``summary.json`` that no signal stopped."""
+    from ember.cli._run_record import SIGNAL_STATUS
+
+    path = run / "summary.json"
+    if not path.exists():
+        return False
+    try:
+        summary = json.loads(path.read_text())
+    except ValueError:  # being written
+        return False
+    return summary.get("stopped") not in SIGNAL_STATUS
