@@ -14,7 +14,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from ember.cli import ConfigError, load_config, main, train
-from tests.subprocesses import ROOT, ember_train_signalled, end_group
+from tests.subprocesses import ROOT, ember_train_signalled, end_group, run_python
 
 
 def config(tmp_path, **evaluations):
@@ -257,3 +257,19 @@ def test_a_record_written_before_a_kill_marked_it_evaluated_is_dropped_and_writt
     steps, _, state = watched(run)
     assert steps == [5, 10, 15, 20, 22]
     assert state == {"evaluated": [5, 10, 15, 20, 22], "missed": []}
+
+
+def test_ember_eval_restores_onto_another_device_count(tmp_path):
+    """A run trained on one device, evaluated on four with a data-parallel placement: the same accuracy."""
+    run = finished_run(tmp_path)
+    recorded = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    at_22 = next(r for r in recorded if r["step"] == 22 and "val/accuracy" in r)
+    done = run_python(
+        ["-m", "ember.cli", "eval", str(run), "trainer.placement=data_parallel", "data.batch_size=64"],
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    evaluated = json.loads((run / "eval.jsonl").read_text())
+    assert evaluated["step"] == 22
+    assert evaluated["val/accuracy"] == at_22["val/accuracy"]  # a count: exact on any layout
+    assert evaluated["val/loss"] == pytest.approx(at_22["val/loss"], rel=1e-5)  # a sum: in another order
