@@ -64,6 +64,7 @@ FIRST = (
     "tests/cli/test_stops.py",
     "tests/distributed/test_multiprocess_training.py",
     "tests/data/test_grain.py",
+    "tests/cli/test_evaluations.py",
 )
 
 
