@@ -198,8 +198,8 @@ def watch_run(
 ) -> dict[str, list[int]]:
     """``ember eval --watch``: evaluate every committed checkpoint of a run once, in increasing order, until it ends.
 
-    Beside a training run (or after it), in a job of its own, possibly on another device count: every checkpoint
-    of the run folder's stores that is committed (never one being written) is evaluated as ``ember eval`` does, its
+    Beside a training run (or after it), in a job of its own, possibly on another device count: every latest
+    checkpoint of the run folder that is committed (never one being written) is evaluated as ``ember eval`` does, its
     metrics appended to ``RUN_DIR/eval/NAME/metrics.jsonl`` at the checkpoint's step as ``NAME/val/accuracy``. What
     was evaluated is kept in ``RUN_DIR/eval/NAME/watch.json``, written atomically after the metrics are on disk:
     a watcher killed and relaunched evaluates none twice and skips none (a record past its last evaluated step is
@@ -256,20 +256,21 @@ def _watched(folder: Path) -> dict[str, list[int]]:
 
 
 def _committed(run: Path) -> dict[int, Any]:
-    """The run's committed checkpoints by step, from its latest and best stores."""
+    """The run's committed latest checkpoints by step.
+
+    The latest store's one writer commits them in increasing order, so a step below one already listed never
+    appears later: the watcher's order and its exactly-once rest on that. (The best store's saves come from another
+    writer, which may commit an older step after a newer latest one.)
+    """
     from ember.checkpoint import open_store
 
-    found: dict[int, Any] = {}
-    for kind in ("best", "latest"):  # the latest store's wins a step both hold
-        folder = run / "checkpoints" / kind
-        if folder.is_dir():
-            found |= {info.step: info for info in open_store(folder).checkpoints()}
-    return found
+    folder = run / "checkpoints" / "latest"
+    return {info.step: info for info in open_store(folder).checkpoints()} if folder.is_dir() else {}
 
 
 def _run_ended(run: Path) -> bool:
     """Whether the training run has ended for good: a ``summary.json`` that no signal stopped."""
-    from ember.cli._run_record import SIGNAL_STATUS
+    from ember.cli._run_record import stopped_by_signal
 
     path = run / "summary.json"
     if not path.exists():
@@ -278,4 +279,4 @@ def _run_ended(run: Path) -> bool:
         summary = json.loads(path.read_text())
     except ValueError:  # being written
         return False
-    return summary.get("stopped") not in SIGNAL_STATUS
+    return not stopped_by_signal(summary)

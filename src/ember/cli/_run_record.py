@@ -99,6 +99,18 @@ def finished_run(run_dir: Path, config: Config) -> dict[str, Any] | None:
     return summary if last.exists() else None
 
 
+def stopped_by_signal(summary: dict[str, Any]) -> bool:
+    """Whether a run's summary says a signal stopped it (here or on another process): a relaunch trains on.
+
+    Examples:
+        >>> from ember.cli._run_record import stopped_by_signal
+        >>> stopped_by_signal({"stopped": "SIGTERM"}), stopped_by_signal({"stopped": "early stopping"})
+        (True, False)
+    """
+    stopped = summary.get("stopped")
+    return isinstance(stopped, str) and stopped.startswith(("SIG", "a signal"))
+
+
 def closing_line(summary: dict[str, Any]) -> str:
     """The line ``ember train`` ends with: what ran, the best accuracy and the folder, or how to resume.
 
@@ -109,8 +121,8 @@ def closing_line(summary: dict[str, Any]) -> str:
     """
     best, on = summary["best_accuracy"], summary.get("best_on", "val")
     shown = "none yet (no evaluation finished)" if best is None else f"{best:.4f}"
-    stopped = summary.get("stopped")
-    if stopped is not None and stopped.startswith(("SIG", "a signal")):
+    if stopped_by_signal(summary):
+        stopped = summary["stopped"]
         return (
             f"Stopped at iteration {summary['iterations']} ({_SIGNAL_WORDS.get(stopped, stopped)}), the checkpoint "
             f"saved; run the same command to resume. Best {on} accuracy {shown}. Run folder: {summary['run_dir']}"
