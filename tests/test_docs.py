@@ -262,7 +262,7 @@ def test_the_comparison_answers_each_question_for_the_same_tools_in_narrow_table
     assert questions.pop("What it is") == tools
     speed = questions.pop("Speed")
     assert len(speed) == 2
-    assert len(questions) == 15
+    assert len(questions) == 16
     assert {title: rows for title, rows in questions.items() if rows != short} == {}
     for dormant in ("flax-extra", "jax_trainer"):  # named once, as dormant, outside the tables
         assert all(dormant not in rows for _, rows in tables)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -94,6 +95,14 @@ def test_bad_evaluations_are_refused_when_the_config_is_read(tmp_path, evaluatio
     with pytest.raises(ConfigError) as raised:
         load_config(cfg)
     assert message in str(raised.value)
+
+
+def test_a_bad_watcher_name_to_keep_checkpoints_for_is_refused_when_the_config_is_read(tmp_path):
+    cfg = config(tmp_path, val_noisy={})
+    cfg["handlers"]["checkpoint"]["keep_for_watchers"] = ["w", "a/b"]
+    message = "handlers.checkpoint.keep_for_watchers: expected watcher names of letters, digits, '_', '.' and '-', got"
+    with pytest.raises(ConfigError, match=re.escape(f"{message} 'a/b'.")):
+        load_config(cfg)
 
 
 def test_a_folder_without_its_labels_is_refused_before_training(tmp_path):
@@ -232,6 +241,39 @@ def test_a_watcher_beside_a_live_run_evaluates_every_checkpoint_it_commits(tmp_p
     steps, _, state = watched(run)
     assert steps == state["evaluated"] == committed  # every multiple of 4 and each epoch's end, once, in order
     assert committed == sorted(set(range(4, 64, 4)) | {21, 42, 63})
+
+
+def test_checkpoints_a_watcher_has_not_read_are_kept_past_keep_latest_and_go_at_the_first_save_after(tmp_path):
+    cfg = config(tmp_path, val_noisy={"noise": 0.5})
+    cfg["trainer"]["max_epochs"] = 1
+    cfg["handlers"]["checkpoint"] |= {"every_iters": 5, "keep_latest": 2, "keep_for_watchers": ["w"]}
+    run = tmp_path / "run"
+    (run / "eval" / "w").mkdir(parents=True)
+    (run / "eval" / "w" / "watch.json").write_text(json.dumps({"evaluated": [5], "missed": []}))
+    latest = lambda: sorted(int(p.name[5:13]) for p in (run / "checkpoints" / "latest").iterdir())  # noqa: E731
+    train(cfg)
+    assert latest() == [10, 15, 20, 22]  # the newest two, and 10 and 15, which the watcher has yet to read
+    assert main(["eval", str(run), *WATCH]) == 0
+    assert watched(run)[2] == {"evaluated": [5, 10, 15, 20, 22], "missed": []}  # none missed
+    shutil.rmtree(run / "checkpoints" / "latest" / "step_00000022")  # killed before its last save: relaunched,
+    (run / "summary.json").unlink()  # it saves 22 again and finds 10 and 15 read
+    assert train(cfg)["resumed_from"] == 20
+    assert latest() == [20, 22]
+    (run / "eval" / "w" / "watch.json").unlink()  # a watcher not started: every checkpoint is kept for it
+    shutil.rmtree(run)
+    train(cfg)
+    assert latest() == [5, 10, 15, 20, 22]
+
+
+def test_a_watcher_of_a_tiered_run_evaluates_the_checkpoints_of_its_durable_tier(tmp_path):
+    """The fast tier is each training process's local folder; the run folder's durable tier is what a job can read."""
+    cfg = config(tmp_path, val_noisy={})
+    cfg["trainer"]["max_epochs"] = 1
+    fast = {"fast_dir": str(tmp_path / "fast"), "durable_every": 2, "every_iters": 5, "keep_latest": 10}
+    cfg["handlers"]["checkpoint"] |= fast
+    train(cfg)
+    assert main(["eval", str(tmp_path / "run"), *WATCH]) == 0
+    assert watched(tmp_path / "run")[2] == {"evaluated": [10, 20, 22], "missed": []}  # every second save, the last
 
 
 def test_a_record_written_before_a_kill_marked_it_evaluated_is_dropped_and_written_again(tmp_path, capsys):

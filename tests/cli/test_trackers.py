@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tests.subprocesses import ROOT, ember_train_signalled
@@ -43,7 +44,7 @@ def tracking(tmp_path_factory):
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=uri)  # creates the tables
-        for experiment in ("ember", "failing"):  # artifacts in the test's folder, not ./mlruns (MLflow's default)
+        for experiment in ("ember", "failing", "watched"):  # artifacts in the test's folder, not MLflow's ./mlruns
             client.create_experiment(experiment, artifact_location=(folder / experiment).as_uri())
     return {"MLFLOW_TRACKING_URI": uri}
 
@@ -212,3 +213,63 @@ def test_a_killed_and_relaunched_run_is_one_wandb_run_continuing_at_the_resumed_
     assert exit_codes(tmp_path / "run") == [0]  # the killed launch never finished; the relaunch did
     (record,) = [r.run for r in read_records(next((tmp_path / "run").rglob("run-*.wandb"))) if r.HasField("run")]
     assert (record.project, record.display_name) == ("ember", "run")
+
+
+def test_a_watcher_writes_into_the_run_s_own_writers_and_mlflow_run_each_step_once_through_a_relaunch(
+    tmp_path, tracking, monkeypatch
+):
+    """``ember eval --watch`` records with the run's writers: files under eval/NAME, metrics in the run's MLflow run.
+
+    The MLflow run's status and end stay the training job's; a relaunch after a kill between the records and
+    watch.json writes each step once in every writer.
+    """
+    from ember.cli import main, train
+    from tests.writers.tb_reader import tensorboard_scalars
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking["MLFLOW_TRACKING_URI"])
+    run = tmp_path / "run"
+    config = {
+        "name": "watched",
+        "model": {"name": "mlp"},
+        "trainer": {"max_epochs": 1},
+        "handlers": {
+            "writers": ["console", "jsonl", "csv", "tensorboard", "mlflow"],
+            "progress": False,
+            "early_stopping": None,
+            "log_every": 100,
+            "checkpoint": {"every_iters": 10, "keep_latest": 10},
+        },
+        "output": str(run),
+    }
+    watch = ["eval", str(run), "--watch", "--name", "w", "--poll", "0.2"]
+    with _sqlalchemy_quiet():
+        train(config, stream=io.StringIO())
+        ended = _end_time(tracking, run)
+        assert main(watch) == 0
+        (run / "eval" / "w" / "watch.json").write_text(json.dumps({"evaluated": [10], "missed": []}))
+        assert main(watch) == 0  # killed after 20's and 22's records, before watch.json said so: both again
+    rows = [json.loads(line) for line in (run / "eval" / "w" / "metrics.jsonl").read_text().splitlines()]
+    expected = [(r["step"], r["w/val/accuracy"]) for r in rows]
+    assert [s for s, _ in expected] == [10, 20, 22]
+    ((name, status, metrics, _),) = mlflow_runs(tracking, "watched")
+    assert (name, status) == ("run", "FINISHED")  # the training job's, untouched by the watcher
+    with _sqlalchemy_quiet():
+        assert _end_time(tracking, run) == ended  # never ended again by the watcher
+    assert metrics["w/val/accuracy"] == expected
+    assert metrics["w/val/accuracy"][-1][1] == metrics["val/accuracy"][-1][1]  # step 22: the run's own evaluation
+    assert [s for s, _ in metrics["w/val/loss"]] == [10, 20, 22]
+    csv_rows = (run / "eval" / "w" / "metrics.csv").read_text().splitlines()
+    assert csv_rows[0] == "step,name,value"
+    accuracy = [(int(s), float(v)) for s, n, v in (r.split(",") for r in csv_rows[1:]) if n == "w/val/accuracy"]
+    assert accuracy == expected
+    shown = tensorboard_scalars(run / "eval" / "w" / "tb")["w/val/accuracy"]
+    assert shown == [(s, round(float(np.float32(a)), 6)) for s, a in expected]
+    files = sorted(p.name for p in (run / "eval" / "w").iterdir())
+    assert files == ["metrics.csv", "metrics.jsonl", "tb", "watch.json"]
+
+
+def _end_time(tracking, run):
+    from mlflow.tracking import MlflowClient
+
+    run_id = json.loads((run / "run.json").read_text())["trackers"]["mlflow"]
+    return MlflowClient(tracking_uri=tracking["MLFLOW_TRACKING_URI"]).get_run(run_id).info.end_time

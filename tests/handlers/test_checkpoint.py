@@ -468,6 +468,26 @@ def test_a_checkpoint_handlers_keep_every_pins_its_multiples_beside_the_newest(t
     assert saver.state_dict() == {"_saved": [(4, names[0]), (8, names[1]), (9, names[2]), (10, names[3])]}
 
 
+def test_keep_while_holds_a_checkpoint_past_n_saved_until_it_says_otherwise_then_the_next_save_removes_it(tmp_path):
+    """n_saved=1, a save each iteration; a reader takes steps 1..3 only at iteration 6: they stay until then."""
+    engine, read = Engine(lambda e, b: b), [0]
+    saver = Checkpoint({"trainer": engine}, tmp_path, n_saved=1, keep_while=lambda step: 1 <= step <= 3 and read[0] < 3)
+    saver.attach(engine, Events.ITERATION_COMPLETED)
+    on_disk = []
+    engine.add_event_handler(Events.ITERATION_COMPLETED, lambda: on_disk.append(saver.wait() and kept(saver)))
+    engine.add_event_handler(Events.ITERATION_COMPLETED(once=5), lambda: read.__setitem__(0, 3))
+    engine.run(range(7))
+    saver.store.close()
+    assert on_disk == [[1], [1, 2], [1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 5], [6], [7]]
+    assert saver.state_dict() == {"_saved": [(7, "step_00000007")]}
+    with pytest.raises(TypeError, match=re.escape("`keep_while` must be callable as keep_while(step) -> bool, got 3.")):
+        Checkpoint({"trainer": engine}, tmp_path, keep_while=3)  # type: ignore[arg-type]
+
+
+def kept(saver):
+    return [c.step for c in saver.store.checkpoints()]
+
+
 @pytest.mark.parametrize("where", ["store", "save handler"])
 def test_a_save_listener_hears_only_the_checkpoints_written(tmp_path, where):
     """n_saved=1 by score: the second, worse score is not admitted, so no listener call for it."""

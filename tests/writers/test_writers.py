@@ -295,3 +295,34 @@ def test_one_list_of_writer_names_for_create_run_writer_and_the_config():
         create_run_writer("unused", ["tensorbord"])
     with pytest.raises(TypeError, match=re.escape("`writers` must be a list of names from ['console', 'tensor")):
         create_run_writer("unused", "jsonl")
+
+
+def test_an_evaluation_job_s_writers_write_beside_the_run_s_and_its_own_wandb_run_joins_the_run_s_group(
+    tmp_path, monkeypatch
+):
+    """``create_run_writer(evaluation=)``: files under eval/NAME, a W&B run ``<run's>-eval-NAME`` in the run's group."""
+    from ember._run_identity import remember_tracker_run
+    from ember.writers import WRITERS, create_run_writer
+    from ember.writers._run import _EVALUATION_MAKERS
+    from tests.writers.wandb_reader import read_records
+
+    assert list(_EVALUATION_MAKERS) == list(WRITERS)  # every writer a run can name, an evaluation job can too
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    remember_tracker_run(run, "wandb", "abc123")
+    w = create_run_writer(run, ["jsonl", "wandb"], evaluation="val_noisy")
+    w.write_scalars(5, {"val_noisy/val/accuracy": 0.5})
+    w.close()
+    (row,) = map(json.loads, (run / "eval" / "val_noisy" / "metrics.jsonl").read_text().splitlines())
+    assert (row["step"], row["val_noisy/val/accuracy"]) == (5, 0.5)
+    (found,) = (run / "eval" / "val_noisy" / "wandb").rglob("run-*.wandb")
+    (record,) = [r.run for r in read_records(found) if r.HasField("run")]
+    named = (record.run_id, record.run_group, record.display_name)
+    assert named == ("abc123-eval-val_noisy", "abc123", "run/eval/val_noisy")
+    assert not (run / "metrics.jsonl").exists()  # the training job's own files are its alone
+    with pytest.raises(LookupError, match=re.escape(f"{run.resolve()} has no MLflow run in its run.json to log the")):
+        create_run_writer(run, ["mlflow"], evaluation="val_noisy")
+    message = "`evaluation` must be a name of letters, digits, '_', '.' and '-', got 'a/b'."
+    with pytest.raises(ValueError, match=re.escape(message)):
+        create_run_writer(run, ["jsonl"], evaluation="a/b")

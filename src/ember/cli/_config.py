@@ -7,13 +7,14 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from ember.cli._schema import Config
+from ember.cli._schema import WATCHER_NAME, Config
 from ember.errors import ConfigError
 
 _POSITIVE = frozenset(
@@ -246,6 +247,12 @@ def _check_evaluations(config: Config) -> None:
     if best_on != "val" and best_on not in config.evaluations:
         allowed = ", ".join(["val", *map(str, config.evaluations)])
         problems.append(f"handlers.checkpoint.best_on: expected an evaluation of the run ({allowed}), got {best_on!r}.")
+    for name in config.handlers.checkpoint.keep_for_watchers:
+        if not isinstance(name, str) or not re.fullmatch(WATCHER_NAME, name):
+            problems.append(
+                "handlers.checkpoint.keep_for_watchers: expected watcher names of letters, digits, '_', '.' and '-', "
+                f"got {name!r}."
+            )
     if problems:
         raise config_error(problems)
 

@@ -12,6 +12,7 @@ from jax.experimental import multihost_utils
 from ember import Engine, Events
 from ember._run_identity import run_identity
 from ember.checkpoint import CheckpointStore, TieredStore
+from ember.cli._run_evaluations import unread_by
 from ember.cli._schema import CheckpointConfig
 from ember.handlers import Checkpoint, global_step_from_engine
 from ember.writers import Writer
@@ -29,6 +30,7 @@ def attach_checkpoints(
     """Attach ``checkpoints/best`` (by ``evaluator``'s accuracy) and ``checkpoints/latest`` (each epoch, the end).
 
     ``evaluator`` is the evaluation ``best_on`` names; the latest are also saved every ``every_iters`` iterations.
+    A latest checkpoint the watchers of ``keep_for_watchers`` have not read yet is kept past ``keep_latest``.
 
     With ``fast_dir``, the latest go through a `TieredStore` whose durable tier is ``checkpoints/latest`` and whose
     fast tier is ``<fast_dir>/<run folder's name>-<run_id>`` (`shared_run_id`): two runs never share one, though
@@ -49,7 +51,8 @@ def attach_checkpoints(
     if config.fast_dir is not None:  # every save into local storage, every k-th and the last into the run folder too
         fast = Path(config.fast_dir) / f"{run_dir.resolve().name}-{run_id}"
         latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)
-    latest = Checkpoint(to_save, latest_dir, n_saved=config.keep_latest)
+    held = unread_by(run_dir, config.keep_for_watchers) if config.keep_for_watchers else None  # until watchers read
+    latest = Checkpoint(to_save, latest_dir, n_saved=config.keep_latest, keep_while=held)
     every = Events.EPOCH_COMPLETED | Events.COMPLETED
     if config.every_iters:
         every = every | Events.ITERATION_COMPLETED(every=config.every_iters)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -12,7 +13,7 @@ import numpy as np
 import optax
 
 from ember import Events
-from ember.cli._schema import Config, EvaluationConfig
+from ember.cli._schema import WATCHER_NAME, Config, EvaluationConfig
 from ember.errors import ConfigError
 from ember.metrics import Accuracy, Loss
 from ember.training import create_evaluator
@@ -200,7 +201,9 @@ def watch_run(
 
     Beside a training run (or after it), in a job of its own, possibly on another device count: every latest
     checkpoint of the run folder that is committed (never one being written) is evaluated as ``ember eval`` does, its
-    metrics appended to ``RUN_DIR/eval/NAME/metrics.jsonl`` at the checkpoint's step as ``NAME/val/accuracy``. What
+    metrics written at the checkpoint's step as ``NAME/val/accuracy`` by the run's writers (``handlers.writers``, as
+    [`create_run_writer`][ember.writers.create_run_writer]``(evaluation=NAME)`` makes them: ``RUN_DIR/eval/NAME/``'s
+    ``metrics.jsonl``, ``metrics.csv`` and ``tb``, the run's MLflow run, a W&B run in the run's group). What
     was evaluated is kept in ``RUN_DIR/eval/NAME/watch.json``, written atomically after the metrics are on disk:
     a watcher killed and relaunched evaluates none twice and skips none (a record past its last evaluated step is
     dropped first). A checkpoint that retention deleted before it could be read is reported, on the console and in
@@ -212,16 +215,15 @@ def watch_run(
     """
     from ember._atomic_file import replace_file
     from ember.checkpoint import CorruptCheckpointError
-    from ember.writers import JsonlWriter
+    from ember.writers import create_run_writer
 
-    if not isinstance(name, str) or not name or "/" in name:
-        raise ValueError(f"`--name` must be a name without '/', got {name!r}.")
+    if not isinstance(name, str) or not re.fullmatch(WATCHER_NAME, name):
+        raise ValueError(f"`--name` must be a name of letters, digits, '_', '.' and '-', got {name!r}.")
     job = EvaluationJob(run_dir, overrides)
     folder = job.run / "eval" / name
     folder.mkdir(parents=True, exist_ok=True)
     state = _watched(folder)
-    record = JsonlWriter(folder / "metrics.jsonl")
-    record.resume_at(max(state["evaluated"], default=-1))  # a record whose step was not marked evaluated goes
+    record = None  # made at the first evaluation, once the training job has made its tracker runs
     while True:
         ended = _run_ended(job.run)  # read before the listing: every checkpoint of an ended run is listed below
         last = max(state["evaluated"] + state["missed"], default=-1)
@@ -234,12 +236,17 @@ def watch_run(
                 print(f"{info.path.name}: deleted before it was evaluated; reported in watch.json", file=stream)
                 state["missed"].append(step)
             else:
+                if record is None:
+                    kinds = [w for w in job.cfg.handlers.writers if w != "console"]  # the watcher prints its own
+                    record = create_run_writer(job.run, kinds, params=job.cfg, evaluation=name)
+                    record.resume_at(max(state["evaluated"], default=-1))  # a record not marked evaluated goes
                 record.write_scalars(step, {f"{name}/{k}": v for k, v in metrics.items()})
                 record.sync()  # on disk before watch.json says the step is done
                 state["evaluated"].append(step)
             replace_file(folder, "watch.json", json.dumps(state))
         if ended:
-            record.close()
+            if record is not None:
+                record.close()
             return state
         time.sleep(poll)
 
@@ -253,6 +260,36 @@ def _watched(folder: Path) -> dict[str, list[int]]:
     if not (isinstance(state, dict) and all(isinstance(state.get(k), list) for k in ("evaluated", "missed"))):
         raise ValueError(f"{path} is not a watcher's state ({{'evaluated': [...], 'missed': [...]}}); move it aside.")
     return {"evaluated": list(state["evaluated"]), "missed": list(state["missed"])}
+
+
+def unread_by(run: Path, names: Sequence[str]) -> Callable[[int], bool]:
+    """``held(step)``: whether a watcher of ``names`` has yet to evaluate (or report missed) the checkpoint of ``step``.
+
+    Read from each watcher's ``watch.json`` at every call (a save's retention; never on the hot path). A watcher that
+    has not started, or whose state cannot be read, has read nothing: every checkpoint is held for it.
+
+    Examples:
+        >>> import json, pathlib, tempfile
+        >>> from ember.cli._run_evaluations import unread_by
+        >>> run = pathlib.Path(tempfile.mkdtemp())
+        >>> (run / "eval" / "w").mkdir(parents=True)
+        >>> _ = (run / "eval" / "w" / "watch.json").write_text(json.dumps({"evaluated": [5, 10], "missed": [15]}))
+        >>> held = unread_by(run, ["w"])
+        >>> held(15), held(20)
+        (False, True)
+    """
+
+    def held(step: int) -> bool:
+        for name in names:
+            try:
+                state = _watched(run / "eval" / name)
+            except ValueError:  # damaged or torn: what it read is not known, so nothing goes
+                return True
+            if step > max(state["evaluated"] + state["missed"], default=-1):
+                return True
+        return False
+
+    return held
 
 
 def _committed(run: Path) -> dict[int, Any]:

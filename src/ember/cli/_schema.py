@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+#: what names an ``ember eval --watch`` job (``--name``): its folder ``RUN_DIR/eval/NAME`` and its tracker runs
+WATCHER_NAME = r"[A-Za-z0-9_.-]+"
+
 
 @dataclass
 class ModelConfig:
@@ -96,6 +99,9 @@ class CheckpointConfig:
     durable_every: int = 5
     #: the evaluation whose accuracy picks the best checkpoints: ``val``, or a name in ``evaluations``.
     best_on: str = "val"
+    #: ``ember eval --watch`` jobs by ``--name``: a latest checkpoint past ``keep_latest`` is not deleted until each
+    #: has evaluated it (or reported it missed); it goes at the first save after. A watcher never started keeps all.
+    keep_for_watchers: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -60,6 +60,9 @@ class MlflowWriter(Writer):
         params: hyperparameters to log at the start.
         artifacts: files or folders (a folder's files) to upload when the run closes; one path or several.
         run_id: an existing run to continue instead of starting one.
+        own_run: whether this writer owns the run it logs to (by default). ``False`` (with ``run_id``): another job
+            owns it, as an evaluation job logging beside the training job into its run (``ember eval --watch``):
+            opening leaves its status alone, and closing uploads nothing and does not end it.
 
     Examples:
         >>> import os, tempfile
@@ -81,6 +84,7 @@ class MlflowWriter(Writer):
         params: Any = None,
         artifacts: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
         run_id: str | None = None,
+        own_run: bool = True,
     ) -> None:
         try:
             from mlflow.entities import Metric, Param, RunTag
@@ -92,6 +96,9 @@ class MlflowWriter(Writer):
             params = dataclasses.asdict(params)
         if params is not None and not isinstance(params, Mapping):
             raise TypeError(f"`params` must be a mapping or a dataclass instance, got {type(params).__name__}.")
+        if not own_run and run_id is None:
+            raise ValueError("`own_run=False` logs into another job's run: give its `run_id`.")
+        self.own_run = own_run
         self._metric, self._param, self._tag = Metric, Param, RunTag
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.artifacts = _paths(artifacts)
@@ -113,7 +120,8 @@ class MlflowWriter(Writer):
                 "that holds it (tracking_uri, MLFLOW_TRACKING_URI), or run_id=None to start a new run."
             ) from e
         self.run_id = run_id
-        self.client.update_run(run_id, status="RUNNING")
+        if own_run:
+            self.client.update_run(run_id, status="RUNNING")
         if params:
             self._log_params(params, kept=run.data.params)
 
@@ -166,7 +174,9 @@ class MlflowWriter(Writer):
         self._status = _STATUS[check_outcome(outcome)]
 
     def close(self) -> None:
-        """Upload the ``artifacts`` that exist, then end the run with its status."""
+        """Upload the ``artifacts`` that exist, then end the run with its status (a run it does not own: nothing)."""
+        if not self.own_run:
+            return
         for path in self.artifacts:
             if path.is_dir():
                 self.client.log_artifacts(self.run_id, str(path))

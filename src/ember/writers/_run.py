@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -62,6 +63,30 @@ def _mlflow(root: Path, params: Any) -> Writer:
     return writer
 
 
+def _wandb_evaluation(root: Path, name: str, params: Any) -> Writer:
+    """An evaluation job's own W&B run, grouped with the run's (W&B logs one run from one process)."""
+    group = tracker_run(root, "wandb") or run_identity(root)["id"]
+    mode = os.environ.get("WANDB_MODE", "offline")
+    return WandbWriter(
+        _family(params),
+        mode=mode,
+        dir=root / "eval" / name,
+        config=_hyperparameters(params),
+        id=f"{group}-eval-{name}",  # the same on a relaunch of the job: it continues its W&B run
+        resume="allow",
+        name=f"{root.name}/eval/{name}",
+        group=group,
+    )
+
+
+def _mlflow_evaluation(root: Path, name: str, params: Any) -> Writer:
+    """The run's MLflow run, logged into beside its training job, which owns it (ends it, uploads its files)."""
+    run_id = tracker_run(root, "mlflow")
+    if run_id is None:
+        raise LookupError(f"{root} has no MLflow run in its run.json to log the evaluation {name!r} into.")
+    return MlflowWriter(experiment=_family(params), run_id=run_id, own_run=False)
+
+
 # name -> make(run folder, console stream, hyperparameters)
 _MAKERS: dict[str, Callable[[Path, TextIO | None, Any], Writer]] = {
     "console": lambda root, stream, params: ConsoleWriter(stream),
@@ -70,6 +95,17 @@ _MAKERS: dict[str, Callable[[Path, TextIO | None, Any], Writer]] = {
     "csv": lambda root, stream, params: CsvWriter(root / "metrics.csv"),
     "wandb": lambda root, stream, params: _wandb(root.resolve(), params),
     "mlflow": lambda root, stream, params: _mlflow(root.resolve(), params),
+}
+
+
+# name -> make(run folder, evaluation's name, console stream, hyperparameters): an evaluation job's writers
+_EVALUATION_MAKERS: dict[str, Callable[[Path, str, TextIO | None, Any], Writer]] = {
+    "console": lambda root, name, stream, params: ConsoleWriter(stream),
+    "tensorboard": lambda root, name, stream, params: TensorBoardWriter(root / "eval" / name / "tb"),
+    "jsonl": lambda root, name, stream, params: JsonlWriter(root / "eval" / name / "metrics.jsonl"),
+    "csv": lambda root, name, stream, params: CsvWriter(root / "eval" / name / "metrics.csv"),
+    "wandb": lambda root, name, stream, params: _wandb_evaluation(root.resolve(), name, params),
+    "mlflow": lambda root, name, stream, params: _mlflow_evaluation(root.resolve(), name, params),
 }
 
 
@@ -119,6 +155,7 @@ def create_run_writer(
     stream: TextIO | None = None,
     params: Any = None,
     primary_only: bool = True,
+    evaluation: str | None = None,
 ) -> AsyncWriter:
     """An ``AsyncWriter`` over the writers named (from [`WRITERS`][ember.writers.WRITERS]) for a run folder.
 
@@ -130,6 +167,12 @@ def create_run_writer(
         stream: where ``console`` prints (standard output by default).
         params: hyperparameters for MLflow and W&B (a mapping, or ``ember train``'s config).
         primary_only: only process 0 writes (and creates files).
+        evaluation: the writers of a job that evaluates the run from outside it, under this name (``ember eval
+            --watch``), beside the training job's: ``jsonl``, ``csv`` and ``tensorboard`` write into
+            ``run_dir/eval/<evaluation>/`` (``metrics.jsonl``, ``metrics.csv``, ``tb``); ``mlflow`` logs into the
+            run's own MLflow run (its id in ``run.json``), which the training job keeps owning (this writer never
+            ends it); ``wandb`` logs to a W&B run of its own, ``<run id>-eval-<evaluation>``, in the W&B group of
+            the run's (W&B takes one run's records from one process).
 
     Examples:
         >>> import tempfile, os
@@ -139,6 +182,10 @@ def create_run_writer(
         >>> w.write_scalars(1, {"loss": 0.5}); w.close()
         >>> sorted(os.listdir(run))
         ['metrics.csv', 'metrics.jsonl', 'tb']
+        >>> w = create_run_writer(run, ["jsonl", "tensorboard"], evaluation="val_noisy")
+        >>> w.write_scalars(5, {"val_noisy/val/accuracy": 0.9}); w.close()
+        >>> sorted(os.listdir(os.path.join(run, "eval", "val_noisy")))
+        ['metrics.jsonl', 'tb']
     """
     if isinstance(writers, str):
         raise TypeError(f"`writers` must be a list of names from {list(WRITERS)}, got the string {writers!r}.")
@@ -146,9 +193,15 @@ def create_run_writer(
     unknown = [name for name in chosen if name not in WRITERS]
     if unknown:
         raise ValueError(f"`writers` names {unknown}, which are not writers; the writers are {list(WRITERS)}.")
+    if evaluation is not None and not (isinstance(evaluation, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", evaluation)):
+        raise ValueError(f"`evaluation` must be a name of letters, digits, '_', '.' and '-', got {evaluation!r}.")
     writer = AsyncWriter(MultiWriter([]), primary_only=primary_only)
     if not writer.active:
         return writer
     root = writable_folder(run_dir, "run_dir", "create_run_writer")
-    writer.writer = MultiWriter([make(root, stream, params) for name, make in WRITERS.items() if name in chosen])
+    if evaluation is None:
+        made = [make(root, stream, params) for name, make in WRITERS.items() if name in chosen]
+    else:
+        made = [make(root, evaluation, stream, params) for name, make in _EVALUATION_MAKERS.items() if name in chosen]
+    writer.writer = MultiWriter(made)
     return writer

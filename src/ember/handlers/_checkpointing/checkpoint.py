@@ -64,6 +64,8 @@ class Checkpoint:
         save_on_rank: the process that calls a save handler of yours (all take part in gathering the arrays).
         mode: ``"max"`` or ``"min"``: which scores are best.
         keep_every: also keep checkpoints whose step is a multiple of this.
+        keep_while: ``keep_while(step)``: a checkpoint retention would remove stays while this is true (an
+            evaluation job has not read it yet); it goes at the first save after. Asked at each save.
         background: write into a store on a background thread (default) or before returning.
         on_error: what a failed write (disk full, permission denied: an ``OSError``) does: ``"raise"``
             (default) fails the run with it; ``"warn"`` issues a ``RuntimeWarning`` naming the error and
@@ -108,13 +110,14 @@ class Checkpoint:
         *,
         mode: Literal["min", "max"] = "max",
         keep_every: int | None = None,
+        keep_while: Callable[[int], bool] | None = None,
         background: bool = True,
         on_error: Literal["raise", "warn"] = "raise",
     ) -> None:
         if score_function is None and score_name is not None:
             score_function = self.get_default_score_fn(score_name)
         checks = (to_save, include_self, score_function, global_step_transform, filename_pattern, n_saved, on_error)
-        check_arguments(*checks, keep_every=keep_every, mode=mode)
+        check_arguments(*checks, keep_every=keep_every, mode=mode, keep_while=keep_while)
         self._kinds = {name: kind_of(name, obj) for name, obj in to_save.items()}
         self.to_save = to_save if include_self else dict(to_save)
         self.save_handler, self.store = destination(save_handler)
@@ -126,7 +129,7 @@ class Checkpoint:
         self.include_self, self.greater_or_equal, self.save_on_rank = include_self, greater_or_equal, save_on_rank
         self.background = background
         self._ledger = Ledger.for_checkpoint(
-            n_saved=n_saved, mode=mode, keep_every=keep_every, greater_or_equal=greater_or_equal
+            n_saved=n_saved, mode=mode, keep_every=keep_every, greater_or_equal=greater_or_equal, keep_while=keep_while
         )
         naming = Naming(filename_prefix, filename_pattern, self.score_name, score_function is not None, self.ext)
         where = (self.save_handler, self.store, self._ledger, naming)

@@ -45,6 +45,7 @@ def check_arguments(
     *,
     keep_every: Any,
     mode: Any,
+    keep_while: Any = None,
 ) -> None:
     """`Checkpoint`'s arguments checked, each a clear error naming it."""
     if not isinstance(to_save, Mapping) or not to_save:
@@ -66,6 +67,8 @@ def check_arguments(
         raise ValueError(f"`n_saved` must be a positive int or None (keep every checkpoint), got {n_saved!r}.")
     if on_error not in ("raise", "warn"):
         raise ValueError(f'`on_error` must be "raise" or "warn", got {on_error!r}.')
+    if keep_while is not None and not callable(keep_while):
+        raise TypeError(f"`keep_while` must be callable as keep_while(step) -> bool, got {keep_while!r}.")
     check_retention(None, None, keep_every, mode)
 
 

@@ -5,7 +5,8 @@ ties in the order they were saved). A new checkpoint is saved only while fewer t
 or when its priority beats the lowest (``>`` it, or ``>=`` with ``greater_or_equal``); the lowest then
 goes. The ledger keeps that list for ember's stores and for users' save handlers alike, and adds ember's
 policies on top: ``keep_every`` pins checkpoints whose step is a multiple (never removed, still counted
-among the kept). A save that fails puts the ledger back (`failures`).
+among the kept); ``keep_while`` holds a checkpoint, whatever the ranking, while it says so (it goes at the first
+save after). A save that fails puts the ledger back (`failures`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Ledger:
         pinned: checkpoints never removed (``keep_every``), though they count among the kept.
         greater_or_equal: a new checkpoint whose key equals the lowest kept one's is saved (and the older
             one goes); by default it is not, as in Ignite.
+        held: ``held(step)``: a checkpoint of ``step`` is not removed while it is true; asked again at every save.
+            It does not change which checkpoints are saved.
 
     Examples:
         >>> from ember.handlers._checkpointing.retention import Ledger
@@ -76,8 +79,10 @@ class Ledger:
         *,
         greater_or_equal: bool = False,
         pins: bool = False,
+        held: Callable[[int], bool] | None = None,
     ) -> None:
         self.rankings = list(rankings)
+        self.held = held
         self.pinned, self.pins = pinned, pins  # pins: whether ``pinned`` can ever be true (its steps matter)
         self.greater_or_equal = greater_or_equal
         self.entries: list[Entry] = []
@@ -92,6 +97,7 @@ class Ledger:
         mode: Literal["min", "max"],
         keep_every: int | None = None,
         greater_or_equal: bool = False,
+        keep_while: Callable[[int], bool] | None = None,
     ) -> Ledger:
         """The ledger of a ``Checkpoint``: the ``n_saved`` highest priorities (``None``: all)."""
         sign = 1.0 if mode == "max" else -1.0
@@ -104,7 +110,8 @@ class Ledger:
         def pinned(step: int) -> bool:
             return keep_every is not None and step % keep_every == 0
 
-        return cls(rankings, pinned, greater_or_equal=greater_or_equal, pins=keep_every is not None)
+        pins = keep_every is not None or keep_while is not None  # the steps matter: listed in the state dict
+        return cls(rankings, pinned, greater_or_equal=greater_or_equal, pins=pins, held=keep_while)
 
     def _top(self, ranking: Ranking, entries: list[Entry]) -> list[Entry]:
         if ranking.count is None:
@@ -140,6 +147,8 @@ class Ledger:
         kept: set[str] = {e.filename for e in self.entries if self.pinned(e.step)}
         for r in self.rankings:
             kept |= {e.filename for e in self._top(r, self.entries)}
+        if self.held is not None:
+            kept |= {e.filename for e in self.entries if e.filename not in kept and self.held(e.step)}
         removed = [e for e in self.entries if e.filename not in kept]
         self.entries = [e for e in self.entries if e.filename in kept]
         return removed
