@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.distributed.launch import free_port
@@ -15,8 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["handlers.progress=false", "trainer.max_epochs=2"]
 
 
-def start(run: Path, *, args: list[str] = ARGS, processes: int = 2) -> list[subprocess.Popen[str]]:
-    """``processes`` processes of ``ember train --distributed`` into ``run``, output to files beside it."""
+def start(
+    run: Path, *, args: list[str] = ARGS, processes: int = 2, command: list[str] | None = None
+) -> list[subprocess.Popen[str]]:
+    """``processes`` processes of ``ember train --distributed`` into ``run`` (or ``ember COMMAND``), output beside."""
     port = free_port()
     procs = []
     for pid in range(processes):
@@ -29,10 +32,18 @@ def start(run: Path, *, args: list[str] = ARGS, processes: int = 2) -> list[subp
             "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
             "JAX_PLATFORMS": "cpu",
         }
-        command = [sys.executable, "-m", "ember.cli", "train", "--distributed", "--output", str(run), *args]
+        given = command or ["train", "--distributed", "--output", str(run), *args]
         with open(run.with_suffix(f".{pid}.out"), "w") as out, open(run.with_suffix(f".{pid}.err"), "w") as err:
             procs.append(
-                subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, text=True, start_new_session=True)
+                subprocess.Popen(
+                    [sys.executable, "-m", "ember.cli", *given],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=out,
+                    stderr=err,
+                    text=True,
+                    start_new_session=True,
+                )
             )
     return procs
 
@@ -46,6 +57,20 @@ def finish(procs: list[subprocess.Popen[str]], timeout: float = 300) -> list[int
         for proc in procs:  # each its own process group: what it started ends with it
             end_group(proc.pid)
             proc.wait(timeout=30)
+
+
+def kill_the_second_once(procs: list[subprocess.Popen[str]], run: Path, ready: Callable[[], bool], what: str) -> str:
+    """SIGKILL process 1 once ``ready()`` (polled, at most 240 s); process 0 must exit 75: its ``ember:`` line."""
+    deadline = time.monotonic() + 240
+    while not ready():
+        assert time.monotonic() < deadline, f"{what} within 240 s"
+        assert procs[0].poll() is None, output(run, 0, "err")[-3000:]
+        time.sleep(0.2)
+    os.kill(procs[1].pid, signal.SIGKILL)
+    assert finish(procs, timeout=120) == [75, -signal.SIGKILL], output(run, 0, "err")[-3000:]
+    message = next(line for line in output(run, 0, "err").splitlines() if line.startswith("ember: "))
+    assert message.startswith("ember: process 1 of this 2-process run was lost (")
+    return message
 
 
 def output(run: Path, pid: int, kind: str = "out") -> str:
@@ -92,15 +117,7 @@ def test_a_killed_process_ends_the_other_with_status_75_and_the_relaunch_resumes
     run = tmp_path / "run"
     args = ["handlers.progress=false", "trainer.max_epochs=3"]
     procs = start(run, args=args)
-    deadline = time.monotonic() + 240
-    while not epoch_lines(output(run, 0)):
-        assert time.monotonic() < deadline, "no epoch finished within 240 s"
-        assert procs[0].poll() is None, output(run, 0, "err")[-3000:]
-        time.sleep(0.2)
-    os.kill(procs[1].pid, signal.SIGKILL)
-    assert finish(procs, timeout=120) == [75, -signal.SIGKILL], output(run, 0, "err")[-3000:]
-    message = next(line for line in output(run, 0, "err").splitlines() if line.startswith("ember: "))
-    assert message.startswith("ember: process 1 of this 2-process run was lost (")
+    message = kill_the_second_once(procs, run, lambda: bool(epoch_lines(output(run, 0))), "no epoch finished")
     assert "Relaunch every process." in message
     assert finish(start(run, args=args)) == [0, 0], output(run, 0, "err")[-3000:]
     assert "Resuming " in output(run, 0)

@@ -188,7 +188,8 @@ def test_a_checkpoint_deleted_before_the_watcher_read_it_is_reported(tmp_path, m
 
     def retention_between(run_dir):  # the training run's retention deletes step 15 once the watcher listed it
         found = listed(run_dir)
-        shutil.rmtree(found[15].path)
+        if 15 in found:  # the first listing holds it; it is gone from every later one
+            shutil.rmtree(found[15].path)
         return found
 
     monkeypatch.setattr(_run_evaluations, "_committed", retention_between)
@@ -292,6 +293,35 @@ def test_a_record_written_before_a_kill_marked_it_evaluated_is_dropped_and_writt
     steps, _, state = watched(run)
     assert steps == [5, 10, 15, 20, 22]
     assert state == {"evaluated": [5, 10, 15, 20, 22], "missed": []}
+
+
+def test_a_watcher_of_two_processes_one_killed_ends_the_other_and_the_relaunch_evaluates_each_checkpoint_once(
+    tmp_path,
+):
+    """Two processes (one device each) watch a one-device run; process 1 SIGKILLed: 0 exits 75; relaunched: done.
+
+    The run's summary is held back while the watcher is killed, so it is still watching whenever the kill lands.
+    """
+    from tests.cli.test_distributed import finish, kill_the_second_once, output, start
+
+    run = finished_run(tmp_path)
+    recorded = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    summary = (run / "summary.json").read_text()
+    (run / "summary.json").unlink()
+    command = ["eval", "--distributed", str(run), *WATCH]
+    state = run / "eval" / "w" / "watch.json"
+    two = lambda: state.exists() and len(json.loads(state.read_text())["evaluated"]) >= 2  # noqa: E731
+    message = kill_the_second_once(start(run, command=command), run, two, "the watcher evaluated no two checkpoints")
+    assert message.endswith("relaunching resumes from what it recorded. Relaunch every process.")
+    (run / "summary.json").write_text(summary)
+    assert finish(start(run, command=command)) == [0, 0], output(run, 0, "err")[-3000:]
+    assert output(run, 0).splitlines()[-1] == "The run has ended: 5 checkpoints evaluated."
+    assert [line for line in output(run, 1).splitlines() if line.startswith(("step_", "The run"))] == []
+    steps, rows, state = watched(run)
+    assert steps == state["evaluated"] == [5, 10, 15, 20, 22]  # each once, in order, through the kill
+    for row in rows:  # on two devices of two processes, the accuracy the one-device run logged at that step
+        if "val/accuracy" in recorded.get(row["step"], {}):
+            assert row["w/val/accuracy"] == recorded[row["step"]]["val/accuracy"]
 
 
 def test_ember_eval_restores_onto_another_device_count(tmp_path):

@@ -134,6 +134,9 @@ def _add_run_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p_eval.add_argument("--name", default="watch", help="--watch: its records go to RUN_DIR/eval/NAME (default watch)")
     p_eval.add_argument("--poll", type=float, default=2.0, help="--watch: seconds between looks (default 2)")
+    p_eval.add_argument(
+        "--distributed", action="store_true", help="start jax.distributed first, as ember train --distributed does"
+    )
     p_inspect = sub.add_parser("inspect", parents=[common], help="print what a checkpoint holds")
     p_inspect.add_argument("checkpoint", help="a checkpoint folder, or a folder of checkpoints (its latest)")
     p_goodput = sub.add_parser(
@@ -241,13 +244,24 @@ def _eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"ember eval takes RUN_DIR then KEY=VALUE overrides; {bad[0]!r} is not one.")
     if args.poll <= 0:
         raise ValueError(f"`--poll` must be a positive number of seconds, got {args.poll}.")
+    if args.distributed:
+        start_distributed()
     if args.watch:
         done = watch_run(args.run_dir, args.name, args.overrides, poll=args.poll)
         missed = f"; deleted before they were evaluated: {done['missed']}" if done["missed"] else ""
-        print(f"The run has ended: {len(done['evaluated'])} checkpoints evaluated{missed}.")
+        if not args.distributed or _process_index() == 0:
+            print(f"The run has ended: {len(done['evaluated'])} checkpoints evaluated{missed}.")
     else:
         evaluate_run(args.run_dir, args.checkpoint, args.overrides)
+    if args.distributed:
+        end_together(0)
     return 0
+
+
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
 
 
 def _goodput(args: argparse.Namespace) -> str:

@@ -14,6 +14,7 @@ import optax
 
 from ember import Events
 from ember.cli._schema import WATCHER_NAME, Config, EvaluationConfig
+from ember.data import Masked
 from ember.errors import ConfigError
 from ember.metrics import Accuracy, Loss
 from ember.training import create_evaluator
@@ -79,11 +80,22 @@ def evaluation_data(cfg: Config, name: str, evaluation: EvaluationConfig, val: A
                 f"evaluations.{name}.data: x.npy holds {len(arrays['x'])} examples and y.npy {len(arrays['y'])}."
             )
         data = ArrayDataset(arrays, batch_size=cfg.data.batch_size)
-    return Noisy(data, evaluation.noise, seed=cfg.data.seed) if evaluation.noise > 0 else data
+    if evaluation.noise <= 0:
+        return data
+    from ember.data import ArrayDataset
+
+    if isinstance(data, ArrayDataset):  # the noise drawn once over every example: the same on any number of processes
+        x = np.asarray(data.arrays["x"])
+        noisy = (x + np.random.default_rng(cfg.data.seed).normal(0.0, evaluation.noise, x.shape)).astype(x.dtype)
+        return ArrayDataset({**data.arrays, "x": noisy}, batch_size=data.batch_size)
+    return Noisy(data, evaluation.noise, seed=cfg.data.seed)
 
 
 class Noisy:
     """``data``'s batches with Gaussian noise of deviation ``sigma`` added to ``x``: the same at every pass.
+
+    For data that is not an ``ArrayDataset`` (whose noise is drawn over every example at once): the noise follows the
+    batches this process reads, so it depends on the number of processes.
 
     Examples:
         >>> import numpy as np
@@ -100,11 +112,13 @@ class Noisy:
     def __len__(self) -> int:
         return len(self.data)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         rng = np.random.default_rng(self.seed)  # each pass draws the same noise, batch by batch
         for batch in self.data:
-            x = np.asarray(batch["x"])
-            yield {**batch, "x": (x + rng.normal(0.0, self.sigma, x.shape)).astype(x.dtype)}
+            inner = batch.batch if isinstance(batch, Masked) else batch  # a process's padded part of a batch
+            x = np.asarray(inner["x"])
+            noisy = {**inner, "x": (x + rng.normal(0.0, self.sigma, x.shape)).astype(x.dtype)}
+            yield Masked(noisy, batch.mask) if isinstance(batch, Masked) else noisy
 
 
 def evaluate_run(
@@ -125,9 +139,12 @@ def evaluate_run(
     job = EvaluationJob(run_dir, overrides)
     info = _checkpoint_of(job.run, job.cfg, checkpoint)
     metrics = job.evaluate(info, stream)
-    record = JsonlWriter(job.run / "eval.jsonl")
-    record.write_scalars(info.step, metrics)
-    record.close()
+    import jax
+
+    if jax.process_index() == 0:  # every process evaluates; one writes
+        record = JsonlWriter(job.run / "eval.jsonl")
+        record.write_scalars(info.step, metrics)
+        record.close()
     return {"step": info.step, "checkpoint": info.path.name, "metrics": metrics}
 
 
@@ -153,16 +170,27 @@ class EvaluationJob:
 
     def evaluate(self, info: Any, stream: TextIO | None = None) -> dict[str, float]:
         """Restore the checkpoint ``info`` and run every evaluation on it; print a line each; return the metrics."""
+        self.restore(info)
+        return self.run_all(info, stream)
+
+    def restore(self, info: Any) -> None:
+        """Restore the checkpoint ``info`` into the trainer (its train state, onto this job's own placement)."""
         from ember.handlers import load_objects
 
         load_objects({"trainer": self.trainer}, info.path)
+
+    def run_all(self, info: Any, stream: TextIO | None = None) -> dict[str, float]:
+        """Every evaluation on the state restored from ``info``; a line each printed (by process 0); the metrics."""
+        import jax
+
         metrics: dict[str, float] = {}
         for name, (engine, data) in self.runs.items():
             engine.run(data)
             found = {f"{name}/{k}": float(v) for k, v in engine.state.metrics.items()}
             metrics |= found
             shown = "  ".join(f"{k} {v:.4f}" for k, v in found.items())
-            print(f"{info.path.name} (iteration {info.step}): {shown}", file=stream, flush=True)
+            if jax.process_index() == 0:
+                print(f"{info.path.name} (iteration {info.step}): {shown}", file=stream, flush=True)
         return metrics
 
 
@@ -213,29 +241,36 @@ def watch_run(
     Returns:
         ``{"evaluated": [steps], "missed": [steps]}``, as ``watch.json`` holds them.
     """
+    import jax
+
     from ember._atomic_file import replace_file
-    from ember.checkpoint import CorruptCheckpointError
+    from ember.handlers import ProcessWatchdog
     from ember.writers import create_run_writer
 
     if not isinstance(name, str) or not re.fullmatch(WATCHER_NAME, name):
         raise ValueError(f"`--name` must be a name of letters, digits, '_', '.' and '-', got {name!r}.")
     job = EvaluationJob(run_dir, overrides)
     folder = job.run / "eval" / name
-    folder.mkdir(parents=True, exist_ok=True)
+    primary = jax.process_index() == 0  # it decides, and writes; every process evaluates
+    if primary:
+        folder.mkdir(parents=True, exist_ok=True)
     state = _watched(folder)
     record = None  # made at the first evaluation, once the training job has made its tracker runs
-    while True:
-        ended = _run_ended(job.run)  # read before the listing: every checkpoint of an ended run is listed below
-        last = max(state["evaluated"] + state["missed"], default=-1)
-        for step, info in sorted(_committed(job.run).items()):
-            if step <= last:
+    listed: dict[int, Any] = {}  # on process 0: committed when listed, not yet evaluated (deleted since: missed)
+    with ProcessWatchdog().watching():  # a lost process ends the others (status 75), not a hang
+        while True:
+            ended, step, info = _next_step(job.run, name, state, listed)
+            if step is None:
+                if ended:
+                    break
+                time.sleep(poll)
                 continue
-            try:
-                metrics = job.evaluate(info, stream)
-            except (FileNotFoundError, CorruptCheckpointError):  # deleted (retention) or replaced as it was read
-                print(f"{info.path.name}: deleted before it was evaluated; reported in watch.json", file=stream)
+            if not _restored(job, info):  # deleted (retention) or replaced as it was read, on any process
+                if primary:
+                    print(f"step_{step:08d}: deleted before it was evaluated; reported in watch.json", file=stream)
                 state["missed"].append(step)
             else:
+                metrics = job.run_all(info, stream)
                 if record is None:
                     kinds = [w for w in job.cfg.handlers.writers if w != "console"]  # the watcher prints its own
                     record = create_run_writer(job.run, kinds, params=job.cfg, evaluation=name)
@@ -243,12 +278,52 @@ def watch_run(
                 record.write_scalars(step, {f"{name}/{k}": v for k, v in metrics.items()})
                 record.sync()  # on disk before watch.json says the step is done
                 state["evaluated"].append(step)
-            replace_file(folder, "watch.json", json.dumps(state))
-        if ended:
-            if record is not None:
-                record.close()
-            return state
-        time.sleep(poll)
+            if primary:
+                replace_file(folder, "watch.json", json.dumps(state))
+    if record is not None:
+        record.close()
+    return state
+
+
+def _next_step(
+    run: Path, name: str, state: dict[str, list[int]], listed: dict[int, Any]
+) -> tuple[bool, int | None, Any]:
+    """Whether the run has ended, and the next checkpoint to evaluate (its step and its info here).
+
+    Process 0 decides, from what it has ever listed (``listed``: a checkpoint deleted since is tried, and reported
+    missed) and every process takes its answer; another process looks the step up in its own listing (``None`` if
+    it does not hold it). The run's end is read before the listing: every checkpoint of an ended run is in it.
+    """
+    import jax
+
+    from ember._multiprocess import exchange
+
+    answer, info = "[false, null]", None
+    if jax.process_index() == 0:
+        ended = _run_ended(run)
+        last = max(state["evaluated"] + state["missed"], default=-1)
+        listed.update({step: info for step, info in _committed(run).items() if step > last})
+        first = min(listed, default=None)
+        info = listed.pop(first) if first is not None else None
+        answer = json.dumps([ended, first])
+    ended, step = json.loads(exchange(f"watch {run.resolve()} {name}", answer)[0])
+    if step is not None and jax.process_index() != 0:
+        info = _committed(run).get(step)
+    return bool(ended), step, info
+
+
+def _restored(job: EvaluationJob, info: Any) -> bool:
+    """Restore ``info`` (``None``: not listed here); whether every process did (deleted or damaged on none)."""
+    from ember._multiprocess import any_process
+    from ember.checkpoint import CorruptCheckpointError
+
+    failed = info is None
+    if info is not None:
+        try:
+            job.restore(info)
+        except (FileNotFoundError, CorruptCheckpointError):
+            failed = True
+    return not any_process(failed)
 
 
 def _watched(folder: Path) -> dict[str, list[int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from ember._multiprocess import REQUEUE_STATUS, coordination_client
@@ -47,7 +47,8 @@ class ProcessWatchdog:
     the watchdog does nothing.
 
     Args:
-        checkpoint: the [`Checkpoint`][ember.handlers.Checkpoint] whose last complete checkpoint the message names.
+        checkpoint: the [`Checkpoint`][ember.handlers.Checkpoint] whose last complete checkpoint the message names;
+            ``None`` for a job that keeps its own state (the message says a relaunch resumes from what it recorded).
         poll_every: seconds between two questions to the coordination service.
         confirm_within: after a failed collective, how long to wait (with recoverability on) for the
             service to say which process was lost; the message says "another process" if it has not.
@@ -114,7 +115,9 @@ class ProcessWatchdog:
         who = f"process {', '.join(map(str, lost))}" if lost else "another process"
         where = "no checkpoint is committed in its folder; relaunching starts from the beginning"
         info = self._committed()
-        if info is not None:
+        if self.checkpoint is None:  # a job that keeps its own state (an evaluation job's watch.json)
+            where = "relaunching resumes from what it recorded"
+        elif info is not None:
             where = f"the last complete checkpoint is {info.path} (step {info.step}); relaunching resumes from it"
         return (
             f"ember: {who} of this {jax.process_count()}-process run was lost ({why}). Process "
@@ -155,7 +158,7 @@ class ProcessWatchdog:
     def _finish(self) -> None:
         self.watch.stop()
 
-    def _failed(self, _engine: Engine, error: BaseException) -> None:
+    def _failed(self, _engine: Engine | None, error: BaseException) -> None:
         self._finish()
         text = str(error)
         if coordination_client() is None or not any(sign in text for sign in _PEER_GONE):
@@ -179,6 +182,29 @@ class ProcessWatchdog:
                 return lost
             self.watch.wait(self.poll_every)
             waited += self.poll_every
+
+    @contextlib.contextmanager
+    def watching(self) -> Generator[None]:
+        """Watch for the length of a block: a job of several processes that is not one engine's run.
+
+        As `attach` does for a trainer's run: a thread asks the coordination service who is alive, and an error
+        raised in the block because a peer's connection closed ends this process (status 75) instead of
+        propagating. ``ember eval --watch --distributed`` runs its whole loop in it.
+
+        Examples:
+            >>> from ember.handlers import ProcessWatchdog
+            >>> with ProcessWatchdog().watching():  # one process: nothing to watch
+            ...     print("evaluating")
+            evaluating
+        """
+        self._start()
+        try:
+            yield
+        except Exception as e:
+            self._failed(None, e)  # ends the process if a peer is gone; an ordinary error goes on
+            raise
+        finally:
+            self._finish()
 
     def attach(self, trainer: Engine) -> RemovableEventHandle:
         """Watch from the trainer's STARTED to its COMPLETED; act on a failed collective at EXCEPTION_RAISED.
