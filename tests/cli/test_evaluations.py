@@ -64,6 +64,17 @@ def test_a_second_evaluation_on_its_own_schedule_is_logged_scores_the_best_and_s
     assert again == noisy  # the same evaluations, bit for bit
 
 
+def test_an_evaluation_on_every_schedule_at_once_runs_once_at_each_iteration_due(tmp_path):
+    """Every epoch (22 iterations), every 11, at 5 and 11, and every hour: 5, 11, 22, each once."""
+    schedule = {"every_epochs": 1, "every_iters": 11, "at_iters": [11, 5], "every_secs": 3600}
+    cfg = config(tmp_path, val_noisy=schedule)
+    cfg["trainer"]["max_epochs"] = 1
+    train(cfg)
+    expected = [(f"val/{m}", 22) for m in ("accuracy", "loss")]
+    expected += [(f"val_noisy/{m}", s) for m in ("accuracy", "loss") for s in (5, 11, 22)]
+    assert logged(tmp_path / "run") == sorted(expected)
+
+
 def test_an_evaluation_of_a_folder_of_npy_files(tmp_path):
     digits = load_digits()
     folder = tmp_path / "held_out"
@@ -83,7 +94,9 @@ def test_an_evaluation_of_a_folder_of_npy_files(tmp_path):
     ("evaluations", "best_on", "message"),
     [
         ({"val": {}}, "val", "evaluations.val: expected a name without '/', other than 'val', got 'val'."),
-        ({"a": {"every_epochs": None}}, "val", "evaluations.a: give every_epochs or every_iters (or both)"),
+        ({"a": {"every_epochs": None}}, "val", "evaluations.a: give every_epochs, every_iters, every_secs or at_iters"),
+        ({"a": {"at_iters": [5, 0]}}, "val", "evaluations.a.at_iters: expected positive ints, got [5, 0]."),
+        ({"a": {"every_secs": 0}}, "val", "evaluations.a.every_secs: expected a positive number of seconds (or null)"),
         ({"a": {"noise": -1}}, "val", "evaluations.a.noise: expected a number >= 0, got -1.0."),
         ({"a": {"every_iters": 0}}, "val", "evaluations.a.every_iters: expected a positive int, got 0."),
         ({"a": {}}, "b", "handlers.checkpoint.best_on: expected an evaluation of the run (val, a), got 'b'."),

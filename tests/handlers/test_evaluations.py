@@ -83,6 +83,18 @@ def test_two_evaluations_on_their_own_schedules_run_in_order_and_publish_under_t
     ]
 
 
+def test_a_schedule_of_two_events_due_at_one_iteration_evaluates_once_there():
+    """Every epoch (4 iterations) and every 2 iterations, and at the end: each iteration evaluated at most once."""
+    log: list = []
+    trainer = Engine(lambda e, b: b)
+    evaluations = Evaluations(trainer)
+    schedule = Events.EPOCH_COMPLETED | Events.ITERATION_COMPLETED(every=2) | Events.COMPLETED
+    evaluations.add("clean", evaluator(log, "clean"), data_of(trainer, lambda it: it), schedule)
+    trainer.run(range(4), max_epochs=2)
+    assert [step for step, _ in evaluations["clean"].history] == [2, 4, 6, 8]
+    assert log == [line for step in (2, 4, 6, 8) for line in ("clean started", f"clean {step}.0")]
+
+
 def test_a_checkpoint_on_the_trainer_keeps_the_best_of_the_second_evaluation(tmp_path):
     trainer = Engine(lambda e, b: b)
     # attached before the evaluation it scores, at the same event: the evaluation still runs first

@@ -39,6 +39,7 @@ _RANGES: dict[str, tuple[str, Any]] = {
     "startup_timeout": ("a positive number of seconds", lambda v: v > 0),
     "save_timeout": ("a positive number of seconds (or null)", lambda v: v > 0),
     "noise": ("a number >= 0", lambda v: v >= 0),
+    "every_secs": ("a positive number of seconds (or null)", lambda v: v > 0),
 }
 
 
@@ -241,8 +242,17 @@ def _check_evaluations(config: Config) -> None:
     for name, evaluation in config.evaluations.items():
         if not isinstance(name, str) or not name or "/" in name or name == "val":
             problems.append(f"evaluations.{name}: expected a name without '/', other than 'val', got {name!r}.")
-        if evaluation.every_epochs is None and evaluation.every_iters is None:
-            problems.append(f"evaluations.{name}: give every_epochs or every_iters (or both); both are null.")
+        if (evaluation.every_epochs, evaluation.every_iters, evaluation.every_secs, evaluation.at_iters) == (
+            None,
+            None,
+            None,
+            [],
+        ):
+            problems.append(
+                f"evaluations.{name}: give every_epochs, every_iters, every_secs or at_iters (or several); none is set."
+            )
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 1 for i in evaluation.at_iters):
+            problems.append(f"evaluations.{name}.at_iters: expected positive ints, got {evaluation.at_iters!r}.")
     best_on = config.handlers.checkpoint.best_on
     if best_on != "val" and best_on not in config.evaluations:
         allowed = ", ".join(["val", *map(str, config.evaluations)])

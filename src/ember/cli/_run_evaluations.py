@@ -41,7 +41,7 @@ def classifier_evaluator(cfg: Config, trainer: Any, predict: Any) -> Any:
 
 
 def schedule_of(evaluation: EvaluationConfig) -> Any:
-    """The trainer's events an evaluation runs at: every ``every_epochs`` epochs, every ``every_iters`` iterations.
+    """The trainer's events an evaluation runs at: by ``every_epochs``, ``every_iters``, ``every_secs``, ``at_iters``.
 
     Examples:
         >>> from ember.cli._schema import EvaluationConfig
@@ -54,6 +54,10 @@ def schedule_of(evaluation: EvaluationConfig) -> Any:
         events.append(Events.EPOCH_COMPLETED(every=evaluation.every_epochs))
     if evaluation.every_iters is not None:
         events.append(Events.ITERATION_COMPLETED(every=evaluation.every_iters))
+    if evaluation.every_secs is not None:
+        events.append(Events.ITERATION_COMPLETED(every_secs=evaluation.every_secs))
+    if evaluation.at_iters:
+        events.append(Events.ITERATION_COMPLETED(once=sorted(set(evaluation.at_iters))))
     schedule = events[0]
     for event in events[1:]:
         schedule = schedule | event

@@ -158,6 +158,10 @@ class EvaluationConfig:
     every_epochs: int | None = 1
     #: every this many iterations too; null: by epochs only.
     every_iters: int | None = None
+    #: every this many seconds too, at the end of an iteration (by the clock: a relaunch does not repeat the times).
+    every_secs: float | None = None
+    #: once at each of these iterations too.
+    at_iters: list[int] = field(default_factory=list)
 
 
 @dataclass

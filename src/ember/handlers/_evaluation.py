@@ -19,7 +19,9 @@ class Evaluate:
     `history` keeps ``(trainer iteration, metrics)`` of every evaluation. An evaluation cut short (its evaluator
     terminated with ``skip_completed``, as [`Preemption`][ember.handlers.Preemption] does) records, writes and
     publishes nothing (the evaluator's metrics are still the last whole evaluation's); it is `owed`, and the trainer's
-    next run makes it up first, at its STARTED (or at the EPOCH_COMPLETED it fires again).
+    next run makes it up first, at its STARTED (or at the EPOCH_COMPLETED it fires again). Fired twice at one trainer
+    iteration (a schedule of two events due at once: ``EPOCH_COMPLETED | ITERATION_COMPLETED(every=N)`` where an
+    epoch ends on a multiple of N, or ``EPOCH_COMPLETED | COMPLETED``), it evaluates once: the model is the same.
 
     When the trainer starts, an evaluator from [`create_evaluator`][ember.training.create_evaluator] compiles its step
     on a thread of its own ([`precompile`][ember.training.TrainingEngine.precompile]) while the trainer compiles and
@@ -89,6 +91,8 @@ class Evaluate:
         if self._ahead is not None:  # done long ago, in practice; a failure shows again in the run, in context
             ahead, self._ahead = self._ahead, None
             ahead.exception()
+        if self.history and self.history[-1][0] == trainer.state.iteration:
+            return  # two events of its schedule at one iteration (every epoch and every N iterations): the same model
         event = trainer.last_event_name
         self.evaluator.run(self.data)
         if self.evaluator.should_terminate == "skip_completed":  # cut short (a preemption): owed, recorded nowhere
