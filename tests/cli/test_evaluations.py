@@ -75,6 +75,18 @@ def test_an_evaluation_on_every_schedule_at_once_runs_once_at_each_iteration_due
     assert logged(tmp_path / "run") == sorted(expected)
 
 
+def test_early_stopping_on_a_named_evaluation_stops_at_its_first_evaluation_without_improvement(tmp_path):
+    cfg = config(tmp_path, val_noisy={"noise": 2.0, "every_epochs": None, "every_iters": 3})
+    cfg["trainer"]["max_epochs"] = 3
+    cfg["handlers"]["early_stopping"] = {"on": "val_noisy", "patience": 1}
+    summary = train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    noisy = [(r["step"], r["val_noisy/accuracy"]) for r in rows if "val_noisy/accuracy" in r]
+    best = [max(a for _, a in noisy[: i + 1]) for i in range(len(noisy))]
+    first_worse = next(step for i, (step, a) in enumerate(noisy) if i > 0 and a <= best[i - 1])
+    assert summary["iterations"] == noisy[-1][0] == first_worse < 66  # stopped there, before the end
+
+
 def test_an_evaluation_of_a_folder_of_npy_files(tmp_path):
     digits = load_digits()
     folder = tmp_path / "held_out"
@@ -100,11 +112,13 @@ def test_an_evaluation_of_a_folder_of_npy_files(tmp_path):
         ({"a": {"noise": -1}}, "val", "evaluations.a.noise: expected a number >= 0, got -1.0."),
         ({"a": {"every_iters": 0}}, "val", "evaluations.a.every_iters: expected a positive int, got 0."),
         ({"a": {}}, "b", "handlers.checkpoint.best_on: expected an evaluation of the run (val, a), got 'b'."),
+        ({"a": {}}, "val", "handlers.early_stopping.on: expected an evaluation of the run (val, a), got 'c'."),
     ],
 )
 def test_bad_evaluations_are_refused_when_the_config_is_read(tmp_path, evaluations, best_on, message):
     cfg = config(tmp_path, **evaluations)
     cfg["handlers"]["checkpoint"]["best_on"] = best_on
+    cfg["handlers"]["early_stopping"] = {"on": "c"} if "early_stopping" in message else None
     with pytest.raises(ConfigError) as raised:
         load_config(cfg)
     assert message in str(raised.value)

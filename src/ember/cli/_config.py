@@ -253,10 +253,13 @@ def _check_evaluations(config: Config) -> None:
             )
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 1 for i in evaluation.at_iters):
             problems.append(f"evaluations.{name}.at_iters: expected positive ints, got {evaluation.at_iters!r}.")
-    best_on = config.handlers.checkpoint.best_on
-    if best_on != "val" and best_on not in config.evaluations:
-        allowed = ", ".join(["val", *map(str, config.evaluations)])
-        problems.append(f"handlers.checkpoint.best_on: expected an evaluation of the run ({allowed}), got {best_on!r}.")
+    allowed = ", ".join(["val", *map(str, config.evaluations)])
+    named = {"checkpoint.best_on": config.handlers.checkpoint.best_on}
+    if config.handlers.early_stopping is not None:
+        named["early_stopping.on"] = config.handlers.early_stopping.on
+    for field, name in named.items():
+        if name != "val" and name not in config.evaluations:
+            problems.append(f"handlers.{field}: expected an evaluation of the run ({allowed}), got {name!r}.")
     for name in config.handlers.checkpoint.keep_for_watchers:
         if not isinstance(name, str) or not re.fullmatch(WATCHER_NAME, name):
             problems.append(

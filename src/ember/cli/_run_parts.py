@@ -203,7 +203,7 @@ def attach_handlers(cfg: Config, engines: Engines, run_dir: Path, console: Conso
         for name, (extra, data, schedule) in engines.extra.items():
             evaluations.add(name, extra, data, schedule)
     to_save: dict[str, Any] = {"trainer": trainer}  # its state dict holds the data's position
-    stopper = _early_stopping(cfg, trainer, evaluator, to_save)
+    stopper = _early_stopping(cfg, engines, to_save)
     run_id = shared_run_id(run_dir)  # the run's own, in run.json: its fast checkpoint tier is its alone
     scored = engines.evaluator_of(h.checkpoint.best_on)
     best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, scored, run_id, records=writer)
@@ -241,18 +241,19 @@ def _attach_tensorboard_tabs(cfg: Config, trainer: Engine, evaluator: Engine, wr
         trainer.add_event_handler(Events.COMPLETED, record)
 
 
-def _early_stopping(cfg: Config, trainer: Engine, evaluator: Engine, to_save: dict[str, Any]) -> EarlyStopping | None:
+def _early_stopping(cfg: Config, engines: Engines, to_save: dict[str, Any]) -> EarlyStopping | None:
+    """Early stopping on the ``metric`` of the evaluation ``on`` names, at each of its evaluations."""
     es = cfg.handlers.early_stopping
     if es is None:
         return None
     stopper = EarlyStopping(
         es.patience,
         lambda e: e.state.metrics[es.metric],
-        trainer,
+        engines.trainer,
         threshold=es.threshold,
         mode="max" if es.metric == "accuracy" else "min",
     )
-    stopper.attach(evaluator)
+    stopper.attach(engines.evaluator_of(es.on))
     to_save["early_stopping"] = stopper
     return stopper
 

@@ -111,6 +111,8 @@ class EarlyStoppingConfig:
     patience: int = 5
     metric: Literal["accuracy", "loss"] = "accuracy"
     threshold: float = 0.0  # the least change that counts as an improvement (Ignite's name)
+    #: the evaluation whose ``metric`` is watched: ``val``, or a name in ``evaluations``.
+    on: str = "val"
 
 
 @dataclass
