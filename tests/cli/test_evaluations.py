@@ -208,10 +208,10 @@ def test_a_watcher_killed_and_relaunched_evaluates_each_checkpoint_once_in_order
 
 
 def test_a_checkpoint_deleted_before_the_watcher_read_it_is_reported(tmp_path, monkeypatch, capsys):
-    from ember.cli import _run_evaluations
+    from ember.cli._evaluations import watcher
 
     run = finished_run(tmp_path)
-    listed = _run_evaluations._committed
+    listed = watcher._committed
 
     def retention_between(run_dir):  # the training run's retention deletes step 15 once the watcher listed it
         found = listed(run_dir)
@@ -219,7 +219,7 @@ def test_a_checkpoint_deleted_before_the_watcher_read_it_is_reported(tmp_path, m
             shutil.rmtree(found[15].path)
         return found
 
-    monkeypatch.setattr(_run_evaluations, "_committed", retention_between)
+    monkeypatch.setattr(watcher, "_committed", retention_between)
     assert main(["eval", str(run), *WATCH]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "step_00000015: deleted before it was evaluated; reported in watch.json" in out

@@ -237,7 +237,8 @@ def _inspect(args: argparse.Namespace) -> str:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from ember.cli._run_evaluations import evaluate_run, watch_run  # JAX from here on
+    from ember.cli._evaluations.job import evaluate_run  # JAX from here on
+    from ember.cli._evaluations.watcher import watch_run
 
     bad = [item for item in args.overrides if "=" not in item]
     if bad:

@@ -12,7 +12,7 @@ from jax.experimental import multihost_utils
 from ember import Engine, Events
 from ember._run_identity import run_identity
 from ember.checkpoint import CheckpointStore, TieredStore
-from ember.cli._run_evaluations import unread_by
+from ember.cli._evaluations.watcher import unread_by
 from ember.cli._schema import CheckpointConfig
 from ember.handlers import Checkpoint, global_step_from_engine
 from ember.writers import Writer

@@ -16,6 +16,7 @@ import optax
 
 from ember import Engine, Events
 from ember.cli._config import Config, ConfigError, dump_config
+from ember.cli._evaluations.sections import Extra, build_evaluations, classifier_evaluator
 from ember.cli._registry import (
     build_data,
     build_model,
@@ -26,7 +27,6 @@ from ember.cli._registry import (
 )
 from ember.cli._run_checkpoints import attach_checkpoints, shared_run_id
 from ember.cli._run_course import SKIP_LIMIT, logged_outputs, nan_check, runs_on, watching
-from ember.cli._run_evaluations import Extra, build_evaluations, classifier_evaluator
 from ember.cli._verify_resume import KILL_AT
 from ember.handlers import (
     Checkpoint,

@@ -1,0 +1,190 @@
+"""``ember eval --watch``: every committed checkpoint of a run evaluated once, in order, through kills."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from ember.cli._evaluations.job import EvaluationJob
+from ember.cli._schema import WATCHER_NAME
+
+
+def watch_run(
+    run_dir: str | Path,
+    name: str,
+    overrides: Sequence[str] = (),
+    *,
+    poll: float = 2.0,
+    stream: TextIO | None = None,
+) -> dict[str, list[int]]:
+    """``ember eval --watch``: evaluate every committed checkpoint of a run once, in increasing order, until it ends.
+
+    Beside a training run (or after it), in a job of its own, possibly on another device count: every latest
+    checkpoint of the run folder that is committed (never one being written) is evaluated as ``ember eval`` does, its
+    metrics written at the checkpoint's step as ``NAME/val/accuracy`` by the run's writers (``handlers.writers``, as
+    [`create_run_writer`][ember.writers.create_run_writer]``(evaluation=NAME)`` makes them: ``RUN_DIR/eval/NAME/``'s
+    ``metrics.jsonl``, ``metrics.csv`` and ``tb``, the run's MLflow run, a W&B run in the run's group). What
+    was evaluated is kept in ``RUN_DIR/eval/NAME/watch.json``, written atomically after the metrics are on disk:
+    a watcher killed and relaunched evaluates none twice and skips none (a record past its last evaluated step is
+    dropped first). A checkpoint that retention deleted before it could be read is reported, on the console and in
+    ``watch.json`` (``missed``). The watcher ends once the run is complete (its ``summary.json`` says it ended
+    other than by a signal) and every checkpoint is evaluated; it looks every ``poll`` seconds.
+
+    Returns:
+        ``{"evaluated": [steps], "missed": [steps]}``, as ``watch.json`` holds them.
+    """
+    import jax
+
+    from ember._atomic_file import replace_file
+    from ember.handlers import ProcessWatchdog
+    from ember.writers import create_run_writer
+
+    if not isinstance(name, str) or not re.fullmatch(WATCHER_NAME, name):
+        raise ValueError(f"`--name` must be a name of letters, digits, '_', '.' and '-', got {name!r}.")
+    job = EvaluationJob(run_dir, overrides)
+    folder = job.run / "eval" / name
+    primary = jax.process_index() == 0  # it decides, and writes; every process evaluates
+    if primary:
+        folder.mkdir(parents=True, exist_ok=True)
+    state = _watched(folder)
+    record = None  # made at the first evaluation, once the training job has made its tracker runs
+    listed: dict[int, Any] = {}  # on process 0: committed when listed, not yet evaluated (deleted since: missed)
+    with ProcessWatchdog().watching():  # a lost process ends the others (status 75), not a hang
+        while True:
+            ended, step, info = _next_step(job.run, name, state, listed)
+            if step is None:
+                if ended:
+                    break
+                time.sleep(poll)
+                continue
+            if not _restored(job, info):  # deleted (retention) or replaced as it was read, on any process
+                if primary:
+                    print(f"step_{step:08d}: deleted before it was evaluated; reported in watch.json", file=stream)
+                state["missed"].append(step)
+            else:
+                metrics = job.run_all(info, stream)
+                if record is None:
+                    kinds = [w for w in job.cfg.handlers.writers if w != "console"]  # the watcher prints its own
+                    record = create_run_writer(job.run, kinds, params=job.cfg, evaluation=name)
+                    record.resume_at(max(state["evaluated"], default=-1))  # a record not marked evaluated goes
+                record.write_scalars(step, {f"{name}/{k}": v for k, v in metrics.items()})
+                record.sync()  # on disk before watch.json says the step is done
+                state["evaluated"].append(step)
+            if primary:
+                replace_file(folder, "watch.json", json.dumps(state))
+    if record is not None:
+        record.close()
+    return state
+
+
+def _next_step(
+    run: Path, name: str, state: dict[str, list[int]], listed: dict[int, Any]
+) -> tuple[bool, int | None, Any]:
+    """Whether the run has ended, and the next checkpoint to evaluate (its step and its info here).
+
+    Process 0 decides, from what it has ever listed (``listed``: a checkpoint deleted since is tried, and reported
+    missed) and every process takes its answer; another process looks the step up in its own listing (``None`` if
+    it does not hold it). The run's end is read before the listing: every checkpoint of an ended run is in it.
+    """
+    import jax
+
+    from ember._multiprocess import exchange
+
+    answer, info = "[false, null]", None
+    if jax.process_index() == 0:
+        ended = _run_ended(run)
+        last = max(state["evaluated"] + state["missed"], default=-1)
+        listed.update({step: info for step, info in _committed(run).items() if step > last})
+        first = min(listed, default=None)
+        info = listed.pop(first) if first is not None else None
+        answer = json.dumps([ended, first])
+    ended, step = json.loads(exchange(f"watch {run.resolve()} {name}", answer)[0])
+    if step is not None and jax.process_index() != 0:
+        info = _committed(run).get(step)
+    return bool(ended), step, info
+
+
+def _restored(job: EvaluationJob, info: Any) -> bool:
+    """Restore ``info`` (``None``: not listed here); whether every process did (deleted or damaged on none)."""
+    from ember._multiprocess import any_process
+    from ember.checkpoint import CorruptCheckpointError
+
+    failed = info is None
+    if info is not None:
+        try:
+            job.restore(info)
+        except (FileNotFoundError, CorruptCheckpointError):
+            failed = True
+    return not any_process(failed)
+
+
+def _watched(folder: Path) -> dict[str, list[int]]:
+    """What a watcher evaluated (and missed) before, from its ``watch.json``; nothing for a new one."""
+    path = folder / "watch.json"
+    if not path.exists():
+        return {"evaluated": [], "missed": []}
+    state = json.loads(path.read_text())
+    if not (isinstance(state, dict) and all(isinstance(state.get(k), list) for k in ("evaluated", "missed"))):
+        raise ValueError(f"{path} is not a watcher's state ({{'evaluated': [...], 'missed': [...]}}); move it aside.")
+    return {"evaluated": list(state["evaluated"]), "missed": list(state["missed"])}
+
+
+def unread_by(run: Path, names: Sequence[str]) -> Callable[[int], bool]:
+    """``held(step)``: whether a watcher of ``names`` has yet to evaluate (or report missed) the checkpoint of ``step``.
+
+    Read from each watcher's ``watch.json`` at every call (a save's retention; never on the hot path). A watcher that
+    has not started, or whose state cannot be read, has read nothing: every checkpoint is held for it.
+
+    Examples:
+        >>> import json, pathlib, tempfile
+        >>> from ember.cli._evaluations.watcher import unread_by
+        >>> run = pathlib.Path(tempfile.mkdtemp())
+        >>> (run / "eval" / "w").mkdir(parents=True)
+        >>> _ = (run / "eval" / "w" / "watch.json").write_text(json.dumps({"evaluated": [5, 10], "missed": [15]}))
+        >>> held = unread_by(run, ["w"])
+        >>> held(15), held(20)
+        (False, True)
+    """
+
+    def held(step: int) -> bool:
+        for name in names:
+            try:
+                state = _watched(run / "eval" / name)
+            except ValueError:  # damaged or torn: what it read is not known, so nothing goes
+                return True
+            if step > max(state["evaluated"] + state["missed"], default=-1):
+                return True
+        return False
+
+    return held
+
+
+def _committed(run: Path) -> dict[int, Any]:
+    """The run's committed latest checkpoints by step.
+
+    The latest store's one writer commits them in increasing order, so a step below one already listed never
+    appears later: the watcher's order and its exactly-once rest on that. (The best store's saves come from another
+    writer, which may commit an older step after a newer latest one.)
+    """
+    from ember.checkpoint import open_store
+
+    folder = run / "checkpoints" / "latest"
+    return {info.step: info for info in open_store(folder).checkpoints()} if folder.is_dir() else {}
+
+
+def _run_ended(run: Path) -> bool:
+    """Whether the training run has ended for good: a ``summary.json`` that no signal stopped."""
+    from ember.cli._run_record import stopped_by_signal
+
+    path = run / "summary.json"
+    if not path.exists():
+        return False
+    try:
+        summary = json.loads(path.read_text())
+    except ValueError:  # being written
+        return False
+    return not stopped_by_signal(summary)
