@@ -78,3 +78,17 @@ def test_mode_max_watches_an_accuracy_and_errors_name_what_is_missing():
         ReduceLROnPlateau(plain, "loss")(evaluator)
     with pytest.raises(ValueError, match=re.escape("`factor` must be in (0, 1), got 2.")):
         ReduceLROnPlateau(plain, "loss", factor=2)
+
+
+def test_it_watches_a_named_evaluation_at_the_trainers_event_after_the_evaluations_ran():
+    """`ReduceLROnPlateau(trainer, "val_noisy/loss")` at EPOCH_COMPLETED reads what `Evaluations` published there."""
+    from ember.handlers import Evaluations
+
+    trainer, evaluator = trainer_and_evaluator()  # its metric: the scripted losses, one an evaluation
+    plateau = ReduceLROnPlateau(trainer, "val_noisy/loss", factor=0.5, patience=2, threshold=0.01)
+    scales = []
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, plateau)  # attached before the evaluations: they still run first
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda: scales.append(plateau.scale))
+    Evaluations(trainer).add("val_noisy", evaluator, [0], Events.EPOCH_COMPLETED, precompile=False)
+    trainer.run([jnp.array(1.0)], max_epochs=len(LOSSES))
+    assert scales == keras_learning_rates(LOSSES, factor=0.5, patience=2, min_delta=0.01, cooldown=0)
