@@ -86,3 +86,19 @@ def test_a_tiered_store_refuses_an_empty_path_or_a_file_for_a_tier(tmp_path):
         TieredStore(tmp_path / "fast", "")
     with pytest.raises(ValueError, match=re.escape(f"`fast` must be a folder, got '{tmp_path / 'file'}', which is a")):
         TieredStore(tmp_path / "file", tmp_path / "durable")
+
+
+@pytest.mark.parametrize(
+    ("stopped", "finished"),
+    [("SIGTERM", False), ("a signal on another process", False), ("early stopping", True), (None, True)],
+)
+def test_a_run_a_signal_stopped_on_any_process_is_not_finished_for_a_relaunch(tmp_path, stopped, finished):
+    """``ember train``'s answer without JAX: a summary whose stop was a signal (here or elsewhere) trains on."""
+    from ember.cli import load_config
+    from ember.cli._run_record import finished_run
+
+    summary = {"iterations": 22, "stopped": stopped}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "checkpoints" / "latest" / "step_00000022").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest" / "step_00000022" / "manifest.json").write_text("{}")
+    assert finished_run(tmp_path, load_config()) == (summary if finished else None)

@@ -92,7 +92,7 @@ def finished_run(run_dir: Path, config: Config) -> dict[str, Any] | None:
         None
     """
     summary = saved_summary(run_dir)
-    if summary is None or summary.get("stopped") in SIGNAL_STATUS or "iterations" not in summary:
+    if summary is None or stopped_by_signal(summary) or "iterations" not in summary:
         return None
     check_same_run(run_dir, config)
     last = run_dir / "checkpoints" / "latest" / f"step_{summary['iterations']:08d}" / "manifest.json"
