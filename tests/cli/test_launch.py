@@ -97,10 +97,15 @@ def test_a_lost_process_whichever_it_is_ends_the_run_with_the_requeue_status_nam
 def test_sigterm_and_sigint_are_forwarded_to_every_process(sig):
     """The launcher's signal reaches both processes once each; they end cleanly, and so does the launcher."""
     done = run_launcher("wait")
-    ready = [done.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
-    assert all(" ready " in line for line in ready), ready
-    done.send_signal(sig)
-    out, err = done.communicate(timeout=60)
+    try:
+        ready = [done.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
+        assert all(" ready " in line for line in ready), ready
+        done.send_signal(sig)
+        out, err = done.communicate(timeout=60)
+    finally:  # reaped whatever happens: a launcher left running would fail a later test with its ResourceWarning
+        if done.poll() is None:
+            done.kill()
+            done.communicate(timeout=30)
     assert done.returncode == 0, err
     assert sorted(out.splitlines()) == [f"[0] got signal {int(sig)}", f"[1] got signal {int(sig)}"]
 

@@ -146,17 +146,18 @@ def launch(
                 start_new_session=True,  # a Ctrl-C reaches each process once: forwarded by the launcher
             )
         )
+    stopping: list[int] = []  # the signals the launcher was sent and passed on
+    # before the relays start: no line of a process (its "ready") is seen before a signal would reach it
+    forwarded = _forward_signals(procs, stopping)
     lock = threading.Lock()
     relays = [
         threading.Thread(target=_relay, args=(pipe, index, stream, lock), daemon=True)
         for index, proc in enumerate(procs)
         for pipe, stream in ((proc.stdout, out), (proc.stderr, err))
     ]
-    for relay in relays:
-        relay.start()
-    stopping: list[int] = []  # the signals the launcher was sent and passed on
-    forwarded = _forward_signals(procs, stopping)
     try:
+        for relay in relays:
+            relay.start()
         status = _wait(procs, stopping, err)
     finally:
         for sig, previous in forwarded.items():
