@@ -271,7 +271,7 @@ def test_a_watcher_beside_a_live_run_evaluates_every_checkpoint_it_commits(tmp_p
     assert committed == sorted(set(range(4, 64, 4)) | {21, 42, 63})
 
 
-def test_checkpoints_a_watcher_has_not_read_are_kept_past_keep_latest_and_go_at_the_first_save_after(tmp_path):
+def test_checkpoints_a_watcher_has_not_read_are_kept_past_keep_latest_and_go_once_it_has(tmp_path, capsys):
     cfg = config(tmp_path, val_noisy={"noise": 0.5})
     cfg["trainer"]["max_epochs"] = 1
     cfg["handlers"]["checkpoint"] |= {"every_iters": 5, "keep_latest": 2, "keep_for_watchers": ["w"]}
@@ -281,11 +281,22 @@ def test_checkpoints_a_watcher_has_not_read_are_kept_past_keep_latest_and_go_at_
     latest = lambda: sorted(int(p.name[5:13]) for p in (run / "checkpoints" / "latest").iterdir())  # noqa: E731
     train(cfg)
     assert latest() == [10, 15, 20, 22]  # the newest two, and 10 and 15, which the watcher has yet to read
-    assert main(["eval", str(run), *WATCH]) == 0
-    assert watched(run)[2] == {"evaluated": [5, 10, 15, 20, 22], "missed": []}  # none missed
     shutil.rmtree(run / "checkpoints" / "latest" / "step_00000022")  # killed before its last save: relaunched,
-    (run / "summary.json").unlink()  # it saves 22 again and finds 10 and 15 read
+    (run / "summary.json").unlink()  # it saves 22 again: 10 and 15 are still unread and stay
     assert train(cfg)["resumed_from"] == 20
+    assert latest() == [10, 15, 20, 22]
+    (run / "eval" / "w" / "watch.json").write_text(json.dumps({"evaluated": [5, 10], "missed": []}))
+    shutil.rmtree(run / "checkpoints" / "latest" / "step_00000022")  # again, once the watcher has read 10:
+    (run / "summary.json").unlink()  # the save of 22 removes 10, and keeps 15
+    assert train(cfg)["resumed_from"] == 20
+    assert latest() == [15, 20, 22]
+    capsys.readouterr()
+    assert main(["eval", str(run), *WATCH]) == 0  # the run has ended: what it kept for the watcher, once read, goes
+    assert watched(run)[2] == {"evaluated": [5, 10, 15, 20, 22], "missed": []}  # none missed
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "Removed 1 checkpoint kept for the watchers until read: [15].",
+        "The run has ended: 5 checkpoints evaluated.",
+    ]
     assert latest() == [20, 22]
     (run / "eval" / "w" / "watch.json").unlink()  # a watcher not started: every checkpoint is kept for it
     shutil.rmtree(run)

@@ -78,7 +78,30 @@ def watch_run(
                 replace_file(folder, "watch.json", json.dumps(state))
     if record is not None:
         record.close()
+    if primary:
+        _release(job, name, stream)
     return state
+
+
+def _release(job: EvaluationJob, name: str, stream: TextIO | None) -> None:
+    """The run has ended: what it kept past ``keep_latest`` for its watchers goes, once all of them have read it.
+
+    No save of the run is left to remove those checkpoints; a watcher the run names in ``keep_for_watchers``, at its
+    end, removes those that every one of them has evaluated (or reported missed).
+    """
+    from ember.checkpoint import open_store
+
+    kept = job.cfg.handlers.checkpoint
+    if name not in kept.keep_for_watchers:
+        return
+    held = unread_by(job.run, kept.keep_for_watchers)
+    older = sorted(_committed(job.run).items())[: -kept.keep_latest]
+    gone = [info for step, info in older if not held(step)]
+    for info in gone:
+        open_store(job.run / "checkpoints" / "latest").delete(info)
+    if gone:
+        what = f"{len(gone)} checkpoint{'s' if len(gone) > 1 else ''}"
+        print(f"Removed {what} kept for the watchers until read: {[i.step for i in gone]}.", file=stream)
 
 
 def _next_step(
