@@ -95,6 +95,17 @@ def test_a_schedule_of_two_events_due_at_one_iteration_evaluates_once_there():
     assert log == [line for step in (2, 4, 6, 8) for line in ("clean started", f"clean {step}.0")]
 
 
+def test_a_new_run_of_the_trainer_evaluates_at_the_iteration_the_last_run_ended_on():
+    """Two folds of one epoch each end at iteration 2: each is evaluated there, once."""
+    log: list = []
+    trainer = Engine(lambda e, b: b)
+    evaluations = Evaluations(trainer)
+    evaluations.add("clean", evaluator(log, "clean"), data_of(trainer, lambda it: it), Events.EPOCH_COMPLETED)
+    trainer.run(range(2), max_epochs=1)
+    trainer.run(range(2), max_epochs=1)
+    assert evaluations["clean"].history == [(2, {"mean": 2.0}), (2, {"mean": 2.0})]
+
+
 def test_a_checkpoint_on_the_trainer_keeps_the_best_of_the_second_evaluation(tmp_path):
     trainer = Engine(lambda e, b: b)
     # attached before the evaluation it scores, at the same event: the evaluation still runs first

@@ -242,12 +242,8 @@ def _check_evaluations(config: Config) -> None:
     for name, evaluation in config.evaluations.items():
         if not isinstance(name, str) or not name or "/" in name or name == "val":
             problems.append(f"evaluations.{name}: expected a name without '/', other than 'val', got {name!r}.")
-        if (evaluation.every_epochs, evaluation.every_iters, evaluation.every_secs, evaluation.at_iters) == (
-            None,
-            None,
-            None,
-            [],
-        ):
+        periods = (evaluation.every_epochs, evaluation.every_iters, evaluation.every_secs)
+        if all(period is None for period in periods) and not evaluation.at_iters:
             problems.append(
                 f"evaluations.{name}: give every_epochs, every_iters, every_secs or at_iters (or several); none is set."
             )

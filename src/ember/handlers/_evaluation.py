@@ -75,6 +75,7 @@ class Evaluate:
         self._logger: ScalarLogger | None = None
         #: ``(trainer iteration, event)`` of an evaluation cut short, which the trainer's next run makes up first
         self.owed: tuple[int, str] | None = None
+        self._evaluated_at: int | None = None  # the trainer iteration evaluated at in this run (reset at STARTED)
 
     def _start_compiling(self) -> None:
         """At the trainer's STARTED: compile the evaluator's step on a thread of its own, once."""
@@ -91,7 +92,7 @@ class Evaluate:
         if self._ahead is not None:  # done long ago, in practice; a failure shows again in the run, in context
             ahead, self._ahead = self._ahead, None
             ahead.exception()
-        if self.history and self.history[-1][0] == trainer.state.iteration:
+        if self._evaluated_at == trainer.state.iteration:
             return  # two events of its schedule at one iteration (every epoch and every N iterations): the same model
         event = trainer.last_event_name
         self.evaluator.run(self.data)
@@ -99,6 +100,7 @@ class Evaluate:
             self.owed = (trainer.state.iteration, str(getattr(event, "value", event)))
             return
         self.owed = None
+        self._evaluated_at = trainer.state.iteration
         metrics = dict(self.evaluator.state.metrics)
         self.history.append((trainer.state.iteration, metrics))
         if self.publish:
@@ -114,6 +116,7 @@ class Evaluate:
 
         One cut at EPOCH_COMPLETED waits for that event: the resumed run fires it again (`Preemption` marks it).
         """
+        self._evaluated_at = None  # a new run: its iterations are evaluated afresh (folds restart at 0)
         if self.owed is None or self.owed[1] == Events.EPOCH_COMPLETED.value:
             return
         if self.owed[0] == trainer.state.iteration:

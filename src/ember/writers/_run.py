@@ -98,14 +98,18 @@ _MAKERS: dict[str, Callable[[Path, TextIO | None, Any], Writer]] = {
 }
 
 
+def _for_evaluation(kind: str, root: Path, name: str, stream: TextIO | None, params: Any) -> Writer:
+    """An evaluation job's writer of ``kind``: a tracker's own rule, else the run's maker for ``root/eval/<name>``."""
+    if kind == "wandb":
+        return _wandb_evaluation(root.resolve(), name, params)
+    if kind == "mlflow":
+        return _mlflow_evaluation(root.resolve(), name, params)
+    return _MAKERS[kind](root / "eval" / name, stream, params)
+
+
 # name -> make(run folder, evaluation's name, console stream, hyperparameters): an evaluation job's writers
 _EVALUATION_MAKERS: dict[str, Callable[[Path, str, TextIO | None, Any], Writer]] = {
-    "console": lambda root, name, stream, params: ConsoleWriter(stream),
-    "tensorboard": lambda root, name, stream, params: TensorBoardWriter(root / "eval" / name / "tb"),
-    "jsonl": lambda root, name, stream, params: JsonlWriter(root / "eval" / name / "metrics.jsonl"),
-    "csv": lambda root, name, stream, params: CsvWriter(root / "eval" / name / "metrics.csv"),
-    "wandb": lambda root, name, stream, params: _wandb_evaluation(root.resolve(), name, params),
-    "mlflow": lambda root, name, stream, params: _mlflow_evaluation(root.resolve(), name, params),
+    kind: functools.partial(_for_evaluation, kind) for kind in _MAKERS
 }
 
 

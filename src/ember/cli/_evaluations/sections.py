@@ -11,7 +11,7 @@ import optax
 
 from ember import Events
 from ember.cli._schema import Config, EvaluationConfig
-from ember.data import Masked
+from ember.data import ArrayDataset, Masked
 from ember.errors import ConfigError
 from ember.metrics import Accuracy, Loss
 from ember.training import create_evaluator
@@ -66,8 +66,6 @@ def evaluation_data(cfg: Config, name: str, evaluation: EvaluationConfig, val: A
     if evaluation.data == "val":
         data = val
     else:
-        from ember.data import ArrayDataset
-
         folder = Path(evaluation.data)
         missing = [f for f in ("x.npy", "y.npy") if not (folder / f).is_file()]
         if missing:
@@ -83,8 +81,6 @@ def evaluation_data(cfg: Config, name: str, evaluation: EvaluationConfig, val: A
         data = ArrayDataset(arrays, batch_size=cfg.data.batch_size)
     if evaluation.noise <= 0:
         return data
-    from ember.data import ArrayDataset
-
     if isinstance(data, ArrayDataset):  # the noise drawn once over every example: the same on any number of processes
         x = np.asarray(data.arrays["x"])
         noisy = (x + np.random.default_rng(cfg.data.seed).normal(0.0, evaluation.noise, x.shape)).astype(x.dtype)
