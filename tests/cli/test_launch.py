@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,9 +15,9 @@ CHILD = """
 import os, signal, sys, time
 index = int(os.environ["EMBER_PROCESS_ID"])
 mode = sys.argv[1]
-def stop(sig, frame):
-    print(f"got signal {sig}", flush=True)
-    sys.exit(0)
+def stop(sig, frame):  # no buffered print in a handler: it may interrupt one (its flush holds stdout's lock)
+    os.write(1, f"got signal {sig}\\n".encode())
+    os._exit(0)
 signal.signal(signal.SIGTERM, stop)
 signal.signal(signal.SIGINT, stop)
 if mode == "env":
@@ -55,6 +56,21 @@ def run_launcher(mode: str, *args: str, **kwargs):
         text=True,
         **kwargs,
     )
+
+
+def processes_under(pid: int) -> dict[int, list[str]]:
+    """The children of ``pid``: each one's state, and its pending, blocked and caught signals (from /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text().splitlines()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status if ":\t" in line)
+        if fields.get("PPid") == str(pid):
+            keep = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigCgt")
+            found[int(entry.name)] = [f"{key} {fields[key].strip()}" for key in keep]
+    return found
 
 
 def test_each_process_gets_the_coordinator_and_its_index_and_its_output_is_prefixed():
@@ -101,7 +117,10 @@ def test_sigterm_and_sigint_are_forwarded_to_every_process(sig):
         ready = [done.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
         assert all(" ready " in line for line in ready), ready
         done.send_signal(sig)
-        out, err = done.communicate(timeout=60)
+        try:
+            out, err = done.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # say which process did not end, and what it had pending
+            raise AssertionError(f"the launcher still runs after 60 s: {processes_under(done.pid)}") from None
     finally:  # reaped whatever happens: a launcher left running would fail a later test with its ResourceWarning
         if done.poll() is None:
             done.kill()

@@ -147,8 +147,8 @@ def launch(
             )
         )
     stopping: list[int] = []  # the signals the launcher was sent and passed on
-    # before the relays start: no line of a process (its "ready") is seen before a signal would reach it
-    forwarded = _forward_signals(procs, stopping)
+    # before the relays start: a signal sent once a process's line (its "ready") is seen is noted, then passed on
+    forwarded = _forward_signals(stopping)
     lock = threading.Lock()
     relays = [
         threading.Thread(target=_relay, args=(pipe, index, stream, lock), daemon=True)
@@ -167,19 +167,19 @@ def launch(
     return status
 
 
-def _forward_signals(procs: list[subprocess.Popen[str]], stopping: list[int]) -> dict[int, Any]:
-    """Send SIGINT and SIGTERM on to every process still running (noted in ``stopping``); return the old handlers."""
+def _forward_signals(stopping: list[int]) -> dict[int, Any]:
+    """Note SIGINT and SIGTERM in ``stopping`` for `_wait` to pass on; return the old handlers.
 
-    def forward(sig: int, _frame: Any) -> None:
+    The handler only notes the signal: passing it on (polling and signalling processes) is the main loop's, so no
+    ``Popen`` method runs inside a signal handler, interleaved with the same call in the loop it interrupted.
+    """
+
+    def note(sig: int, _frame: Any) -> None:
         stopping.append(sig)
-        for proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(sig)
 
     if threading.current_thread() is not threading.main_thread():
         return {}  # only the main thread may set handlers (a test calling launch from another thread)
-    return {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 def _wait(procs: list[subprocess.Popen[str]], stopping: list[int], err: IO[str]) -> int:
@@ -191,7 +191,14 @@ def _wait(procs: list[subprocess.Popen[str]], stopping: list[int], err: IO[str])
     """
     first = 0
     deadline: float | None = None
+    passed = 0  # how many of ``stopping`` were passed on
     while any(proc.poll() is None for proc in procs):
+        for sig in stopping[passed:]:
+            passed += 1
+            for proc in procs:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(sig)
         for index, proc in enumerate(procs):
             code = proc.poll()
             if code and not first:
