@@ -195,27 +195,27 @@ def _wait(procs: list[subprocess.Popen[str]], stopping: list[int], err: IO[str])
     while any(proc.poll() is None for proc in procs):
         for sig in stopping[passed:]:
             passed += 1
-            for proc in procs:
-                if proc.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.send_signal(sig)
+            _signal_running(procs, sig)
         for index, proc in enumerate(procs):
             code = proc.poll()
             if code and not first:
                 first = _run_status(index, code, stopping, err)
                 deadline = time.monotonic() + GRACE
-                for other in procs:
-                    if other.poll() is None:
-                        with contextlib.suppress(ProcessLookupError):
-                            other.terminate()
+                _signal_running(procs, signal.SIGTERM)
         if deadline is not None and time.monotonic() > deadline:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
+            _signal_running(procs, signal.SIGKILL)
         time.sleep(0.05)
     if not first:
         first = next((_run_status(i, p.returncode, stopping, err) for i, p in enumerate(procs) if p.returncode), 0)
     return first
+
+
+def _signal_running(procs: list[subprocess.Popen[str]], sig: int) -> None:
+    """Send ``sig`` to every process of ``procs`` still running (one that ends meanwhile is passed over)."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
 
 
 def _run_status(index: int, code: int, stopping: list[int], err: IO[str]) -> int:
