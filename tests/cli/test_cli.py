@@ -336,6 +336,32 @@ def test_sharded_placement_config_errors_name_the_field():
     )
 
 
+def test_the_digits_are_scikit_learns_read_without_importing_it(tmp_path, monkeypatch):
+    """The default data: load_digits' very arrays, from its shipped file (no scikit-learn import), else load_digits."""
+    import importlib.util
+
+    from sklearn.datasets import load_digits
+
+    from ember.cli import _registry
+
+    expected = load_digits()
+    monkeypatch.delitem(sys.modules, "sklearn.datasets")  # a fresh process has it not; this read must not bring it
+    images, target = _registry.digits_arrays()
+    assert "sklearn.datasets" not in sys.modules
+    assert images.shape == (1797, 8, 8)
+    np.testing.assert_array_equal(images, expected.images)
+    np.testing.assert_array_equal(target, expected.target)
+    assert target.dtype == expected.target.dtype
+    elsewhere = importlib.util.spec_from_file_location("sklearn", tmp_path / "sklearn" / "__init__.py")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: elsewhere)  # a scikit-learn without the file
+    images, target = _registry.digits_arrays()
+    np.testing.assert_array_equal(images, expected.images)
+    np.testing.assert_array_equal(target, expected.target)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no scikit-learn at all
+    with pytest.raises(ImportError, match=r"^The digits data set needs scikit-learn, which ember's `cli` extra"):
+        _registry.digits_arrays()
+
+
 def test_your_own_data_from_a_folder_of_npy_files_and_from_a_grain_function(tmp_path, monkeypatch):
     """data.name npy reads x.npy/y.npy from disk; data.name grain imports package.module:function; both train."""
     from ember.cli._registry import load_data

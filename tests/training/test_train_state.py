@@ -29,6 +29,28 @@ def test_from_linen_is_seeded():
     assert not np.allclose(k(a), k(c))
 
 
+def test_from_linen_initialises_in_one_program_as_flax_does_eagerly_and_keeps_python_values():
+    """The params equal Flax's own eager init bit for bit; a Python value in the sample stays one (it steers code)."""
+    from flax import linen as nn
+
+    class Repeat(nn.Module):
+        @nn.compact
+        def __call__(self, x, times: int, train: bool = False):
+            for _ in range(times):  # a Python loop over a Python int: a traced `times` could not steer it
+                x = nn.Dense(3)(x)
+            return nn.BatchNorm(use_running_average=not train)(x)
+
+    sample = (np.ones((2, 4), np.float32), 2)
+    state = TrainState.from_linen(Repeat(), sample, optax.sgd(0.1), seed=5)
+    init_key = jax.random.split(jax.random.PRNGKey(5))[0]
+    eager = Repeat().init({"params": jax.random.split(init_key, 1)[0]}, *sample)
+    assert sorted(state.params) == ["BatchNorm_0", "Dense_0", "Dense_1"]
+    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(eager["params"]), strict=True):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(jax.tree.leaves(state.model_state), jax.tree.leaves(eager["batch_stats"]), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_from_nnx_splits_params_and_state_and_merges_back():
     """An NNX module splits into graphdef, params and the rest, and to_nnx() rebuilds it."""
     model = NNXNet(nnx.Rngs(0))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib
+import importlib.util
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -150,17 +152,33 @@ def build_optimizer(config: OptimizerConfig, schedule: optax.Schedule | None) ->
 def load_data(config: DataConfig) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The digits as train and validation arrays: ``{"x": (N, 8, 8, 1) float32 in [0, 1], "y": (N,) int32}``."""
     _check_fraction(config)
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:
-        raise ImportError(missing("The digits data set", "scikit-learn", "cli")) from e
-    digits: Any = load_digits()  # a Bunch: images (N, 8, 8) in 0..16, target (N,)
-    images, target = np.asarray(digits.images), np.asarray(digits.target)
+    images, target = digits_arrays()
     order = np.random.default_rng(config.seed).permutation(len(target))
     x = (images[order] / 16.0).astype(np.float32)[..., None]
     y = target[order].astype(np.int32)
     n_val = round(len(y) * config.val_fraction)
     return {"x": x[n_val:], "y": y[n_val:]}, {"x": x[:n_val], "y": y[:n_val]}
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's handwritten digits: images ``(1797, 8, 8)`` in 0..16 and their labels, as ``load_digits``.
+
+    Read straight from the file scikit-learn ships (``datasets/data/digits.csv.gz``: 64 pixels and the label a row),
+    without importing scikit-learn, whose import (SciPy's included) costs more than a second of every ``ember
+    train``'s start; where that file is not found, ``load_digits`` itself.
+    """
+    spec = importlib.util.find_spec("sklearn")  # finds the package without running it
+    if spec is None or spec.origin is None:
+        raise ImportError(missing("The digits data set", "scikit-learn", "cli"))
+    shipped = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+    if shipped.is_file():
+        with gzip.open(shipped, "rt") as f:
+            rows = np.loadtxt(f, delimiter=",")
+        return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(int)
+    from sklearn.datasets import load_digits
+
+    digits: Any = load_digits()  # a Bunch: images (N, 8, 8) in 0..16, target (N,)
+    return np.asarray(digits.images), np.asarray(digits.target)
 
 
 def _check_fraction(config: DataConfig) -> None:

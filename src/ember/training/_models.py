@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
+import numpy as np
 from flax import linen as nn
 
 if TYPE_CHECKING:
@@ -55,7 +56,17 @@ def linen_init(
         {train_arg: False} if train_arg is not None and _accepts(module.__call__, train_arg) else {}
     )
     args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
-    variables = dict(module.init(rngs, *args, **kwargs))
+    # One compiled program, not one per operation: eager, a ResNet-18's init compiles ~110 small programs (11 s
+    # on a CPU, 7 s as one). The sample's arrays are its arguments; anything else in it stays a Python value.
+    leaves, treedef = jax.tree.flatten(args)
+    traced = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray))]
+
+    def init(rngs: dict[str, jax.Array], arrays: list[Any]) -> Any:
+        given = dict(zip(traced, arrays, strict=True))
+        call_args = treedef.unflatten([given.get(i, leaf) for i, leaf in enumerate(leaves)])
+        return module.init(rngs, *call_args, **kwargs)
+
+    variables = dict(jax.jit(init)(rngs, [leaves[i] for i in traced]))
     if "params" not in variables:
         raise ValueError(f"{type(module).__name__}.init produced no 'params' collection; it has {sorted(variables)}.")
     params = variables.pop("params")
