@@ -125,7 +125,7 @@ def ember_side(size: Size, root: Path) -> Side:
 def hand_side(size: Size, root: Path) -> Side:
     train, val = data(size)
     placement, model, tx = placement_for(), ResNet18(size.width, size.classes), optimizer(size)
-    variables = model.init(jax.random.key(0), train[0]["x"][:1])
+    variables = jax.jit(model.init)(jax.random.key(0), train[0]["x"][:1])  # one program, as ember inits
     state = (variables["params"], variables["batch_stats"], tx.init(variables["params"]), jnp.zeros(()))
     replicated = placement.state_shardings(state)
     initial = jax.device_get(state)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -96,3 +97,18 @@ def ember_train_signalled(
     finally:
         timer.cancel()
     return proc.returncode, "".join(lines) + out, err
+
+
+# A collective over the simulated devices waits up to 300 s for its peers (40 s by default): a busy 2-core machine
+# can exceed 40 s.
+EIGHT_DEVICES = "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=300"
+
+
+def eight_device_results(script: Path) -> dict:
+    """The JSON object the last line of ``script`` prints, run in a fresh interpreter with 8 simulated CPU devices."""
+    env = {**os.environ, "XLA_FLAGS": EIGHT_DEVICES, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", str(script)], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,13 +1,10 @@
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import pytest
 
 from ember.training import DataParallel, Pmap, SingleDevice, default_placement
+from tests.subprocesses import eight_device_results
 
 SCRIPT = Path(__file__).with_name("multidevice_script.py")
 
@@ -15,13 +12,7 @@ SCRIPT = Path(__file__).with_name("multidevice_script.py")
 @pytest.fixture(scope="module")
 def eight_devices() -> dict:
     """The results of the multi-device script, run once with 8 simulated CPU devices."""
-    flags = "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=300"
-    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}  # a busy 2-core machine can exceed 40 s
-    proc = subprocess.run(
-        [sys.executable, "-W", "error", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=600, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return eight_device_results(SCRIPT)
 
 
 @pytest.mark.parametrize("model", ["linen", "nnx", "mlp"])

@@ -1,9 +1,5 @@
 """Sharded training (``Sharded``, ``fsdp``) on 8 simulated CPU devices, against one device."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -15,6 +11,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from ember.training import Sharded, TrainState, fsdp
+from tests.subprocesses import eight_device_results
 
 SCRIPT = Path(__file__).with_name("sharded_script.py")
 
@@ -22,13 +19,7 @@ SCRIPT = Path(__file__).with_name("sharded_script.py")
 @pytest.fixture(scope="module")
 def eight_devices() -> dict:
     """The results of the sharded script, run once with 8 simulated CPU devices."""
-    flags = "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=300"
-    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run(
-        [sys.executable, "-W", "error", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=600, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return eight_device_results(SCRIPT)
 
 
 @pytest.mark.parametrize("model", ["linen", "nnx"])
