@@ -51,6 +51,34 @@ def test_from_linen_initialises_in_one_program_as_flax_does_eagerly_and_keeps_py
         np.testing.assert_array_equal(got, want)
 
 
+def test_from_linen_traces_an_equal_module_once_and_builds_one_it_cannot_hash():
+    """The same module and sample layout again: no new trace; a module with an unhashable field: built all the same."""
+    from flax import linen as nn
+
+    traces = []
+
+    class Counted(nn.Module):
+        width: int
+        extra: tuple | list = ()
+
+        @nn.compact
+        def __call__(self, x):
+            traces.append(x.shape)  # runs once per trace, never when a compiled program runs
+            return nn.Dense(self.width)(x)
+
+    x = np.ones((2, 4), np.float32)
+    a, b = (TrainState.from_linen(Counted(3), x, optax.sgd(0.1), seed=s) for s in (0, 1))
+    assert traces == [(2, 4)]  # one trace, two seeds: the key is an argument of the program
+    assert not np.allclose(a.params["Dense_0"]["kernel"], b.params["Dense_0"]["kernel"])
+    TrainState.from_linen(Counted(5), x, optax.sgd(0.1))  # another module: its own program
+    TrainState.from_linen(Counted(3), np.ones((3, 4), np.float32), optax.sgd(0.1))  # another shape: traced again
+    assert traces == [(2, 4), (2, 4), (3, 4)]
+    for _ in range(2):
+        c = TrainState.from_linen(Counted(3, extra=[1]), x, optax.sgd(0.1))  # a list field: no hash, no cache
+    assert traces == [(2, 4), (2, 4), (3, 4), (2, 4), (2, 4)]
+    np.testing.assert_array_equal(c.params["Dense_0"]["kernel"], a.params["Dense_0"]["kernel"])
+
+
 def test_from_nnx_splits_params_and_state_and_merges_back():
     """An NNX module splits into graphdef, params and the rest, and to_nnx() rebuilds it."""
     model = NNXNet(nnx.Rngs(0))

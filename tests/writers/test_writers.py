@@ -304,7 +304,7 @@ def test_an_evaluation_job_s_writers_write_beside_the_run_s_and_its_own_wandb_ru
     from ember._run_identity import remember_tracker_run
     from ember.writers import WRITERS, create_run_writer
     from ember.writers._run import _EVALUATION_MAKERS
-    from tests.writers.wandb_reader import read_records
+    from tests.writers.wandb_reader import records_with
 
     assert list(_EVALUATION_MAKERS) == list(WRITERS)  # every writer a run can name, an evaluation job can too
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -317,7 +317,7 @@ def test_an_evaluation_job_s_writers_write_beside_the_run_s_and_its_own_wandb_ru
     (row,) = map(json.loads, (run / "eval" / "val_noisy" / "metrics.jsonl").read_text().splitlines())
     assert (row["step"], row["val_noisy/val/accuracy"]) == (5, 0.5)
     (found,) = (run / "eval" / "val_noisy" / "wandb").rglob("run-*.wandb")
-    (record,) = [r.run for r in read_records(found) if r.HasField("run")]
+    (record,) = [r.run for r in records_with(found, "run") if r.HasField("run")]
     named = (record.run_id, record.run_group, record.display_name)
     assert named == ("abc123-eval-val_noisy", "abc123", "run/eval/val_noisy")
     assert not (run / "metrics.jsonl").exists()  # the training job's own files are its alone

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,21 @@ def read_records(path: str | Path) -> list[Any]:
         elif kind != _FIRST and not payload:
             raise AssertionError(f"{path}: a record's middle without its start at byte {pos}")
     return records
+
+
+def records_with(path: str | Path, field: str, timeout: float = 60) -> list[Any]:
+    """The records of ``path`` once one of them holds ``field`` (``"run"``, ``"exit"``), polled for ``timeout`` seconds.
+
+    W&B's service writes the file on a process of its own: on a busy machine the records can reach it after the run's
+    ``finish()`` returned (once in a full suite run, the run file held its header only). After the bound, the records
+    as they are: the caller's assertion names what is missing.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read_records(path)
+        if any(r.HasField(field) for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.1)
 
 
 def offline_files(run_dir: str | Path) -> list[Path]:

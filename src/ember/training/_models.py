@@ -57,20 +57,40 @@ def linen_init(
     )
     args = sample_input if isinstance(sample_input, tuple) else (sample_input,)
     # One compiled program, not one per operation: eager, a ResNet-18's init compiles ~110 small programs (11 s
-    # on a CPU, 7 s as one). The sample's arrays are its arguments; anything else in it stays a Python value.
+    # on a CPU, 7 s as one). The sample's arrays are its arguments; anything else in it stays a Python value. The
+    # program is kept for an equal module and sample layout: building the same model again costs no new trace.
     leaves, treedef = jax.tree.flatten(args)
-    traced = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray))]
-
-    def init(rngs: dict[str, jax.Array], arrays: list[Any]) -> Any:
-        given = dict(zip(traced, arrays, strict=True))
-        call_args = treedef.unflatten([given.get(i, leaf) for i, leaf in enumerate(leaves)])
-        return module.init(rngs, *call_args, **kwargs)
-
-    variables = dict(jax.jit(init)(rngs, [leaves[i] for i in traced]))
+    traced = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray)))
+    values = tuple((i, leaf) for i, leaf in enumerate(leaves) if i not in traced)
+    layout = (module, treedef, traced, values, tuple(sorted(kwargs.items())))
+    arrays = [leaves[i] for i in traced]
+    try:
+        hash(layout)
+    except TypeError:  # a module or a sample value that cannot be a cache key: compiled for this call alone
+        variables = dict(jax.jit(_init, static_argnums=0)(_Unhashed(layout), rngs, arrays))
+    else:
+        variables = dict(_init_kept(layout, rngs, arrays))
     if "params" not in variables:
         raise ValueError(f"{type(module).__name__}.init produced no 'params' collection; it has {sorted(variables)}.")
     params = variables.pop("params")
     return params, variables
+
+
+def _init(layout: Any, rngs: dict[str, jax.Array], arrays: list[Any]) -> Any:
+    """``module.init`` on the sample ``layout`` describes, its arrays given apart (traced)."""
+    module, treedef, traced, values, kwargs = getattr(layout, "layout", layout)
+    leaves = dict(values) | dict(zip(traced, arrays, strict=True))
+    return module.init(rngs, *treedef.unflatten([leaves[i] for i in range(len(leaves))]), **dict(kwargs))
+
+
+_init_kept = jax.jit(_init, static_argnums=0)
+
+
+class _Unhashed:
+    """A layout that cannot be hashed, as a static argument compared by identity (so never found again)."""
+
+    def __init__(self, layout: Any) -> None:
+        self.layout = layout
 
 
 def nnx_split(model: nnx.Module) -> tuple[Any, Any, Any]:
