@@ -7,6 +7,7 @@ the step's RNG key, or ``None`` for a deterministic call.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -67,7 +68,7 @@ def linen_init(
     try:
         hash(layout)
     except TypeError:  # a module or a sample value that cannot be a cache key: compiled for this call alone
-        variables = dict(jax.jit(_init, static_argnums=0)(_Unhashed(layout), rngs, arrays))
+        variables = dict(jax.jit(functools.partial(_init, layout))(rngs, arrays))
     else:
         variables = dict(_init_kept(layout, rngs, arrays))
     if "params" not in variables:
@@ -78,19 +79,12 @@ def linen_init(
 
 def _init(layout: Any, rngs: dict[str, jax.Array], arrays: list[Any]) -> Any:
     """``module.init`` on the sample ``layout`` describes, its arrays given apart (traced)."""
-    module, treedef, traced, values, kwargs = getattr(layout, "layout", layout)
+    module, treedef, traced, values, kwargs = layout
     leaves = dict(values) | dict(zip(traced, arrays, strict=True))
     return module.init(rngs, *treedef.unflatten([leaves[i] for i in range(len(leaves))]), **dict(kwargs))
 
 
 _init_kept = jax.jit(_init, static_argnums=0)
-
-
-class _Unhashed:
-    """A layout that cannot be hashed, as a static argument compared by identity (so never found again)."""
-
-    def __init__(self, layout: Any) -> None:
-        self.layout = layout
 
 
 def nnx_split(model: nnx.Module) -> tuple[Any, Any, Any]:
