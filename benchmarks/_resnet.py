@@ -37,6 +37,7 @@ from ember.training import DataParallel, SingleDevice, TrainState, create_evalua
 class Size:
     image: int
     width: int  # channels of the first stage (64 in ResNet-18)
+    blocks: int  # basic blocks per stage (2 in ResNet-18; 1 at smoke size, to compile half the network)
     classes: int
     batch: int
     steps: int
@@ -44,8 +45,8 @@ class Size:
     eval_batches: int
 
 
-FULL = Size(image=224, width=64, classes=1000, batch=128, steps=60, every=30, eval_batches=2)
-SMOKE = Size(image=16, width=4, classes=10, batch=4, steps=2, every=2, eval_batches=1)
+FULL = Size(image=224, width=64, blocks=2, classes=1000, batch=128, steps=60, every=30, eval_batches=2)
+SMOKE = Size(image=16, width=4, blocks=1, classes=10, batch=4, steps=2, every=2, eval_batches=1)
 
 
 class BasicBlock(nn.Module):
@@ -65,6 +66,7 @@ class BasicBlock(nn.Module):
 class ResNet18(nn.Module):
     width: int
     classes: int
+    blocks: int = 2  # per stage
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
@@ -72,7 +74,7 @@ class ResNet18(nn.Module):
         x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9)(x))
         x = nn.max_pool(x, (3, 3), (2, 2), "SAME")
         for stage in range(4):
-            for block in range(2):
+            for block in range(self.blocks):
                 x = BasicBlock(self.width * 2**stage, 2 if stage and not block else 1)(x, train)
         return nn.Dense(self.classes)(x.mean((1, 2)))
 
@@ -102,7 +104,7 @@ def _loss(logits: jax.Array, y: jax.Array) -> jax.Array:
 
 def ember_side(size: Size, root: Path) -> Side:
     train, val = data(size)
-    placement, model = placement_for(), ResNet18(size.width, size.classes)
+    placement, model = placement_for(), ResNet18(size.width, size.classes, size.blocks)
     initial = TrainState.from_linen(model, train[0]["x"][:1], optimizer(size), train_arg="train")
     host = jax.device_get(initial)
     trainer = create_trainer(
@@ -124,7 +126,7 @@ def ember_side(size: Size, root: Path) -> Side:
 
 def hand_side(size: Size, root: Path) -> Side:
     train, val = data(size)
-    placement, model, tx = placement_for(), ResNet18(size.width, size.classes), optimizer(size)
+    placement, model, tx = placement_for(), ResNet18(size.width, size.classes, size.blocks), optimizer(size)
     variables = jax.jit(model.init)(jax.random.key(0), train[0]["x"][:1])  # one program, as ember inits
     state = (variables["params"], variables["batch_stats"], tx.init(variables["params"]), jnp.zeros(()))
     replicated = placement.state_shardings(state)

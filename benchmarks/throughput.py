@@ -50,10 +50,14 @@ from flax import linen as nn
 from ember.handlers import ProgressBar
 from ember.training import SingleDevice, TrainState, create_trainer
 
-try:
-    import keras
-except ImportError:
-    keras = None
+
+def keras_or_none() -> Any:
+    """Keras 3 where installed, imported when first asked for (a wrong argument is answered without it); else None."""
+    try:
+        import keras
+    except ImportError:
+        return None
+    return keras
 
 
 class MLP(nn.Module):
@@ -190,6 +194,7 @@ def ember_run(
 
 
 def keras_fit(hidden: tuple[int, ...], data: list[Any], steps_per_execution: int = 1) -> Callable[[], float] | None:
+    keras = keras_or_none()
     if keras is None:
         return None
     x = np.concatenate([b[0] for b in data])
@@ -215,40 +220,49 @@ def keras_fit(hidden: tuple[int, ...], data: list[Any], steps_per_execution: int
     return run
 
 
+Run = Callable[[], float]
+ROW_BUILDERS: dict[str, Callable[[tuple[int, ...], list[Any]], Run | None]] = {  # each row's run, made for a model
+    "hand loop": lambda hidden, data: hand_loop(hidden, data),
+    "ember": lambda hidden, data: ember_run(hidden, data),
+    "ember + handlers": lambda hidden, data: ember_run(hidden, data, extra="handlers"),
+    "hand loop, aux outputs": lambda hidden, data: hand_loop(hidden, data, aux=True),
+    "hand loop + metrics in its step": lambda hidden, data: hand_loop(hidden, data, metrics=True),
+    "ember, aux outputs": lambda hidden, data: ember_run(hidden, data, aux=True),
+    "ember + metrics": lambda hidden, data: ember_run(hidden, data, extra="metrics"),
+    "hand scan x10": lambda hidden, data: hand_scan(hidden, data, 10),
+    "ember steps_per_call=10": lambda hidden, data: ember_run(hidden, data, k=10),
+    "ember steps_per_call=10 + handlers": lambda hidden, data: ember_run(hidden, data, k=10, extra="handlers"),
+    "keras fit": lambda hidden, data: keras_fit(hidden, data),
+    "keras fit, steps_per_execution=10": lambda hidden, data: keras_fit(hidden, data, 10),
+}
+RATIOS = {  # each row's reference: its speed is reported against it
+    "ember": "hand loop",
+    "ember + handlers": "hand loop",
+    "ember + metrics": "ember, aux outputs",
+    "hand loop + metrics in its step": "hand loop, aux outputs",
+    "ember steps_per_call=10": "hand scan x10",
+    "ember steps_per_call=10 + handlers": "hand scan x10",
+    "keras fit": "hand loop",
+    "keras fit, steps_per_execution=10": "hand scan x10",
+}
+
+
+def rows_to_run(only: list[str] | None) -> set[str]:
+    """The rows named in ``only`` and their references (every row without ``only``); an unknown name exits."""
+    unknown = sorted(set(only or ()) - set(ROW_BUILDERS))
+    if unknown:
+        raise SystemExit(f"--rows: no row named {unknown}; the rows are {list(ROW_BUILDERS)}")
+    return set(ROW_BUILDERS) if only is None else set(only) | {RATIOS[r] for r in only if r in RATIOS}
+
+
 def measure(
     name: str, hidden: tuple[int, ...], batch: int, steps: int, repeats: int, only: list[str] | None = None
 ) -> dict[str, float]:
     """Time the rows (those named in ``only`` and their references, or all) interleaved; print and return rates."""
     data = make_data(steps, batch)
-    rows: dict[str, Callable[[], float] | None] = {
-        "hand loop": hand_loop(hidden, data),
-        "ember": ember_run(hidden, data),
-        "ember + handlers": ember_run(hidden, data, extra="handlers"),
-        "hand loop, aux outputs": hand_loop(hidden, data, aux=True),
-        "hand loop + metrics in its step": hand_loop(hidden, data, metrics=True),
-        "ember, aux outputs": ember_run(hidden, data, aux=True),
-        "ember + metrics": ember_run(hidden, data, extra="metrics"),
-        "hand scan x10": hand_scan(hidden, data, 10),
-        "ember steps_per_call=10": ember_run(hidden, data, k=10),
-        "ember steps_per_call=10 + handlers": ember_run(hidden, data, k=10, extra="handlers"),
-        "keras fit": keras_fit(hidden, data),
-        "keras fit, steps_per_execution=10": keras_fit(hidden, data, 10),
-    }
-    ratios = {
-        "ember": "hand loop",
-        "ember + handlers": "hand loop",
-        "ember + metrics": "ember, aux outputs",
-        "hand loop + metrics in its step": "hand loop, aux outputs",
-        "ember steps_per_call=10": "hand scan x10",
-        "ember steps_per_call=10 + handlers": "hand scan x10",
-        "keras fit": "hand loop",
-        "keras fit, steps_per_execution=10": "hand scan x10",
-    }
-    keep = set(rows) if only is None else set(only) | {ratios[r] for r in only if r in ratios}
-    unknown = sorted(set(only or ()) - set(rows))
-    if unknown:
-        raise SystemExit(f"--rows: no row named {unknown}; the rows are {list(rows)}")
-    runs = {k: v for k, v in rows.items() if v is not None and k in keep}
+    keep = rows_to_run(only)
+    built = {name: build(hidden, data) for name, build in ROW_BUILDERS.items() if name in keep}
+    runs = {k: v for k, v in built.items() if v is not None}
     for fn in runs.values():
         fn()  # compile and warm up
     times: dict[str, list[float]] = {label: [] for label in runs}
@@ -258,9 +272,9 @@ def measure(
     rate = {label: steps / min(t) for label, t in times.items()}
     print(f"\n{name}: batch {batch}, {steps} steps, {repeats} repeats")
     for label, r in rate.items():
-        ref = ratios.get(label)
+        ref = RATIOS.get(label)
         vs = ""
-        if ref:
+        if ref:  # RATIOS: the row this one is measured against
             per_repeat = sorted(a / b for a, b in zip(times[ref], times[label], strict=True))
             n = len(per_repeat)
             median, low, high = per_repeat[n // 2], per_repeat[0], per_repeat[-1]
@@ -282,6 +296,8 @@ def main() -> None:
     if not models or set(models) - {"tiny", "512"}:
         raise SystemExit(f"--models: expected tiny, 512 or tiny,512, got {args.models!r}")
     only = [r.strip() for r in args.rows.split(",")] if args.rows else None
+    rows_to_run(only)  # an unknown row exits here, before anything is built
+    keras = keras_or_none()
     print(
         f"python {platform.python_version()}, jax {jax.__version__} on {jax.devices()[0].platform} ({jax.devices()[0]})"
     )

@@ -11,8 +11,10 @@ from tests.benchmarks.run import BENCH, run_benchmark
 
 
 def test_workloads_benchmark_runs_both_sides_and_reports_them():
-    """Two epochs, one repeat: each side's run, first epoch and later epochs, each with its speed; nothing timed."""
-    out = run_benchmark("workloads.py", "--workloads", "digits,chars", "--epochs", "2", "--repeats", "1", timeout=600)
+    """Two epochs, one repeat, no warm-up: each side's run, first epoch and later epochs, with speeds; nothing timed."""
+    out = run_benchmark(
+        "workloads.py", "--workloads", "digits,chars", "--epochs", "2", "--repeats", "1", "--smoke", timeout=600
+    )
     cell, one = r"[\d.]+ \([\d.]+-[\d.]+\)", r"1\.000 \(1\.000-1\.000\)"
     for workload in ("digits", "chars"):
         ember = rf"^{workload} \| 2 \| ember( \| {cell}){{6}}$"
