@@ -5,10 +5,11 @@ channels, batch norm), ``"bf16-mixed"``, SGD with momentum and a cosine decay, d
 when there are several. The images are random (nothing is downloaded); 1,000 classes.
 
 ember's side attaches a running average of the loss, an accuracy evaluation and an Orbax checkpoint
-every ``every`` steps, ``Throughput``. The hand loop does the same work: one jitted step with the state donated
-and the batch sharded, the parameters and images cast to bfloat16 by hand, the batch statistics updated, the
-running loss in the step, a jitted accuracy, ``orbax.checkpoint``'s ``StandardCheckpointer``. Keras 3 has no
-ResNet-18 in ``keras.applications`` (ResNet50 and deeper only), so it is not beside these two.
+every ``every`` steps, ``Throughput``. The hand loop starts from the same parameters and does the same work: one
+jitted step with the state donated and the batch sharded, the parameters and images cast to bfloat16 by hand, the
+batch statistics updated, the running loss in the step, a jitted accuracy, ``orbax.checkpoint``'s
+``StandardCheckpointer``. Keras 3 has no ResNet-18 in ``keras.applications`` (ResNet50 and deeper only), so it is
+not beside these two. ``SMOKE`` has one basic block per stage (a ResNet-10 shape), to compile half the network.
 """
 
 from __future__ import annotations
@@ -127,8 +128,8 @@ def ember_side(size: Size, root: Path) -> Side:
 def hand_side(size: Size, root: Path) -> Side:
     train, val = data(size)
     placement, model, tx = placement_for(), ResNet18(size.width, size.classes, size.blocks), optimizer(size)
-    variables = jax.jit(model.init)(jax.random.key(0), train[0]["x"][:1])  # one program, as ember inits
-    state = (variables["params"], variables["batch_stats"], tx.init(variables["params"]), jnp.zeros(()))
+    start = TrainState.from_linen(model, train[0]["x"][:1], tx, train_arg="train")  # ember's very parameters
+    state = (start.params, start.model_state["batch_stats"], tx.init(start.params), jnp.zeros(()))
     replicated = placement.state_shardings(state)
     initial = jax.device_get(state)
     bf16 = lambda tree: jax.tree.map(lambda a: a.astype(jnp.bfloat16), tree)  # noqa: E731  # the casts by hand

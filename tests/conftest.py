@@ -46,7 +46,8 @@ collect_ignore_glob = ["*_script.py"]
 
 # The suite runs on every core (pytest-xdist, `-n auto` in pyproject.toml), a test file to a worker (`--dist
 # loadfile`: a file's module fixtures, a compiled model or an 8-device subprocess, are made once). The files that
-# take longest go first, so no worker is left with one of them at the end while the other idles.
+# take longest go first, so no worker is left with one of them at the end while the other idles (pytest-xdist 3.8
+# orders files by their number of tests unless told not to: `--no-loadscope-reorder` in pyproject.toml).
 FIRST = (
     "tests/benchmarks/test_workloads.py",
     "tests/benchmarks/test_startup.py",
