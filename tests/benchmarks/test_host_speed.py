@@ -119,8 +119,8 @@ def test_host_cost_benchmark_reports_the_added_microseconds():
 
 
 def test_data_benchmark_reports_each_way_of_feeding_the_step():
-    """Two epochs, one repeat, one worker: the three rows with their ratio and waiting time; nothing is timed."""
-    out = run_benchmark("data.py", "--epochs", "2", "--repeats", "1", "--workers", "1", timeout=300)
+    """Two epochs, one repeat, one worker, no warm-up: the three rows with their ratio and waiting time; not timed."""
+    out = run_benchmark("data.py", "--epochs", "2", "--repeats", "1", "--workers", "1", "--smoke", timeout=300)
     for row in ("memory", "grain", "grain_inline"):
         assert re.search(
             rf"^  {row} +[\d.]+ ms/step   throughput x[\d.]+ of memory   waiting for data [\d.]+ ms/step$", out, re.M
