@@ -274,7 +274,7 @@ def measure(
     for label, r in rate.items():
         ref = RATIOS.get(label)
         vs = ""
-        if ref:  # RATIOS: the row this one is measured against
+        if ref:
             per_repeat = sorted(a / b for a, b in zip(times[ref], times[label], strict=True))
             n = len(per_repeat)
             median, low, high = per_repeat[n // 2], per_repeat[0], per_repeat[-1]

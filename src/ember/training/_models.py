@@ -88,9 +88,9 @@ _init_kept = jax.jit(_init, static_argnums=0)
 
 
 def nnx_split(model: nnx.Module) -> tuple[Any, Any, Any]:
+    """``(graphdef, params, model_state)`` of an NNX module; model_state holds everything but params."""
     from flax import nnx  # imported where used: flax.nnx takes half a second to import (IPython)
 
-    """``(graphdef, params, model_state)`` of an NNX module; model_state holds everything but params."""
     graphdef, params, model_state = nnx.split(model, nnx.Param, ...)
     return graphdef, params, model_state
 
