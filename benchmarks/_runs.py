@@ -47,8 +47,14 @@ def attach_metrics(trainer: Any, names: str = "LAR") -> None:
 T = TypeVar("T")
 
 
-def interleaved(sides: dict[str, Callable[[], T]], repeats: int) -> dict[str, list[T]]:
-    """Each side's measurements over ``repeats`` rounds; the order alternates from one round to the next."""
+def interleaved(sides: dict[str, Callable[[], T]], repeats: int, *, warm_up: bool = False) -> dict[str, list[T]]:
+    """Each side's measurements over ``repeats`` rounds; the order alternates from one round to the next.
+
+    ``warm_up``: each side runs once first, unrecorded (imports, first compilations of library code).
+    """
+    if warm_up:
+        for side in sides.values():
+            side()
     results: dict[str, list[T]] = {name: [] for name in sides}
     for r in range(repeats):
         for name in list(sides) if r % 2 == 0 else list(reversed(sides)):

@@ -190,9 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown part {unknown[0]!r}; the parts are {','.join(PARTS)}")
     sides = {"all": run(args.epochs, None)} | {p: run(args.epochs, p) for p in parts}
-    for side in sides.values():  # warm-up: imports, first compilations of library code
-        side()
-    times = interleaved(sides, args.repeats)
+    times = interleaved(sides, args.repeats, warm_up=True)
     whole = [t.steady for t in times["all"]]
     base = statistics.median(t for t in whole if t is not None)
     print(f"ember train, digits, {args.epochs} epochs, {args.repeats} repeats; later epochs, median ms")

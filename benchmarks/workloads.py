@@ -454,11 +454,8 @@ DEFAULT_EPOCHS = {"digits": 15, "chars": 5}
 
 
 def measure(workload: str, epochs: int, repeats: int, warm_up: bool = True) -> dict[str, list[Timing]]:
-    """Each side's runs, interleaved (the order alternates from one repeat to the next), after a warm-up run each."""
-    sides = {name: make(epochs) for name, make in WORKLOADS[workload].items()}
-    for run in sides.values() if warm_up else ():  # imports, first compilations of library code
-        run()
-    return interleaved(sides, repeats)
+    """Each side's runs, interleaved (the order alternates from one repeat to the next); a warm-up run each first."""
+    return interleaved({name: make(epochs) for name, make in WORKLOADS[workload].items()}, repeats, warm_up=warm_up)
 
 
 def spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
