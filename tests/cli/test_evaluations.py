@@ -305,14 +305,51 @@ def test_checkpoints_a_watcher_has_not_read_are_kept_past_keep_latest_and_go_onc
 
 
 def test_a_watcher_of_a_tiered_run_evaluates_the_checkpoints_of_its_durable_tier(tmp_path):
-    """The fast tier is each training process's local folder; the run folder's durable tier is what a job can read."""
+    """The fast tier is each training process's local folder; the run folder's durable tier is what a job can read.
+
+    Saves at 5, 10, 15, 20 and 22; every second one and the last go into the durable tier, which keeps two: 10 was
+    deleted before the watcher started, and is reported; 5 and 15 were never durable, and are not.
+    """
     cfg = config(tmp_path, val_noisy={})
     cfg["trainer"]["max_epochs"] = 1
-    fast = {"fast_dir": str(tmp_path / "fast"), "durable_every": 2, "every_iters": 5, "keep_latest": 10}
-    cfg["handlers"]["checkpoint"] |= fast
+    fast = {"fast_dir": str(tmp_path / "fast"), "durable_every": 2, "every_iters": 5, "keep_latest": 2}
+    cfg["handlers"]["checkpoint"] |= fast | {"best_on": "val"}  # the best store holds 22 only
     train(cfg)
     assert main(["eval", str(tmp_path / "run"), *WATCH]) == 0
-    assert watched(tmp_path / "run")[2] == {"evaluated": [10, 20, 22], "missed": []}  # every second save, the last
+    assert watched(tmp_path / "run")[2] == {"evaluated": [20, 22], "missed": [10]}
+
+
+def test_checkpoints_deleted_before_the_watcher_listed_them_are_reported_or_read_from_the_best_store(tmp_path, capsys):
+    """A watcher started after the run: retention kept 20 and 22 of the latest; 10 and 20 are the best two.
+
+    Each latest checkpoint names the steps saved before it, through a relaunch: 5 and 15 are reported missed, 10 is
+    read from the best store, with the numbers the run logged.
+    """
+    cfg = config(tmp_path, val_noisy={"noise": 0.5, "every_epochs": None, "every_iters": 10})
+    cfg["trainer"]["max_epochs"] = 1
+    cfg["handlers"]["checkpoint"] |= {"every_iters": 5, "keep_latest": 2}
+    train(cfg)
+    run = tmp_path / "run"
+    shutil.rmtree(run / "checkpoints" / "latest" / "step_00000022")  # killed before its last save: relaunched
+    (run / "summary.json").unlink()
+    assert train(cfg)["resumed_from"] == 20
+    recorded = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    capsys.readouterr()
+    assert main(["eval", str(run), *WATCH]) == 0
+    out = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
+    best_10 = next(p.name for p in (run / "checkpoints" / "best").iterdir() if p.name.startswith("step_00000010"))
+    assert out == [
+        "step_00000005",
+        *[f"{best_10} (iteration 10)"] * 2,
+        "step_00000015",
+        *["step_00000020 (iteration 20)"] * 2,
+        *["step_00000022 (iteration 22)"] * 2,
+        "The run has ended",
+    ]
+    steps, rows, state = watched(run)
+    assert steps == state["evaluated"] == [10, 20, 22]
+    assert state["missed"] == [5, 15]
+    assert rows[0]["w/val_noisy/accuracy"] == recorded[10]["val_noisy/accuracy"]
 
 
 def test_a_record_written_before_a_kill_marked_it_evaluated_is_dropped_and_written_again(tmp_path, capsys):

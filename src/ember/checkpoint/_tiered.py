@@ -178,6 +178,22 @@ class TieredStore(TwoTiers):
         if then is not None:
             then()
 
+    @property
+    def last_save_durable(self) -> bool:
+        """Whether the newest save went into the durable tier too (``False`` before the first save).
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp(), durable_every=2)
+            >>> for step in (1, 2):
+            ...     _ = store.save({"w": np.zeros(2)}, step=step)
+            ...     print(step, store.last_save_durable)
+            1 False
+            2 True
+        """
+        return self._last is not None and self._last.durable
+
     def _due(self, replaces: str | None) -> bool:
         """Whether the save being made goes into the durable tier too; count it (the fast tier's manifest says)."""
         self._count.since_durable += 1

@@ -12,6 +12,7 @@ from jax.experimental import multihost_utils
 from ember import Engine, Events
 from ember._run_identity import run_identity
 from ember.checkpoint import CheckpointStore, TieredStore
+from ember.cli._evaluations.saved_steps import KEY, SavedSteps
 from ember.cli._evaluations.watcher import unread_by
 from ember.cli._schema import CheckpointConfig
 from ember.handlers import Checkpoint, global_step_from_engine
@@ -30,7 +31,9 @@ def attach_checkpoints(
     """Attach ``checkpoints/best`` (by ``evaluator``'s accuracy) and ``checkpoints/latest`` (each epoch, the end).
 
     ``evaluator`` is the evaluation ``best_on`` names; the latest are also saved every ``every_iters`` iterations.
-    A latest checkpoint the watchers of ``keep_for_watchers`` have not read yet is kept past ``keep_latest``.
+    A latest checkpoint the watchers of ``keep_for_watchers`` have not read yet is kept past ``keep_latest``; each
+    latest checkpoint lists the steps saved into ``checkpoints/latest`` before it (`SavedSteps`), so a watcher reports
+    the checkpoints retention deleted before it could read them.
 
     With ``fast_dir``, the latest go through a `TieredStore` whose durable tier is ``checkpoints/latest`` and whose
     fast tier is ``<fast_dir>/<run folder's name>-<run_id>`` (`shared_run_id`): two runs never share one, though
@@ -52,7 +55,9 @@ def attach_checkpoints(
         fast = Path(config.fast_dir) / f"{run_dir.resolve().name}-{run_id}"
         latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)
     held = unread_by(run_dir, config.keep_for_watchers) if config.keep_for_watchers else None  # until watchers read
-    latest = Checkpoint(to_save, latest_dir, n_saved=config.keep_latest, keep_while=held)
+    saved_steps = SavedSteps(run_dir / "checkpoints" / "latest", latest_dir, trainer)
+    latest = Checkpoint({**to_save, KEY: saved_steps}, latest_dir, n_saved=config.keep_latest, keep_while=held)
+    latest.add_save_listener(saved_steps.saved)
     every = Events.EPOCH_COMPLETED | Events.COMPLETED
     if config.every_iters:
         every = every | Events.ITERATION_COMPLETED(every=config.every_iters)

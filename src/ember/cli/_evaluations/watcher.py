@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ember.cli._evaluations.job import EvaluationJob
+from ember.cli._evaluations.saved_steps import saved_before
 from ember.cli._schema import WATCHER_NAME
 
 
@@ -31,8 +32,10 @@ def watch_run(
     was evaluated is kept in ``RUN_DIR/eval/NAME/watch.json``, written atomically after the metrics are on disk:
     a watcher killed and relaunched evaluates none twice and skips none (a record past its last evaluated step is
     dropped first). A checkpoint that retention deleted before it could be read is reported, on the console and in
-    ``watch.json`` (``missed``). The watcher ends once the run is complete (its ``summary.json`` says it ended
-    other than by a signal) and every checkpoint is evaluated; it looks every ``poll`` seconds.
+    ``watch.json`` (``missed``): each latest checkpoint names the steps saved before it (`SavedSteps`), so one deleted
+    before the watcher ever listed it is reported too; one the best store also holds is read from there. The watcher
+    ends once the run is complete (its ``summary.json`` says it ended other than by a signal) and every checkpoint is
+    evaluated; it looks every ``poll`` seconds.
 
     Returns:
         ``{"evaluated": [steps], "missed": [steps]}``, as ``watch.json`` holds them.
@@ -61,12 +64,13 @@ def watch_run(
                     break
                 time.sleep(poll)
                 continue
-            if not _restored(job, info):  # deleted (retention) or replaced as it was read, on any process
+            read = _restored(job, step, info)
+            if read is None:  # deleted (retention) before it was read, or as it was, on any process
                 if primary:
                     print(f"step_{step:08d}: deleted before it was evaluated; reported in watch.json", file=stream)
                 state["missed"].append(step)
             else:
-                metrics = job.run_all(info, stream)
+                metrics = job.run_all(read, stream)
                 if record is None:
                     kinds = [w for w in job.cfg.handlers.writers if w != "console"]  # the watcher prints its own
                     record = create_run_writer(job.run, kinds, params=job.cfg, evaluation=name)
@@ -121,7 +125,12 @@ def _next_step(
     if jax.process_index() == 0:
         ended = _run_ended(run)
         last = max(state["evaluated"] + state["missed"], default=-1)
-        listed.update({step: info for step, info in _committed(run).items() if step > last})
+        fresh = {step: info for step, info in _committed(run).items() if step > last and step not in listed}
+        listed.update(fresh)
+        gone = {s for i in fresh.values() for s in saved_before(i.manifest) if s > last and s not in listed}
+        if gone:  # saved before a checkpoint listed now, yet not listed: deleted, unless this listing missed it
+            again = _committed(run)  # committed before the one that names it: a second listing holds it, if kept
+            listed.update({step: again.get(step) for step in gone})
         first = min(listed, default=None)
         info = listed.pop(first) if first is not None else None
         answer = json.dumps([ended, first])
@@ -131,18 +140,26 @@ def _next_step(
     return bool(ended), step, info
 
 
-def _restored(job: EvaluationJob, info: Any) -> bool:
-    """Restore ``info`` (``None``: not listed here); whether every process did (deleted or damaged on none)."""
-    from ember._multiprocess import any_process
-    from ember.checkpoint import CorruptCheckpointError
+def _restored(job: EvaluationJob, step: int, info: Any) -> Any:
+    """Restore the checkpoint of ``step``: ``info`` (``None``: not listed here), else the best store's of that step.
 
-    failed = info is None
-    if info is not None:
+    Returns what was restored here, or ``None`` when a process could restore neither (deleted or damaged there).
+    """
+    from ember._multiprocess import any_process
+    from ember.checkpoint import CorruptCheckpointError, open_store
+
+    best = job.run / "checkpoints" / "best"
+    copies = [info] if info is not None else []
+    copies += [i for i in open_store(best).checkpoints() if i.step == step] if best.is_dir() else []
+    read = None
+    for copy in copies:
         try:
-            job.restore(info)
+            job.restore(copy)
         except (FileNotFoundError, CorruptCheckpointError):
-            failed = True
-    return not any_process(failed)
+            continue
+        read = copy
+        break
+    return None if any_process(read is None) else read
 
 
 def _watched(folder: Path) -> dict[str, list[int]]:
