@@ -186,11 +186,8 @@ class TieredStore(TwoTiers):
             >>> import tempfile, numpy as np
             >>> from ember.checkpoint import TieredStore
             >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp(), durable_every=2)
-            >>> for step in (1, 2):
-            ...     _ = store.save({"w": np.zeros(2)}, step=step)
-            ...     print(step, store.last_save_durable)
-            1 False
-            2 True
+            >>> [(store.save({"w": np.zeros(2)}, step=s), store.last_save_durable)[1] for s in (1, 2)]
+            [False, True]
         """
         return self._last is not None and self._last.durable
 
