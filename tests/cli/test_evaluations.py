@@ -229,11 +229,12 @@ def test_a_checkpoint_deleted_before_the_watcher_read_it_is_reported(tmp_path, m
     assert state == {"evaluated": [5, 10, 20, 22], "missed": [15]}
 
 
-def test_a_watcher_beside_a_live_run_evaluates_every_checkpoint_it_commits(tmp_path):
+def test_a_watcher_beside_a_live_run_killed_and_relaunched_evaluates_every_checkpoint_it_commits_once(tmp_path):
     """The watcher evaluates while the run trains, committed checkpoints only, each once, and ends with the run.
 
-    The run's data (`gated_data.py`) holds it at its tenth step until the watcher has evaluated a checkpoint, so the
-    two overlap on any machine, however busy; every wait is bounded.
+    It is SIGKILLed as it evaluates the first checkpoint, and relaunched. The run's data (`gated_data.py`) holds it
+    at its tenth step until the watcher has evaluated a checkpoint, so the two overlap on any machine, however busy;
+    every wait is bounded.
     """
     run = tmp_path / "run"
     args = ["model.name=mlp", "data.name=grain", "data.path=tests.cli.gated_data:make", "trainer.max_epochs=3"]
@@ -255,7 +256,13 @@ def test_a_watcher_beside_a_live_run_evaluates_every_checkpoint_it_commits(tmp_p
             assert training.poll() is None, training.stderr.read()  # type: ignore[union-attr]
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        watch = lambda: watcher.update(done=ember_train_signalled([str(run), *WATCH], command="eval"))  # noqa: E731
+
+        def watch() -> None:  # killed once as it evaluates step 4, then relaunched
+            watcher["killed"] = ember_train_signalled(
+                [str(run), *WATCH], signal.SIGKILL, "step_00000004", command="eval"
+            )
+            watcher["done"] = ember_train_signalled([str(run), *WATCH], command="eval")
+
         thread = threading.Thread(target=watch)
         thread.start()
         assert training.wait(timeout=240) == 0, training.stderr.read()  # type: ignore[union-attr]
@@ -263,6 +270,7 @@ def test_a_watcher_beside_a_live_run_evaluates_every_checkpoint_it_commits(tmp_p
     finally:
         end_group(training.pid)
         training.communicate(timeout=30)
+    assert watcher["killed"][0] == -signal.SIGKILL
     status, _, err = watcher["done"]
     assert status == 0, err[-3000:]
     committed = sorted(int(p.name[5:13]) for p in (run / "checkpoints" / "latest").iterdir())
