@@ -23,17 +23,16 @@ import os
 import numpy as np, optax, jax, jax.numpy as jnp
 import flax.training.train_state
 from flax import linen as nn, nnx
-from sklearn.datasets import load_digits
-import grain
 from ember import Engine, Events
 from ember.data import ArrayDataset
 from ember.handlers import Checkpoint, EarlyStopping, ProcessWatchdog
 from ember.metrics import Accuracy, Loss
 from ember.training import TrainState, create_evaluator, create_trainer
+from ember.cli._registry import digits_arrays  # load_digits' arrays, without importing scikit-learn
 
-digits = load_digits()
-x = (digits.images[..., None] / 16).astype("float32")[:512]
-y = digits.target.astype("int32")[:512]
+images, target = digits_arrays()
+x = (images[..., None] / 16).astype("float32")[:512]
+y = target.astype("int32")[:512]
 train_data = data = ArrayDataset({"x": x[:384], "y": y[:384]}, batch_size=64, shuffle=True)
 val_data = eval_data = ArrayDataset({"x": x[384:], "y": y[384:]}, batch_size=128)
 sample_x = sample_batch = x[:1]
@@ -68,14 +67,6 @@ trainer = create_trainer(state, loss_fn)
 evaluator = create_evaluator(trainer, eval_fn)
 trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run(val_data))
 records = [{"x": x[i], "y": y[i]} for i in range(384)]
-normalise = lambda record: record  # noqa: E731
-
-
-class RandomCrop(grain.transforms.RandomMap):
-    def random_map(self, element, rng):
-        return element
-
-
 os.makedirs("data/train", exist_ok=True)
 np.save("data/train/x.npy", x[:384])
 np.save("data/train/y.npy", y[:384])
@@ -94,6 +85,15 @@ NOT_RUN = {
 
 #: What a page's text says is in place before its blocks (the checkpoints page: an accuracy and early stopping).
 PAGE_SETUP = {
+    "concepts/data.md": """
+import grain
+normalise = lambda record: record  # noqa: E731
+
+
+class RandomCrop(grain.transforms.RandomMap):
+    def random_map(self, element, rng):
+        return element
+""",
     "concepts/checkpoints.md": """
 Accuracy().attach(evaluator, "accuracy")
 stop = EarlyStopping(3, lambda e: e.state.metrics["accuracy"], trainer)
