@@ -116,7 +116,15 @@ def _is_array(value: Any) -> bool:
 
 
 def _shown(value: Any) -> str:
-    """A saved value as a reader wants it: ``2.10272`` for a 0-d array, ``(2.1, 1)`` for a tuple of them."""
+    """A saved value as a reader wants it: ``2.10272`` for a 0-d array, ``(2.1, 1)`` for a tuple of them.
+
+    A list of more than 8 shows its ends and its length (a run's `SavedSteps` lists every step it saved).
+
+    Examples:
+        >>> from ember.cli._inspect import _shown
+        >>> _shown([5, 10]), _shown(list(range(5, 105, 5)))
+        ('[5, 10]', '[5, 10, 15, ..., 90, 95, 100] (20 values)')
+    """
     if _is_array(value):
         data = value["data"]
         if not value["shape"] and isinstance(data, list) and len(data) == 1:
@@ -127,6 +135,9 @@ def _shown(value: Any) -> str:
         return "(" + ", ".join(_shown(v) for v in value["tuple"]) + ")"
     if isinstance(value, float):
         return f"{value:g}"
+    if isinstance(value, list) and len(value) > 8:
+        ends = [*map(_shown, value[:3]), "...", *map(_shown, value[-3:])]
+        return "[" + ", ".join(ends) + f"] ({len(value)} values)"
     if isinstance(value, list):
         return "[" + ", ".join(_shown(v) for v in value) + "]"
     return str(value)

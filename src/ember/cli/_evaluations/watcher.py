@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -114,8 +114,9 @@ def _next_step(
     """Whether the run has ended, and the next checkpoint to evaluate (its step and its info here).
 
     Process 0 decides, from what it has ever listed (``listed``: a checkpoint deleted since is tried, and reported
-    missed) and every process takes its answer; another process looks the step up in its own listing (``None`` if
-    it does not hold it). The run's end is read before the listing: every checkpoint of an ended run is in it.
+    missed) and the steps the newly listed ones say were saved before them (one not listed was deleted first: it is
+    tried too), and every process takes its answer; another process looks the step up in its own listing (``None``
+    if it does not hold it). The run's end is read before the listing: every checkpoint of an ended run is in it.
     """
     import jax
 
@@ -148,11 +149,15 @@ def _restored(job: EvaluationJob, step: int, info: Any) -> Any:
     from ember._multiprocess import any_process
     from ember.checkpoint import CorruptCheckpointError, open_store
 
-    best = job.run / "checkpoints" / "best"
-    copies = [info] if info is not None else []
-    copies += [i for i in open_store(best).checkpoints() if i.step == step] if best.is_dir() else []
+    def copies() -> Iterator[Any]:  # the best store is listed only when the latest's copy could not be read
+        if info is not None:
+            yield info
+        best = job.run / "checkpoints" / "best"
+        if best.is_dir():
+            yield from (i for i in open_store(best).checkpoints() if i.step == step)
+
     read = None
-    for copy in copies:
+    for copy in copies():
         try:
             job.restore(copy)
         except (FileNotFoundError, CorruptCheckpointError):
