@@ -360,6 +360,26 @@ def test_checkpoints_deleted_before_the_watcher_listed_them_are_reported_or_read
     assert rows[0]["w/val_noisy/accuracy"] == recorded[10]["val_noisy/accuracy"]
 
 
+def test_a_run_begun_without_saved_steps_resumes_and_goes_on_without_them(tmp_path, monkeypatch):
+    """A run folder whose checkpoints hold no saved steps (made before ember kept them) resumes as it was made."""
+    from ember.cli import _run_checkpoints
+
+    cfg = config(tmp_path, val_noisy={})
+    cfg["trainer"]["max_epochs"] = 1
+    cfg["handlers"]["checkpoint"] |= {"every_iters": 5, "keep_latest": 2}
+    with monkeypatch.context() as patched:
+        patched.setattr(_run_checkpoints, "kept_in", lambda *stores: False)
+        train(cfg)
+    run = tmp_path / "run"
+    shutil.rmtree(run / "checkpoints" / "latest" / "step_00000022")  # killed before its last save: relaunched
+    (run / "summary.json").unlink()
+    assert train(cfg)["resumed_from"] == 20
+    newest = json.loads((run / "checkpoints" / "latest" / "step_00000022" / "manifest.json").read_text())
+    assert sorted(newest["metadata"]["state_dicts"]) == ["trainer"]
+    assert main(["eval", str(run), *WATCH]) == 0
+    assert watched(run)[2] == {"evaluated": [20, 22], "missed": []}  # 5, 10 and 15 went unseen, as before
+
+
 def test_a_record_written_before_a_kill_marked_it_evaluated_is_dropped_and_written_again(tmp_path, capsys):
     """Killed between its metrics and watch.json: the relaunch drops the record and evaluates that step again."""
     run = finished_run(tmp_path)

@@ -11,8 +11,8 @@ from jax.experimental import multihost_utils
 
 from ember import Engine, Events
 from ember._run_identity import run_identity
-from ember.checkpoint import CheckpointStore, TieredStore
-from ember.cli._evaluations.saved_steps import KEY, SavedSteps
+from ember.checkpoint import CheckpointStore, TieredStore, open_store
+from ember.cli._evaluations.saved_steps import KEY, SavedSteps, kept_in
 from ember.cli._evaluations.watcher import unread_by
 from ember.cli._schema import CheckpointConfig
 from ember.handlers import Checkpoint, global_step_from_engine
@@ -55,9 +55,12 @@ def attach_checkpoints(
         fast = Path(config.fast_dir) / f"{run_dir.resolve().name}-{run_id}"
         latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)
     held = unread_by(run_dir, config.keep_for_watchers) if config.keep_for_watchers else None  # until watchers read
-    saved_steps = SavedSteps(run_dir / "checkpoints" / "latest", latest_dir, trainer)
-    latest = Checkpoint({**to_save, KEY: saved_steps}, latest_dir, n_saved=config.keep_latest, keep_while=held)
-    latest.add_save_listener(saved_steps.saved)
+    latest_saves, saved_steps = dict(to_save), None
+    if kept_in(*_tiers(latest_dir)):  # the steps saved before each latest checkpoint (not in a run begun without)
+        latest_saves[KEY] = saved_steps = SavedSteps(run_dir / "checkpoints" / "latest", latest_dir, trainer)
+    latest = Checkpoint(latest_saves, latest_dir, n_saved=config.keep_latest, keep_while=held)
+    if saved_steps is not None:
+        latest.add_save_listener(saved_steps.saved)
     every = Events.EPOCH_COMPLETED | Events.COMPLETED
     if config.every_iters:
         every = every | Events.ITERATION_COMPLETED(every=config.every_iters)
@@ -65,6 +68,15 @@ def attach_checkpoints(
         trainer.add_event_handler(every, lambda: records.sync())
     latest.attach(trainer, every)
     return best, latest
+
+
+def _tiers(latest: Path | CheckpointStore | TieredStore) -> tuple[Any, ...]:
+    """The stores the run's latest checkpoints are in, as they stand (none for a run folder without any)."""
+    if isinstance(latest, TieredStore):
+        return latest.fast, latest.durable
+    if isinstance(latest, CheckpointStore):
+        return (latest,)
+    return (open_store(latest),) if latest.is_dir() else ()
 
 
 def shared_run_id(run_dir: Path) -> str:

@@ -74,6 +74,30 @@ class SavedSteps:
             del self.steps[: -self.LIMIT]
 
 
+def kept_in(*stores: Any) -> bool:
+    """Whether a run's latest checkpoints keep a `SavedSteps`: yes, unless the newest of a store was saved without.
+
+    A run begun before ember kept one goes on without it, so that its checkpoints resume (each checkpoint of a run
+    holds the same objects); its watchers report the checkpoints they listed and lost, not the ones never listed.
+
+    Examples:
+        >>> import tempfile, numpy as np
+        >>> from ember.checkpoint import CheckpointStore
+        >>> from ember.cli._evaluations.saved_steps import kept_in
+        >>> store = CheckpointStore(tempfile.mkdtemp())
+        >>> kept_in(store)  # a new run
+        True
+        >>> _ = store.save({"w": np.zeros(2)}, step=1, metadata={"state_dicts": {"trainer": {}}})
+        >>> kept_in(store)
+        False
+    """
+    for store in stores:
+        found = store.checkpoints()
+        if found and KEY not in found[-1].manifest.get("metadata", {}).get("state_dicts", {KEY: None}):
+            return False
+    return True
+
+
 def saved_before(manifest: Mapping[str, Any]) -> list[int]:
     """The steps a run had saved before the checkpoint of ``manifest`` (none if it holds no `SavedSteps`).
 
