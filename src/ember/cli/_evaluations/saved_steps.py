@@ -55,7 +55,7 @@ class SavedSteps:
             self._add(step)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"steps": [...], "at": step}``: the steps saved into ``folder`` before the checkpoint of ``step``."""
+        """``{"steps": [...], "at": step}``: the steps saved into ``folder`` so far; the step being saved."""
         return {"steps": list(self.steps), "at": self.trainer.state.iteration}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
