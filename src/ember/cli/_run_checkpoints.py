@@ -11,7 +11,7 @@ from jax.experimental import multihost_utils
 
 from ember import Engine, Events
 from ember._run_identity import run_identity
-from ember.checkpoint import CheckpointStore, TieredStore, open_store
+from ember.checkpoint import TieredStore, open_store
 from ember.cli._evaluations.saved_steps import KEY, SavedSteps, kept_in
 from ember.cli._evaluations.watcher import unread_by
 from ember.cli._schema import CheckpointConfig
@@ -50,7 +50,7 @@ def attach_checkpoints(
         global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED),  # the trainer's step
     )
     best.attach(evaluator, Events.COMPLETED)
-    latest_dir: Path | CheckpointStore | TieredStore = run_dir / "checkpoints" / "latest"
+    latest_dir: Path | TieredStore = run_dir / "checkpoints" / "latest"
     if config.fast_dir is not None:  # every save into local storage, every k-th and the last into the run folder too
         fast = Path(config.fast_dir) / f"{run_dir.resolve().name}-{run_id}"
         latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)
@@ -70,12 +70,10 @@ def attach_checkpoints(
     return best, latest
 
 
-def _tiers(latest: Path | CheckpointStore | TieredStore) -> tuple[Any, ...]:
+def _tiers(latest: Path | TieredStore) -> tuple[Any, ...]:
     """The stores the run's latest checkpoints are in, as they stand (none for a run folder without any)."""
     if isinstance(latest, TieredStore):
         return latest.fast, latest.durable
-    if isinstance(latest, CheckpointStore):
-        return (latest,)
     return (open_store(latest),) if latest.is_dir() else ()
 
 

@@ -93,7 +93,7 @@ def kept_in(*stores: Any) -> bool:
     """
     for store in stores:
         found = store.checkpoints()
-        if found and KEY not in found[-1].manifest.get("metadata", {}).get("state_dicts", {KEY: None}):
+        if found and KEY not in _states(found[-1].manifest, {KEY: None}):  # no state dicts at all: not a run's
             return False
     return True
 
@@ -106,6 +106,11 @@ def saved_before(manifest: Mapping[str, Any]) -> list[int]:
         >>> saved_before({"metadata": {"state_dicts": {"saved_steps": {"steps": [5, 10]}}}}), saved_before({})
         ([5, 10], [])
     """
-    states = manifest.get("metadata", {}).get("state_dicts", {})
-    steps = states.get(KEY, {}).get("steps", []) if isinstance(states, Mapping) else []
+    steps = _states(manifest, {}).get(KEY, {}).get("steps", [])
     return [s for s in steps if isinstance(s, int)]
+
+
+def _states(manifest: Mapping[str, Any], default: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The state dicts a checkpoint's manifest holds (``default`` if it holds none)."""
+    states = manifest.get("metadata", {}).get("state_dicts", default)
+    return states if isinstance(states, Mapping) else default
