@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # CPU only; before JAX starts
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):  # CPU only; before JAX starts
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".lstrip()
 
 import argparse
 import statistics

@@ -39,15 +39,15 @@ def test_example_runs(name):
     _output(name)
 
 
-def test_the_quickstart_is_the_quickstart_pages_program_and_prints_an_epoch_line_each_epoch():
-    """examples/quickstart.py is the page's code block, to the character; it prints the page's five lines' shape."""
+def test_the_quickstart_is_the_quickstart_pages_program():
+    """examples/quickstart.py is the page's code block, to the character.
+
+    The program runs once in the suite: tests/test_docs.py runs the page's block and checks what it prints.
+    """
     script = EXAMPLES["quickstart.py"].read_text()
     page = (EXAMPLES["quickstart.py"].parents[1] / "docs" / "quickstart.md").read_text()
     block = page.split("```python\n", 1)[1].split("```", 1)[0]
     assert script.split('"""\n\n', 1)[1] == block
-    lines = _output("quickstart.py").splitlines()
-    assert [line.split("  ")[0] for line in lines] == [f"epoch {i}" for i in range(1, 6)]
-    assert all(re.fullmatch(r"epoch \d  loss \d\.\d{3}  val accuracy 0\.\d{3}", line) for line in lines), lines
 
 
 def test_engine_basics_prints_its_progress():
