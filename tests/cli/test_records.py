@@ -100,7 +100,13 @@ def test_every_record_up_to_a_checkpoint_is_fsynced_before_that_checkpoint_commi
     run_dir = tmp_path / "run"
     records = create_run_writer(run_dir, ["jsonl", "csv", "tensorboard"])
     trainer, evaluator = Engine(lambda e, b: b), Engine(lambda e, b: b)
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: records.write_scalars(e.state.iteration, {"x": 1}))
+
+    @trainer.on(Events.ITERATION_COMPLETED)
+    def log(engine):
+        records.write_scalars(engine.state.iteration, {"x": 1})
+        with lock:
+            seen.append(("logged", f"step_{engine.state.iteration:08d}"))
+
     to_save = {"trainer": trainer}
     best, latest = attach_checkpoints(CheckpointConfig(), run_dir, to_save, trainer, evaluator, "id", records)
     trainer.run([1, 2], max_epochs=2)
@@ -108,9 +114,8 @@ def test_every_record_up_to_a_checkpoint_is_fsynced_before_that_checkpoint_commi
     records.close()
     commits = [i for i, (kind, name) in enumerate(seen) if kind == "commit" and name.startswith("step_")]
     assert [seen[i][1] for i in commits] == ["step_00000002", "step_00000004"]
-    previous = 0
-    for i in commits:
-        synced = {name for kind, name in seen[previous:i] if kind == "fsync"}
-        assert {"metrics.jsonl", "metrics.csv"} <= synced, seen[previous:i]
-        assert any(name.startswith("events.out.tfevents") for name in synced), seen[previous:i]
-        previous = i
+    for i in commits:  # between logging step S and committing its checkpoint (not the commit before: it may lag)
+        logged = seen.index(("logged", seen[i][1]))
+        synced = {name for kind, name in seen[logged:i] if kind == "fsync"}
+        assert {"metrics.jsonl", "metrics.csv"} <= synced, seen[logged:i]
+        assert any(name.startswith("events.out.tfevents") for name in synced), seen[logged:i]
