@@ -1,5 +1,6 @@
 """TieredStore: every save into the fast tier, every k-th and the last into the durable one; restore across both."""
 
+import re
 import shutil
 import warnings
 
@@ -149,6 +150,43 @@ def test_bad_arguments_are_refused(tmp_path):
         TieredStore(tmp_path / "d" / "fast", tmp_path / "d")
 
 
+def test_a_fast_folder_that_cannot_hold_the_tier_is_refused_in_one_line(tmp_path):
+    """A file, a path under a file, a folder that cannot be written, the durable folder or one around it: refused."""
+    (tmp_path / "file").write_text("x")
+    durable = tmp_path / "d"
+    cases = [
+        (tmp_path / "file", f"`fast` must be a folder, got {str(tmp_path / 'file')!r}, which is a file."),
+        (
+            tmp_path / "file" / "sub" / "deeper",
+            f"`fast` must be a folder, got {str(tmp_path / 'file' / 'sub' / 'deeper')!r}, under "
+            f"{str(tmp_path / 'file')!r}, which is a file.",
+        ),
+        ("/proc/ember-fast", "`fast` must be a folder this process can write, got '/proc/ember-fast' (No such file"),
+        (durable, f"`fast` and `durable` must be separate folders, neither inside the other; got {str(durable)!r} and"),
+        (tmp_path, f"`fast` and `durable` must be separate folders, neither inside the other; got {str(tmp_path)!r}"),
+    ]
+    for fast, said in cases:
+        with pytest.raises(ValueError, match="^" + re.escape(said)) as refused:
+            TieredStore(fast, durable)
+        assert "\n" not in str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing made for a refused store
+
+
+def test_a_fast_subfolder_owned_by_a_third_run_is_refused(tmp_path):
+    """The subfolder a run takes in another run's fast folder, itself claimed by yet another run: one clear error."""
+    import json
+
+    fast = tmp_path / "shm"
+    TieredStore(fast, tmp_path / "a").close()
+    with pytest.warns(RuntimeWarning, match="holds the fast checkpoints of another run"):
+        b = TieredStore(fast, tmp_path / "b")
+    b.close()
+    (b.fast_root / "tier-of.json").write_text(json.dumps({"durable": str(tmp_path / "c")}))
+    said = f"`fast` cannot hold this run's checkpoints: {b.fast_root} belongs to another run too ({tmp_path / 'c'})."
+    with pytest.warns(RuntimeWarning), pytest.raises(ValueError, match="^" + re.escape(said) + "$"):
+        TieredStore(fast, tmp_path / "b")
+
+
 def test_relative_folders_are_fixed_when_the_store_is_made(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     store = TieredStore("fast", "durable", durable_every=1)
@@ -245,7 +283,6 @@ def test_the_count_of_saves_goes_on_across_relaunches(tmp_path):
 def test_two_runs_given_one_fast_folder_never_read_each_others_checkpoints(tmp_path):
     """Run A owns the fast folder; run B (another durable tier) warns, reads nothing of A's, saves beside it."""
     import json
-    import re
 
     fast = tmp_path / "shm"
     a = TieredStore(fast, tmp_path / "a", durable_every=10)

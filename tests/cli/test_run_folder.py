@@ -102,3 +102,23 @@ def test_a_run_a_signal_stopped_on_any_process_is_not_finished_for_a_relaunch(tm
     (tmp_path / "checkpoints" / "latest" / "step_00000022").mkdir(parents=True)
     (tmp_path / "checkpoints" / "latest" / "step_00000022" / "manifest.json").write_text("{}")
     assert finished_run(tmp_path, load_config()) == (summary if finished else None)
+
+
+def test_a_mistaken_fast_dir_is_refused_before_the_run_folder_is_made(tmp_path, capsys, monkeypatch):
+    """A file, a path under one, the run folder's parent or a folder inside it: one line, exit 2, no run folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes").write_text("x")
+    run = tmp_path / "runs" / "digits"
+    cases = {
+        "notes": "handlers.checkpoint.fast_dir must be a folder, got 'notes', which is a file.",
+        "notes/shm": f"handlers.checkpoint.fast_dir must be a folder, got 'notes/shm', under '{tmp_path}/notes', "
+        "which is a file.",
+        "runs": "handlers.checkpoint.fast_dir and the run folder must be separate folders, neither inside the other; "
+        f"got '{tmp_path}/runs' and '{run}'.",
+        "runs/digits/shm": "handlers.checkpoint.fast_dir and the run folder must be separate folders, neither inside "
+        f"the other; got '{run}/shm' and '{run}'.",
+    }
+    for fast_dir, said in cases.items():
+        assert main(["train", f"handlers.checkpoint.fast_dir={fast_dir}", "--output", "runs/digits"]) == 2
+        assert capsys.readouterr().err == f"ember: error: {said}\n"
+        assert not run.exists()  # the corrected command starts the run afresh, never "another config"

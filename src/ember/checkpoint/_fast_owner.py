@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -23,7 +24,8 @@ OWNER = "tier-of.json"
 def owned_fast_root(fast_root: Path, durable_root: Path) -> Path:
     """The folder of the fast tier whose durable tier is ``durable_root``: ``fast_root`` unless another run owns it.
 
-    A folder that names no owner yet (new, or written before owners were named) becomes this run's.
+    A folder that names no owner yet (new, or written before owners were named) becomes this run's. Another run's
+    folder gives this run a subfolder named after its durable tier; one that names yet another owner is refused.
 
     Examples:
         >>> import tempfile, warnings
@@ -38,17 +40,7 @@ def owned_fast_root(fast_root: Path, durable_root: Path) -> Path:
         >>> other.parent == fast, other.name.startswith("of-b-"), len(caught)
         (True, True, 1)
     """
-    marker = fast_root / OWNER
-    try:
-        owner = json.loads(marker.read_text())["durable"]
-    except FileNotFoundError:
-        owner = None
-    except (OSError, ValueError, KeyError, TypeError) as e:  # altered, truncated: whose it is cannot be known
-        owner = f"unknown ({OWNER} cannot be read: {e})"
-    if owner is None:
-        fast_root.mkdir(parents=True, exist_ok=True)
-        replace_file(fast_root, OWNER, json.dumps({"durable": str(durable_root)}))
-        return fast_root
+    owner = _owner(fast_root, durable_root)
     if owner == str(durable_root):
         return fast_root
     own = fast_root / f"of-{durable_root.name}-{hashlib.sha256(str(durable_root).encode()).hexdigest()[:8]}"
@@ -58,7 +50,61 @@ def owned_fast_root(fast_root: Path, durable_root: Path) -> Path:
         RuntimeWarning,
         stacklevel=3,
     )
-    return owned_fast_root(own, durable_root)
+    mine = _owner(own, durable_root)
+    if mine != str(durable_root):
+        raise ValueError(f"`fast` cannot hold this run's checkpoints: {own} belongs to another run too ({mine}).")
+    return own
+
+
+def _owner(fast_root: Path, durable_root: Path) -> str:
+    """Whose fast folder ``fast_root`` is (a durable tier's path); one that names no owner yet becomes this run's."""
+    marker = fast_root / OWNER
+    try:
+        return str(json.loads(marker.read_text())["durable"])
+    except FileNotFoundError:
+        fast_root.mkdir(parents=True, exist_ok=True)
+        replace_file(fast_root, OWNER, json.dumps({"durable": str(durable_root)}))
+        return str(durable_root)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # altered, truncated: whose it is cannot be known
+        return f"unknown ({OWNER} cannot be read: {e})"
+
+
+def fast_folder(label: str, fast: str | os.PathLike[str], apart: dict[str, Path]) -> Path:
+    """``fast``, absolute, once it is a folder this process can write, apart from each of ``apart``'s folders.
+
+    The one check of a fast tier's folder (`TieredStore`'s ``fast``, ``ember train``'s ``fast_dir``): a file, a path
+    under a file, a folder that cannot be written, or one equal to, inside or holding a folder of ``apart`` (the
+    durable tier, the run folder) is refused with one line naming ``label`` (as it is shown), the path and the rule.
+
+    Examples:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from ember.checkpoint._fast_owner import fast_folder
+        >>> durable = Path(tempfile.mkdtemp())
+        >>> fast_folder("`fast`", durable / "shm", {"`durable`": durable})
+        Traceback (most recent call last):
+        ValueError: `fast` and `durable` must be separate folders, neither inside the other; got ...
+    """
+    root = Path(os.path.abspath(fast))
+    for other_label, other in apart.items():
+        if root == other or other in root.parents or root in other.parents:
+            raise ValueError(
+                f"{label} and {other_label} must be separate folders, neither inside the other; got {str(root)!r} "
+                f"and {str(other)!r}."
+            )
+    above = next(p for p in (root, *root.parents) if os.path.lexists(p))
+    if not above.is_dir():
+        where = "which is a file" if above == root else f"under {str(above)!r}, which is a file"
+        raise ValueError(f"{label} must be a folder, got {os.fspath(fast)!r}, {where}.")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as e:
+        raise ValueError(
+            f"{label} must be a folder this process can write, got {os.fspath(fast)!r} ({e.strerror})."
+        ) from None
+    return root
 
 
 def tier_roots(fast: object, durable: object, *, durable_every: object, keep_fast: object) -> tuple[Path, Path]:
@@ -71,17 +117,11 @@ def tier_roots(fast: object, durable: object, *, durable_every: object, keep_fas
     for label, given in (("fast", fast), ("durable", durable)):
         if isinstance(given, str | os.PathLike) and not os.fspath(given).strip():
             raise ValueError(f"`{label}` must name a folder, got {os.fspath(given)!r} (the working folder?).")
-        if isinstance(given, str | os.PathLike) and os.path.exists(given) and not os.path.isdir(given):
-            raise ValueError(f"`{label}` must be a folder, got {os.fspath(given)!r}, which is a file.")
+    if isinstance(durable, str | os.PathLike) and os.path.exists(durable) and not os.path.isdir(durable):
+        raise ValueError(f"`durable` must be a folder, got {os.fspath(durable)!r}, which is a file.")
     if not isinstance(durable, CheckpointStore | str | os.PathLike):
         raise TypeError(
             f"`durable` must be a folder, a CheckpointStore or an OrbaxStore, got {type(durable).__name__}."
         )
-    fast_root = Path(os.path.abspath(fast))
     durable_root = durable.root if isinstance(durable, CheckpointStore) else Path(os.path.abspath(durable))
-    if fast_root == durable_root or durable_root in fast_root.parents or fast_root in durable_root.parents:
-        raise ValueError(
-            f"`fast` and `durable` must be separate folders, neither inside the other; got {str(fast_root)!r} "
-            f"and {str(durable_root)!r}."
-        )
-    return fast_root, durable_root
+    return fast_folder("`fast`", fast, {"`durable`": durable_root}), durable_root

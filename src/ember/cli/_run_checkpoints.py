@@ -12,6 +12,7 @@ from jax.experimental import multihost_utils
 from ember import Engine, Events
 from ember._run_identity import run_identity
 from ember.checkpoint import TieredStore, open_store
+from ember.checkpoint._fast_owner import fast_folder
 from ember.cli._evaluations.saved_steps import KEY, SavedSteps, kept_in
 from ember.cli._evaluations.watcher import unread_by
 from ember.cli._schema import CheckpointConfig
@@ -52,7 +53,7 @@ def attach_checkpoints(
     best.attach(evaluator, Events.COMPLETED)
     latest_dir: Path | TieredStore = run_dir / "checkpoints" / "latest"
     if config.fast_dir is not None:  # every save into local storage, every k-th and the last into the run folder too
-        fast = Path(config.fast_dir) / f"{run_dir.resolve().name}-{run_id}"
+        fast = fast_tier(config, run_dir, run_id)
         latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)
     held = unread_by(run_dir, config.keep_for_watchers) if config.keep_for_watchers else None  # until watchers read
     latest_saves, saved_steps = dict(to_save), None
@@ -68,6 +69,18 @@ def attach_checkpoints(
         trainer.add_event_handler(every, lambda: records.sync())
     latest.attach(trainer, every)
     return best, latest
+
+
+def fast_tier(config: CheckpointConfig, run_dir: Path, run_id: str = "") -> Path:
+    """The run's fast tier, ``<fast_dir>/<run folder's name>-<run_id>``, once ``fast_dir`` is checked (`fast_folder`).
+
+    ``ember train`` calls it before it writes anything into the run folder, so a mistyped ``fast_dir`` (a file, the
+    run folder or a folder around it, one that cannot be written) is refused in one line and the corrected command
+    starts the run afresh.
+    """
+    assert config.fast_dir is not None
+    folder = fast_folder("handlers.checkpoint.fast_dir", config.fast_dir, {"the run folder": run_dir.resolve()})
+    return folder / f"{run_dir.resolve().name}-{run_id}"
 
 
 def _tiers(latest: Path | TieredStore) -> tuple[Any, ...]:

@@ -93,8 +93,9 @@ class CheckpointConfig:
     keep_best: int = 1
     every_iters: int | None = None
     #: a folder on fast local storage (``/dev/shm``, a node's NVMe): every latest checkpoint is written there, into
-    #: ``<fast_dir>/<run folder's name>``, and every ``durable_every``-th one and the last also into the run folder
-    #: (``ember.checkpoint.TieredStore``); null: the run folder only.
+    #: ``<fast_dir>/<run folder's name>-<run id>``, and every ``durable_every``-th one and the last also into the run
+    #: folder (``ember.checkpoint.TieredStore``); null: the run folder only. A file, the run folder, a folder inside or
+    #: around it, or one that cannot be written is refused before the run starts.
     fast_dir: str | None = None
     durable_every: int = 5
     #: the evaluation whose accuracy picks the best checkpoints: ``val``, or a name in ``evaluations``.

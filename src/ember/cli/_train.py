@@ -12,7 +12,7 @@ from jax.experimental import multihost_utils
 
 from ember.cli._compilation_cache import use_compilation_cache
 from ember.cli._config import Config, config_source, importable, load_config
-from ember.cli._run_checkpoints import close_stores
+from ember.cli._run_checkpoints import close_stores, fast_tier
 from ember.cli._run_course import finished, skipped_line, why_stopped
 from ember.cli._run_parts import Console, Engines, Handlers, attach_handlers, build_engines
 from ember.cli._run_record import check_same_run, closing_line, saved_summary
@@ -59,6 +59,8 @@ def train(
     source = _models_importable(config, source)
     console = Console.open(cfg, stream, progress_stream)
     run_dir = Path(cfg.output)
+    if cfg.handlers.checkpoint.fast_dir is not None:
+        fast_tier(cfg.handlers.checkpoint, run_dir)  # a mistaken fast folder refused before the run folder is made
     new_layout = check_same_run(run_dir, cfg)
     started = time.perf_counter()
     use_compilation_cache(cfg.trainer.compilation_cache)
