@@ -12,14 +12,15 @@ from ember.checkpoint import CheckpointInfo
 from ember.checkpoint._stores import Store
 from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, Stateful, collect_handles
 from ember.handlers._attached import hold
-from ember.handlers._checkpointing.checkpoint_args import check_arguments, destination, needs_store, writing
+from ember.handlers._checkpointing.checkpoint_args import check_arguments
 from ember.handlers._checkpointing.checkpoint_events import CheckpointEvents, announce_saved, registered
-from ember.handlers._checkpointing.checkpoint_files import StoreWriting
 from ember.handlers._checkpointing.checkpoint_names import Naming, metric_score, ranked
+from ember.handlers._checkpointing.destinations import destination
 from ember.handlers._checkpointing.loading import kind_of, load_objects
 from ember.handlers._checkpointing.retention import Item, Ledger
 from ember.handlers._checkpointing.save_handlers import SaveHandler, setup_filename_pattern
 from ember.handlers._checkpointing.savers import DiskSaver
+from ember.handlers._checkpointing.saving import Saving
 
 
 class Checkpoint:
@@ -120,7 +121,7 @@ class Checkpoint:
         check_arguments(*checks, keep_every=keep_every, mode=mode, keep_while=keep_while)
         self._kinds = {name: kind_of(name, obj) for name, obj in to_save.items()}
         self.to_save = to_save if include_self else dict(to_save)
-        self.save_handler, self.store = destination(save_handler)
+        self.save_handler, self.store, to = destination(save_handler, save_on_rank)
         self.n_saved, self.keep_every, self.mode, self.on_error = n_saved, keep_every, mode, on_error
         self.score_function = score_function
         self.score_name = score_name
@@ -132,8 +133,7 @@ class Checkpoint:
             n_saved=n_saved, mode=mode, keep_every=keep_every, greater_or_equal=greater_or_equal, keep_while=keep_while
         )
         naming = Naming(filename_prefix, filename_pattern, self.score_name, score_function is not None, self.ext)
-        where = (self.save_handler, self.store, self._ledger, naming)
-        self._to = writing(*where, background=background, on_error=on_error, mode=mode, save_on_rank=save_on_rank)
+        self._saving = Saving(to, self.store, self._ledger, naming, background=background, on_error=on_error, mode=mode)
         #: seconds the calling (training) thread has spent in this handler's saves: copying, waiting on the last write
         self.blocked = 0.0
         self._save_listeners: list[Callable[[int], None]] = []
@@ -161,18 +161,11 @@ class Checkpoint:
             self.blocked += time.perf_counter() - start
 
     def _save(self, engine: Engine) -> None:
-        scoring = (self.score_function, self.score_name, self.global_step_transform)
-        step, global_step, priority, metrics = ranked(engine, *scoring)
-        if isinstance(self._to, StoreWriting):
-            saved = self._to.save(
-                engine, self.to_save, self._collect, self._with_self, step, global_step, priority, metrics
-            )
-        else:
-            self_state = self.state_dict if self.include_self else None
-            saved = self._to.save(self.to_save, *self._collect(), self_state, step, global_step, priority)
-        for listener in self._save_listeners if saved else ():
-            listener(step)
-        if saved:
+        rank = ranked(engine, self.score_function, self.score_name, self.global_step_transform)
+        own = self.state_dict if self.include_self else None
+        if self._saving.save(engine, self.to_save, self._collect, own, rank):
+            for listener in self._save_listeners:
+                listener(rank.step)
             announce_saved(engine)
 
     def _given(self, to_save: Mapping[str, Any]) -> None:
@@ -187,26 +180,10 @@ class Checkpoint:
     def _trees(self) -> dict[str, Any]:
         return {k: obj.tree_state_dict() for k, obj in self.to_save.items() if self._kinds[k] == "tree"}
 
-    def _with_self(self, states: dict[str, Any]) -> dict[str, Any]:
-        return {**states, "checkpointer": self.state_dict()} if self.include_self else states
-
-    @property
-    def _writing(self) -> StoreWriting | None:
-        return self._to if isinstance(self._to, StoreWriting) else None
-
-    def _seed(self) -> None:
-        """The store's checkpoints of this handler join its ledger (once: what a relaunch finds)."""
-        if self._writing is not None:
-            self._writing.seed(self.to_save)
-
     def _ledger_given(self) -> None:
         """The ledger was set here (``reset``, a loaded state): settled, the store's checkpoints kept out of it."""
         self._ledger.settle()
-        if self._writing is not None:
-            self._writing.seeded()
-
-    def _store(self, what: str) -> StoreWriting:
-        return needs_store(self._writing, what)
+        self._saving.seeded()
 
     def add_save_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(step)`` each time a checkpoint of ``step`` is being written (a ledger kept beside it).
@@ -240,9 +217,9 @@ class Checkpoint:
             >>> Checkpoint({"trainer": trainer}, tempfile.mkdtemp()).save_now(trainer).step
             2
         """
-        writing = self._store("save_now()")
+        self._saving.needs_store("save_now()")
         self(engine)
-        return writing.best_on_disk()
+        return self._saving.best_on_disk()
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for a background save to be on disk (raising its error); return it, or ``None`` if none was in flight.
@@ -260,7 +237,7 @@ class Checkpoint:
             >>> _ = trainer.run([1, 2])
             step_00000002 2
         """
-        return self._writing.wait() if self._writing is not None else None
+        return self._saving.wait()
 
     def resume(self, reader: Any = None) -> CheckpointInfo | None:
         """Restore everything in ``to_save`` from the latest valid checkpoint; ``None`` if there is none.
@@ -283,7 +260,7 @@ class Checkpoint:
             >>> Checkpoint({"trainer": again}, folder).resume().step, again.state.iteration
             (3, 3)
         """
-        return self._store("resume()").resume(reader, self.to_save, self._trees)
+        return self._saving.resume(reader, self.to_save, self._trees)
 
     def latest_committed(self) -> CheckpointInfo | None:
         """The newest checkpoint of this handler committed on disk, or ``None``.
@@ -303,7 +280,7 @@ class Checkpoint:
             >>> saver.latest_committed().step
             2
         """
-        mine = self._store("latest_committed()").mine(self.to_save)
+        mine = self._saving.mine(self.to_save)
         return mine[-1] if mine else None
 
     @property
@@ -314,11 +291,9 @@ class Checkpoint:
         set as soon as the save is scheduled, so a background write may still be in flight: ``saver.wait()``
         returns once it is on disk. A relaunched handler knows the checkpoints of its own already in the store.
         """
-        self._seed()
+        self._saving.seed(self.to_save)
         best = self._ledger.best()
-        if best is None:
-            return None
-        return self.store.path_of(best.filename) if self.store is not None else best.filename
+        return None if best is None else self._saving.to.path_of(best.filename)
 
     def reset(self) -> None:
         """Forget the checkpoints kept so far (Ignite's ``reset``): later saves never remove them.
@@ -351,7 +326,7 @@ class Checkpoint:
             >>> saver.state_dict()
             {'_saved': [(2, 'step_00000002')]}
         """
-        self._seed()
+        self._saving.seed(self.to_save)
         return self._ledger.state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -450,8 +425,7 @@ class Checkpoint:
                 hold(engine, folder, self, made, refuse=True, if_held=held)
             registered(engine)
             engine.add_event_handler(event, self)
-            if self._writing is not None:
-                self._writing.watch(engine)
+            self._saving.watch(engine)
         return made.handle
 
 

@@ -1,37 +1,11 @@
-"""A `Checkpoint`'s arguments checked, each with a clear error; where its saves go (a store, or your handler)."""
+"""A `Checkpoint`'s arguments checked, each with a clear error."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, MutableMapping
-from typing import Any, Literal
+from typing import Any
 
 from ember.checkpoint import check_retention
-from ember.checkpoint._stores import Store
-from ember.handlers._checkpointing.checkpoint_files import StoreWriting
-from ember.handlers._checkpointing.checkpoint_names import Naming
-from ember.handlers._checkpointing.retention import Ledger
-from ember.handlers._checkpointing.save_handlers import HandlerWriting
-from ember.handlers._checkpointing.savers import DiskSaver
-
-
-def destination(save_handler: Any) -> tuple[Any, Store | None]:
-    """The handler as kept in ``save_handler``, and the store it writes to (``None`` for a user's handler)."""
-    if isinstance(save_handler, Store):
-        return save_handler, save_handler
-    if isinstance(save_handler, DiskSaver):
-        return save_handler, save_handler.store
-    if isinstance(save_handler, str | os.PathLike):
-        saver = DiskSaver(save_handler, require_empty=False)
-        return saver, saver.store
-    if save_handler is None:
-        raise TypeError("`save_handler` is required: a folder, a CheckpointStore, a DiskSaver or a save handler.")
-    if callable(save_handler):
-        return save_handler, None
-    raise TypeError(
-        "`save_handler` must be a folder, a CheckpointStore, a DiskSaver, or a callable "
-        f"(checkpoint, filename, metadata) such as a BaseSaveHandler; got {type(save_handler).__name__}."
-    )
 
 
 def check_arguments(
@@ -70,30 +44,3 @@ def check_arguments(
     if keep_while is not None and not callable(keep_while):
         raise TypeError(f"`keep_while` must be callable as keep_while(step) -> bool, got {keep_while!r}.")
     check_retention(None, None, keep_every, mode)
-
-
-def writing(
-    save_handler: Any,
-    store: Store | None,
-    ledger: Ledger,
-    naming: Naming,
-    *,
-    background: bool,
-    on_error: Literal["raise", "warn"],
-    mode: Literal["min", "max"],
-    save_on_rank: int,
-) -> StoreWriting | HandlerWriting:
-    """Where a `Checkpoint`'s saves go: into the store (ember's), or through the save handler (yours)."""
-    if store is not None:
-        return StoreWriting(store, ledger, naming, background=background, on_error=on_error, mode=mode)
-    return HandlerWriting(save_handler, ledger, naming, save_on_rank=save_on_rank, on_error=on_error)
-
-
-def needs_store(writing: StoreWriting | None, what: str) -> StoreWriting:
-    """``writing``, or the ``TypeError`` saying that ``what`` (a method's name) needs one of ember's stores."""
-    if writing is None:
-        raise TypeError(
-            f"{what} reads ember's checkpoint store; this Checkpoint saves through your own save_handler. Load "
-            "what it saved with Checkpoint.load_objects(to_load, checkpoint_dict)."
-        )
-    return writing

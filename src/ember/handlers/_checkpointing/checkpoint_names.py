@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ember.checkpoint import CheckpointInfo
 from ember.engine import Engine
@@ -13,12 +13,21 @@ from ember.handlers._checkpointing.same_arrays import score_of
 from ember.handlers._checkpointing.save_handlers import render_filename, setup_filename_pattern
 
 
+class Ranked(NamedTuple):
+    """A save's place: the step that numbers it, Ignite's global step, its priority, and its score as metrics."""
+
+    step: int
+    global_step: int | None
+    priority: float
+    metrics: dict[str, float]
+
+
 def ranked(
     engine: Engine,
     score_function: Callable[[Engine], Any] | None,
     score_name: str | None,
     global_step_transform: Callable[[Engine, Any], int] | None,
-) -> tuple[int, int | None, float, dict[str, float]]:
+) -> Ranked:
     """A save's ``(step, global step, priority, metrics)``, Ignite's way.
 
     The priority is the score (recorded under ``score_name``, ``"score"`` when it has none) or else the global step
@@ -35,7 +44,7 @@ def ranked(
         global_step = engine.state.iteration if global_step is None else global_step
         priority = global_step
     step = engine.state.iteration if global_step is None else global_step
-    return step, global_step, priority, metrics
+    return Ranked(step, global_step, priority, metrics)
 
 
 def in_a_name(score_name: str | None) -> str | None:

@@ -4,7 +4,7 @@ A ``Checkpoint`` writes into one of ember's stores by default (atomic, verified,
 ``save_handler`` may instead be a function ``(checkpoint, filename, metadata)`` or an object with Ignite's
 ``BaseSaveHandler`` methods (``__call__``, ``remove``): a saver to S3 or a database, or a mock in a test.
 Such a handler is called on the training thread with a plain dict of host values, as Ignite calls it
-(`HandlerWriting`).
+(`destinations.HandlerDestination`).
 """
 
 from __future__ import annotations
@@ -12,15 +12,7 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
-
-import jax
-import numpy as np
-
-from ember.handlers._checkpointing.retention import Ledger, failures
-
-if TYPE_CHECKING:
-    from ember.handlers._checkpointing.checkpoint_names import Naming
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -100,33 +92,6 @@ def takes_metadata(save_handler: Callable[..., Any]) -> bool:
     )
 
 
-def checkpoint_dict(states: dict[str, Any], trees: dict[str, Any]) -> dict[str, Any]:
-    """The dict a user's save handler receives: each object's ``state_dict()``, a trainer's arrays on the host.
-
-    An object with ``state_dict()`` only (an engine, a handler) gives its state dict; one with a tree (a trainer)
-    gives ``{"state_dict": ..., "tree_state_dict": {path: numpy array}}``, which ``Checkpoint.load_objects`` takes
-    back. Arrays are host copies made now, so the handler may keep them after the next step.
-    """
-    out: dict[str, Any] = {}
-    for name, state in states.items():
-        out[name] = state
-    for name, tree in trees.items():
-        host = {path: host_value(leaf) for path, leaf in tree.items()}
-        out[name] = {"state_dict": out[name], "tree_state_dict": host} if name in out else {"tree_state_dict": host}
-    return out
-
-
-def host_value(leaf: Any) -> Any:
-    """A NumPy copy of a device array (gathered from every process when it is sharded across them)."""
-    if not isinstance(leaf, jax.Array):
-        return leaf
-    if not leaf.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
-    return np.asarray(jax.device_get(leaf))
-
-
 def setup_filename_pattern(
     with_prefix: bool = True, with_score: bool = True, with_score_name: bool = True, with_global_step: bool = True
 ) -> str:
@@ -166,61 +131,3 @@ def render_filename(pattern: str, parts: Mapping[str, Any]) -> str:
         raise ValueError(
             f"`filename_pattern` {pattern!r} uses the field {e}; it may use {', '.join(sorted(parts))}."
         ) from None
-
-
-class HandlerWriting:
-    """A `Checkpoint`'s saves through a save handler of yours, Ignite's way, on the training thread.
-
-    The handler gets Ignite's checkpoint dict (host values; a single object's state as it is) and Ignite's file name,
-    and its ``remove`` is called for a checkpoint no longer kept, after the new one was saved; only process
-    ``save_on_rank`` calls it.
-    """
-
-    def __init__(
-        self,
-        save_handler: Callable[..., Any],
-        ledger: Ledger,
-        naming: Naming,
-        *,
-        save_on_rank: int,
-        on_error: Literal["raise", "warn"],
-    ) -> None:
-        self.save_handler, self.ledger, self.naming, self.save_on_rank = save_handler, ledger, naming, save_on_rank
-        self.on_error: Literal["raise", "warn"] = on_error
-        self.with_metadata = takes_metadata(save_handler)
-
-    def save(
-        self,
-        to_save: Mapping[str, Any],
-        states: dict[str, Any],
-        trees: dict[str, Any],
-        self_state: Callable[[], dict[str, Any]] | None,
-        step: int,
-        global_step: int | None,
-        priority: float,
-    ) -> bool:
-        """Call the save handler if retention admits the checkpoint; return whether it did."""
-        if not self.ledger.admits(step, priority):
-            return False
-        filename = self.naming.ignite_name(to_save, global_step, priority)
-        checkpoint: dict[str, Any] = checkpoint_dict(states, trees)
-        if len(checkpoint) == 1:
-            checkpoint = next(iter(checkpoint.values()))  # Ignite saves a single object's state as it is
-        before = self.ledger.snapshot()
-        removed = self.ledger.add(filename, step, priority)
-        if self_state is not None:
-            checkpoint["checkpointer"] = self_state()
-        mine = jax.process_index() == self.save_on_rank
-        try:
-            with failures(self.on_error, self.ledger):
-                if mine and self.with_metadata:
-                    self.save_handler(checkpoint, filename, self.naming.metadata(to_save, priority))
-                elif mine:
-                    self.save_handler(checkpoint, filename)
-        except BaseException:
-            self.ledger.restore(before)
-            raise
-        if mine and isinstance(self.save_handler, SaveHandler):
-            for entry in removed:
-                self.save_handler.remove(entry.filename)
-        return True
