@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -93,8 +93,8 @@ class CheckpointStore(CheckpointFolder):
     ) -> CheckpointInfo:
         """Write ``tree`` (a pytree of arrays and scalars) as a new checkpoint; return its info.
 
-        Waits for a background save still in flight first (see
-        [`save_in_background`][ember.checkpoint.CheckpointStore.save_in_background]).
+        The background save (see [`save_in_background`][ember.checkpoint.CheckpointStore.save_in_background]) and a
+        wait for it: the tree is not copied first, as the caller waits until it is on disk.
 
         Args:
             tree: what to save; device arrays are copied to the host first.
@@ -113,10 +113,10 @@ class CheckpointStore(CheckpointFolder):
             >>> store.save({"w": np.zeros(2)}, step=3, name="step_3-loss=0.1").path.name
             'step_3-loss=0.1'
         """
-        elsewhere = self._start_save(tree, step, metrics, name)
-        if elsewhere is not None:
-            return self._heard(elsewhere)
-        return self._write(self._draft(tree, step, metrics, metadata, name, replaces, background=False))
+        self._submit(tree, step, metrics, metadata, name, replaces, (), None, background=False)
+        info = self.wait()
+        assert info is not None  # the save just submitted
+        return info
 
     def save_in_background(
         self,
@@ -128,6 +128,7 @@ class CheckpointStore(CheckpointFolder):
         name: str | None = None,
         then: Callable[[], object] | None = None,
         replaces: str | None = None,
+        removes: Sequence[str] = (),
     ) -> Future[CheckpointInfo]:
         """Copy ``tree`` now, then serialise and write it on a background thread.
 
@@ -137,7 +138,8 @@ class CheckpointStore(CheckpointFolder):
         do [`wait`][ember.checkpoint.CheckpointStore.wait] and
         [`raise_if_failed`][ember.checkpoint.CheckpointStore.raise_if_failed]. ``then`` runs on the same thread once the
         checkpoint is committed (retention: [`prune`][ember.checkpoint.CheckpointFolder.prune]), so the training thread
-        waits for neither.
+        waits for neither; the checkpoints named in ``removes`` (those retention no longer keeps) are deleted there
+        first, once this one is committed.
 
         Examples:
             >>> import tempfile, numpy as np
@@ -147,11 +149,36 @@ class CheckpointStore(CheckpointFolder):
             >>> store.wait().step, future.result().path.name
             (1, 'step_00000001')
         """
+        return self._submit(tree, step, metrics, metadata, name, replaces, removes, then, background=True)
+
+    def _submit(
+        self,
+        tree: Any,
+        step: int,
+        metrics: Mapping[str, float] | None,
+        metadata: Mapping[str, Any] | None,
+        name: str | None,
+        replaces: str | None,
+        removes: Sequence[str],
+        then: Callable[[], object] | None,
+        *,
+        background: bool,
+    ) -> Future[CheckpointInfo]:
+        """Begin a save on the caller's thread; write it, delete ``removes`` and run ``then`` on the writer thread."""
         elsewhere = self._start_save(tree, step, metrics, name)
         if elsewhere is not None:  # process 0 writes; this process hears when it has, on its own writer thread
-            return self._writer.submit(functools.partial(self._heard, elsewhere), then)
-        draft = self._draft(tree, step, metrics, metadata, name, replaces, background=True)
-        return self._writer.submit(functools.partial(self._write, draft), then)
+            task = functools.partial(self._heard, elsewhere)
+        else:
+            draft = self._draft(tree, step, metrics, metadata, name, replaces, background)
+            task = functools.partial(self._write, draft)
+        return self._writer.submit(task, functools.partial(self._after, list(removes), then))
+
+    def _after(self, removes: list[str], then: Callable[[], object] | None) -> None:
+        """On the writer thread, once a save is committed: delete what it supersedes (where this process deletes)."""
+        for old in removes if self._writes_manifests() else ():
+            self.delete(old)
+        if then is not None:
+            then()
 
     def amend(
         self, name: str, *, metrics: Mapping[str, float] | None = None, metadata: Mapping[str, Any] | None = None
@@ -171,10 +198,10 @@ class CheckpointStore(CheckpointFolder):
             >>> info.manifest["metadata"], [c.path.name for c in store.checkpoints()]
             ({'epoch_completed': True}, ['step_00000003'])
         """
-        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here
-        previous = self._writer.pending
-        self.wait()
-        return self._amend(previous, name, metrics, metadata)
+        self.amend_in_background(name, metrics=metrics, metadata=metadata)
+        info = self.wait()
+        assert info is not None  # the amendment just submitted
+        return info
 
     def amend_in_background(
         self,
@@ -314,7 +341,6 @@ class CheckpointStore(CheckpointFolder):
         metadata: Mapping[str, Any] | None,
         name: str | None,
         replaces: str | None,
-        *,
         background: bool,
     ) -> Draft:
         """Check the save and begin it (the format takes its copy); the tree is described off the training thread."""

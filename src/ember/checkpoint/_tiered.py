@@ -6,7 +6,7 @@ import functools
 import json
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,7 +107,8 @@ class TieredStore(TwoTiers):
     ) -> CheckpointInfo:
         """Write ``tree`` into the fast tier, and into the durable one if this save is due there; return its info.
 
-        The arguments are those of [`CheckpointStore.save`][ember.checkpoint.CheckpointStore.save].
+        The background save and a wait for it. The arguments are those of
+        [`CheckpointStore.save`][ember.checkpoint.CheckpointStore.save].
 
         Examples:
             >>> import tempfile, numpy as np
@@ -116,13 +117,9 @@ class TieredStore(TwoTiers):
             >>> store.save({"w": np.zeros(2)}, step=1).path == store.durable.root / "step_00000001"
             True
         """
-        self.wait()
-        durable = self._due(replaces)
-        info = self.fast.save(tree, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces)
-        self._last = _Last(info.path.name, _abstract(tree, self.durable.format.sharded), durable)
-        if durable:
-            info = self.durable.save(tree, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces)
-        self._tidy(durable)
+        self.save_in_background(tree, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces)
+        info = self.wait()
+        assert info is not None  # the save just started
         return info
 
     def save_in_background(
@@ -135,11 +132,13 @@ class TieredStore(TwoTiers):
         name: str | None = None,
         then: Callable[[], object] | None = None,
         replaces: str | None = None,
+        removes: Sequence[str] = (),
     ) -> Future[CheckpointInfo]:
         """Copy ``tree`` now, then write it into the fast tier (and the durable one, when due) in the background.
 
         The fast tier's copy is made on the host before this returns; a save due in the durable tier is started there
-        as that store starts one (see ``CheckpointStore.save_in_background``). ``then`` runs once both are on disk.
+        as that store starts one (see ``CheckpointStore.save_in_background``). Once both are on disk, the checkpoints
+        named in ``removes`` are deleted (`delete`), then ``then`` runs.
 
         Examples:
             >>> import tempfile, numpy as np
@@ -154,19 +153,20 @@ class TieredStore(TwoTiers):
         self._last = _Last(name or f"step_{step:08d}", _abstract(tree, self.durable.format.sharded), durable)
         args: dict[str, Any] = {"step": step, "metrics": metrics, "metadata": metadata, "name": name}
         if not durable:
-            done = functools.partial(self._after, None, self._tidy_fast, then)
+            done = functools.partial(self._after, None, self._tidy_fast, list(removes), then)
             return self.fast.save_in_background(tree, **args, replaces=replaces, then=done)
         fast = self.fast.save_in_background(tree, **args, replaces=replaces, then=self._tidy_fast)
-        done = functools.partial(self._after, fast, self._tidy_durable, then)
+        done = functools.partial(self._after, fast, self._tidy_durable, list(removes), then)
         return self.durable.save_in_background(tree, **args, replaces=replaces, then=done)
 
     def _after(
         self,
         fast: Future[CheckpointInfo] | None,
         tidy: Callable[[], None] | None,
+        removes: list[str],
         then: Callable[[], object] | None,
     ) -> None:
-        """On the last tier's writer thread, once both tiers' writes are done: ``tidy`` that tier, then ``then``.
+        """On the last tier's writer thread, once both tiers' writes are done: ``tidy`` that tier, delete ``removes``.
 
         Each tier is tidied on its own thread (the fast tier after its write, the durable tier here). Nothing runs if
         the fast tier's write failed: its error is the one [`wait`][ember.checkpoint.TieredStore.wait] raises, once.
@@ -175,6 +175,8 @@ class TieredStore(TwoTiers):
             return
         if tidy is not None:
             tidy()
+        for old in removes if jax.process_index() == 0 else ():  # process 0 removes, as a handler's retention did
+            self.delete(old)
         if then is not None:
             then()
 
@@ -277,9 +279,10 @@ class TieredStore(TwoTiers):
             >>> store.amend("step_00000003", metrics={"loss": 0.5}).metrics, store.fast.latest().metrics
             ({'loss': 0.5}, {'loss': 0.5})
         """
-        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here
-        self.wait()
-        return [tier.amend(name, metrics=metrics, metadata=metadata) for tier in self._holding(name)][-1]
+        self.amend_in_background(name, metrics=metrics, metadata=metadata)
+        info = self.wait()
+        assert info is not None  # the amendment just started
+        return info
 
     def amend_in_background(
         self,
@@ -303,7 +306,7 @@ class TieredStore(TwoTiers):
         new_manifest(0, metrics, metadata)  # JSON, or a TypeError here, in the caller's thread
         tiers = self._holding(name)
         fast = tiers[0].amend_in_background(name, metrics=metrics, metadata=metadata) if len(tiers) == 2 else None
-        done = functools.partial(self._after, fast, None, then)
+        done = functools.partial(self._after, fast, None, [], then)
         return tiers[-1].amend_in_background(name, metrics=metrics, metadata=metadata, then=done)
 
     def _holding(self, name: str) -> list[CheckpointStore]:

@@ -1,17 +1,18 @@
-"""Where a `Checkpoint`'s records go: one contract (write one, remove one), met by ember's stores and by yours.
+"""Where a `Checkpoint`'s records go: one contract (write a record, then remove what it supersedes).
 
 A `Checkpoint` decides what to save and what retention pushes out (`saving.Saving`); a `Destination` only writes a
-`Record` and removes one by name. One of ember's stores is adapted to it by `StoreDestination` (a folder per record,
-written on the store's writer thread, amended in place when only its state dicts changed); a save handler of yours
-(Ignite's ``BaseSaveHandler``, or a function) by `HandlerDestination`, which calls it on the training thread with
-Ignite's dict of host values. A foreground save is the same write followed by `Destination.wait`.
+`Record` and, once it is saved, removes the checkpoints the record names as no longer kept. One of ember's stores is
+adapted to it by `StoreDestination` (a folder per record, written and the old ones deleted on the store's writer
+thread, amended in place when only its state dicts changed); a save handler of yours (Ignite's ``BaseSaveHandler``,
+or a function) by `HandlerDestination`, which calls it on the training thread with Ignite's dict of host values. A
+foreground save is the same write followed by `Destination.wait`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,7 +30,8 @@ class Record:
     """One checkpoint to write: its name, step and score, the objects' state dicts and arrays, and what it replaces.
 
     ``own`` is the `Checkpoint`'s own state dict (``include_self``), kept apart from ``states`` because Ignite's dict
-    adds it last; ``amend`` says that only the state dicts changed since the checkpoint ``name`` was written.
+    adds it last; ``removes`` names the checkpoints retention no longer keeps once this one is saved; ``amend`` says
+    that only the state dicts changed since the checkpoint ``name`` was written.
     """
 
     name: str
@@ -40,11 +42,12 @@ class Record:
     about: dict[str, Any]  # Ignite's metadata: basename, score_name, priority
     own: dict[str, Any] | None = None
     replaces: str | None = None
+    removes: list[str] = field(default_factory=list[str])
     amend: bool = False
 
 
 class Destination(Protocol):
-    """What a `Checkpoint` writes through: write a record (``then`` once it is on disk), remove one by name.
+    """What a `Checkpoint` writes through: write a record, then remove the checkpoints it supersedes.
 
     ``steps_once``: a step is written once here, so a save of the step written last amends it (or is skipped)
     instead of competing as a new checkpoint (ember's stores); without it every save is a new candidate, Ignite's
@@ -57,12 +60,8 @@ class Destination(Protocol):
         """The name a new checkpoint gets here."""
         ...
 
-    def write(self, record: Record, then: Callable[[], object]) -> None:
-        """Start writing ``record``; ``then`` runs once it is on disk."""
-        ...
-
-    def remove(self, name: str) -> None:
-        """Delete a checkpoint retention no longer keeps."""
+    def write(self, record: Record) -> None:
+        """Start writing ``record``; once it is saved, delete what ``record.removes`` names."""
         ...
 
     def wait(self) -> Any:
@@ -93,10 +92,10 @@ class StoreDestination:
     def name(self, naming: Naming, to_save: Mapping[str, Any], rank: Ranked) -> str:
         return naming.store_name(to_save, rank.step, rank.global_step, rank.priority, scored=bool(rank.metrics))
 
-    def write(self, record: Record, then: Callable[[], object]) -> None:
+    def write(self, record: Record) -> None:
         states = record.states if record.own is None else {**record.states, "checkpointer": record.own}
         if record.amend:
-            self.store.amend_in_background(record.name, metadata={"state_dicts": states}, then=then)
+            self.store.amend_in_background(record.name, metadata={"state_dicts": states})
             return
         metadata = {"state_dicts": states, "checkpoint": record.about}
         self.store.save_in_background(
@@ -106,12 +105,8 @@ class StoreDestination:
             metadata=metadata,
             name=record.name,
             replaces=record.replaces,
-            then=then,
+            removes=record.removes,  # deleted on the writer thread once this one is committed
         )
-
-    def remove(self, name: str) -> None:
-        if jax.process_index() == 0:  # only process 0 deletes, as it alone commits
-            self.store.delete(name)
 
     def wait(self) -> Any:
         return self.store.wait()
@@ -138,26 +133,25 @@ class HandlerDestination:
     steps_once = False
 
     def __init__(self, save_handler: Callable[..., Any], save_on_rank: int) -> None:
-        self.save_handler, self.save_on_rank = save_handler, save_on_rank
+        self.save_handler: Any = save_handler  # a SaveHandler, or a plain function (which removes nothing)
+        self.save_on_rank = save_on_rank
         self.with_metadata = takes_metadata(save_handler)
 
     def name(self, naming: Naming, to_save: Mapping[str, Any], rank: Ranked) -> str:
         return naming.ignite_name(to_save, rank.global_step, rank.priority)
 
-    def write(self, record: Record, then: Callable[[], object]) -> None:
+    def write(self, record: Record) -> None:
         checkpoint: dict[str, Any] = checkpoint_dict(record.states, record.trees)
         if len(checkpoint) == 1:
             checkpoint = next(iter(checkpoint.values()))  # Ignite saves a single object's state as it is
         if record.own is not None:
             checkpoint["checkpointer"] = record.own
-        if jax.process_index() == self.save_on_rank:  # (``steps_once`` is false: a record is never an amendment)
-            args = (checkpoint, record.name, record.about) if self.with_metadata else (checkpoint, record.name)
-            self.save_handler(*args)
-        then()
-
-    def remove(self, name: str) -> None:
-        if jax.process_index() == self.save_on_rank and isinstance(self.save_handler, SaveHandler):
-            self.save_handler.remove(name)
+        if jax.process_index() != self.save_on_rank:  # (``steps_once`` is false: a record is never an amendment)
+            return
+        args = (checkpoint, record.name, record.about) if self.with_metadata else (checkpoint, record.name)
+        self.save_handler(*args)
+        for old in record.removes if isinstance(self.save_handler, SaveHandler) else ():
+            self.save_handler.remove(old)
 
     def wait(self) -> None:
         return None  # every write was made on the training thread

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -72,8 +71,7 @@ class Saving:
             states, trees = collected
             if saved.states != _with(states, own):
                 about = self.naming.metadata(to_save, priority)
-                record = Record(saved.name, step, metrics, states, trees, about, _call(own), amend=True)
-                self._write(record, lambda: None)
+                self._write(Record(saved.name, step, metrics, states, trees, about, _call(own), amend=True))
                 saved.states = _with(states, own)
             return False
         replaces = saved.name if saved is not None and not metrics else None  # a new score is a new best candidate
@@ -89,18 +87,17 @@ class Saving:
         if replaces is not None and replaces != name:
             self.ledger.forget(replaces)
         about = self.naming.metadata(to_save, priority)
-        record = Record(name, step, metrics, states, trees, about, _call(own), replaces)
-        self._write(record, functools.partial(self._remove, gone))
+        self._write(Record(name, step, metrics, states, trees, about, _call(own), replaces, gone))
         self.saved = Saved.of(step, name, trees, _with(states, own), metrics)
         if self.background and engine.last_event_name in _RUN_ENDS and outer is None:
             self.wait()  # the run ends here; a watcher added just now would not run in this firing
         return True
 
-    def _write(self, record: Record, then: Callable[[], object]) -> None:
+    def _write(self, record: Record) -> None:
         """Write ``record`` (a foreground save: and wait); a write that fails puts the ledger back."""
         try:
             with failures(self.on_error, self.ledger):
-                self.to.write(record, then)
+                self.to.write(record)
             if not self.background:
                 self.wait()
         except BaseException:
@@ -112,11 +109,6 @@ class Saving:
         for watched in (engine,) if outer is None else (engine, outer):
             if not watched.has_event_handler(self.finish, Events.COMPLETED):
                 self.watch(watched)
-
-    def _remove(self, gone: list[str]) -> None:
-        """Delete the checkpoints retention no longer keeps, once their successor is on disk."""
-        for old in gone:
-            self.to.remove(old)
 
     def best_on_disk(self) -> CheckpointInfo:
         """Once the save in flight is on disk: the best checkpoint kept (``save_now``'s answer), found in the store."""
