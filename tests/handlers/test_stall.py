@@ -137,6 +137,43 @@ def test_a_last_write_past_save_timeout_is_reported_as_a_save_stall(tmp_path, sl
     assert f"(save_timeout=0.3), in {tmp_path / 'checkpoints'}. Process 0 of 1" in watchdog.stalled
 
 
+def test_quick_background_saves_over_a_run_longer_than_save_timeout_never_trip_it(tmp_path):
+    """Saves every 2 iterations, each done in milliseconds, over 4 s of run with save_timeout=1.5: no stall.
+
+    The watchdog read a save not yet waited for (a Checkpoint waits only at its next save) as a write in progress,
+    and ended every such run 1.5 s after its first save.
+    """
+    from ember.handlers import Checkpoint
+
+    ended = []
+    engine = Engine(lambda e, b: time.sleep(0.1) or b)
+    saver = Checkpoint({"trainer": engine}, tmp_path / "checkpoints", n_saved=2)
+    saver.attach(engine, Events.ITERATION_COMPLETED(every=2))
+    watchdog = StallWatchdog(tmp_path / "run", step_timeout=5.0, save_timeout=1.5, exit=ended.append)
+    watchdog.attach(engine, checkpoints=[saver])
+    engine.run(range(40))
+    assert (ended, watchdog.stalled) == ([], None)
+    assert [c.step for c in saver.store.checkpoints()] == [38, 40]
+    saver.store.close()
+
+
+def test_a_foreground_save_that_hangs_is_diagnosed_as_a_save_stall(tmp_path, slow_writes):
+    """A synchronous save (background=False) taking 2.5 s, past save_timeout=0.3: a save stall, not a step's."""
+    from ember.handlers import Checkpoint
+
+    ended = []
+    engine = Engine(lambda e, b: b)
+    saver = Checkpoint({"trainer": engine}, tmp_path / "checkpoints", background=False)
+    saver.attach(engine, Events.ITERATION_COMPLETED(once=2))
+    watchdog = StallWatchdog(tmp_path / "run", step_timeout=10.0, save_timeout=0.3, exit=ended.append)
+    watchdog.attach(engine, checkpoints=[saver])
+    engine.run(range(3))
+    saver.store.close()
+    assert ended == [75]
+    assert watchdog.stalled.startswith("ember: StallWatchdog: no checkpoint write finished in ")
+    assert f"(save_timeout=0.3), in {tmp_path / 'checkpoints'}. Process 0 of 1" in watchdog.stalled
+
+
 def test_a_paused_run_is_not_a_stalled_one(tmp_path):
     """interrupt() at iteration 2, then 2.5 s (over two step deadlines) before the run goes on: no diagnosis."""
     ended = []

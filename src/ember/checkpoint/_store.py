@@ -323,6 +323,20 @@ class CheckpointStore(CheckpointFolder):
         """
         return self._writer.pending is not None
 
+    @property
+    def busy(self) -> bool:
+        """Whether a write is in progress now: started and not finished (`writing` also counts a finished one).
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save_in_background({"w": np.zeros(1)}, step=1); _ = store.wait()
+            >>> store.busy, store.writing
+            (False, False)
+        """
+        return self._writer.busy
+
     def raise_if_failed(self) -> None:
         """Re-raise the error of a background save that has already failed; never blocks.
 

@@ -264,6 +264,18 @@ class TwoTiers:
         """
         return self.fast.writing or self.durable.writing
 
+    @property
+    def busy(self) -> bool:
+        """Whether either tier has a write in progress now (started and not finished).
+
+        Examples:
+            >>> import tempfile
+            >>> from ember.checkpoint import TieredStore
+            >>> TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp()).busy
+            False
+        """
+        return self.fast.busy or self.durable.busy
+
     def raise_if_failed(self) -> None:
         """Re-raise the error of either tier's background write that has already failed; never blocks.
 

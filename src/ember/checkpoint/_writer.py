@@ -34,6 +34,12 @@ class WriterThread:
         self.pending = self._pool.submit(then_after, task, then)
         return self.pending
 
+    @property
+    def busy(self) -> bool:
+        """Whether a task is running or queued now (the pending one has not finished)."""
+        pending = self.pending
+        return pending is not None and not pending.done()
+
     def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
         """The pending task's info once it is done (``None`` if there is none); its error re-raised."""
         pending = self.pending

@@ -12,35 +12,10 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from ember.cli._schema import WATCHER_NAME, Config
+from ember.cli._schema import WATCHER_NAME, Config, Rule
 from ember.errors import ConfigError
-
-_POSITIVE = frozenset(
-    {"batch_size", "max_epochs", "max_iters", "steps_per_call", "eval_every", "keep_latest", "keep_best"}
-    | {"every_iters", "patience", "log_every", "epoch_length", "rollback_after", "durable_every"}
-    | {"histograms", "every_epochs"}
-)
-
-#: Text fields that name a folder: an empty one would be the working folder, silently.
-_FOLDERS = frozenset({"output", "fast_dir"})
-
-#: Number fields with a range: field name -> (what is expected, the test).
-_RANGES: dict[str, tuple[str, Any]] = {
-    "learning_rate": ("a positive number", lambda v: v > 0),
-    "weight_decay": ("a number >= 0", lambda v: v >= 0),
-    "clip_norm": ("a positive number (or null for no clipping)", lambda v: v > 0),
-    "momentum": ("a number in [0, 1)", lambda v: 0 <= v < 1),
-    "val_fraction": ("a number in (0, 1)", lambda v: 0 < v < 1),
-    "warmup_steps": ("an int >= 0", lambda v: v >= 0),
-    "spike_factor": ("a number > 1 (or null)", lambda v: v > 1),
-    "step_timeout": ("a positive number of seconds", lambda v: v > 0),
-    "startup_timeout": ("a positive number of seconds", lambda v: v > 0),
-    "save_timeout": ("a positive number of seconds (or null)", lambda v: v > 0),
-    "noise": ("a number >= 0", lambda v: v >= 0),
-    "every_secs": ("a positive number of seconds (or null)", lambda v: v > 0),
-}
 
 
 def suggest(given: str, allowed: list[str]) -> str | None:
@@ -53,6 +28,8 @@ def suggest(given: str, allowed: list[str]) -> str | None:
 
 
 def _type_name(t: Any) -> str:
+    if get_origin(t) is Annotated:
+        return _type_name(get_args(t)[0])
     if get_origin(t) is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(t))
     if get_origin(t) in (Union, types.UnionType):
@@ -68,6 +45,13 @@ def _type_name(t: Any) -> str:
 
 def _convert(value: Any, t: Any, path: str) -> Any:
     origin = get_origin(t)
+    if origin is Annotated:  # a field's rule, written beside it in the schema
+        kind, *rules = get_args(t)
+        value = _convert(value, kind, path)
+        for rule in rules:
+            if isinstance(rule, Rule) and not rule.holds(value):
+                raise ConfigError(f"{path}: expected {rule.expected}, got {value!r}.")
+        return value
     if origin in (Union, types.UnionType):
         options = get_args(t)
         if value is None and type(None) in options:
@@ -110,17 +94,7 @@ def _convert(value: Any, t: Any, path: str) -> Any:
     }.get(t, False)
     if not ok:
         raise ConfigError(f"{path}: expected {_type_name(t)}, got {value!r} ({type(value).__name__}).")
-    value = float(value) if t is float else value
-    name = path.rsplit(".", 1)[-1]
-    if name in _POSITIVE and value < 1:
-        raise ConfigError(f"{path}: expected a positive int, got {value!r}.")
-    if name in _FOLDERS and isinstance(value, str) and not value.strip():
-        raise ConfigError(f"{path}: expected a folder path, got {value!r}.")
-    if name in _RANGES and not isinstance(value, str | bool):
-        expected, within = _RANGES[name]
-        if not within(value):
-            raise ConfigError(f"{path}: expected {expected}, got {value!r}.")
-    return value
+    return float(value) if t is float else value
 
 
 def _number(text: str, t: type) -> Any:
@@ -138,7 +112,7 @@ def _build(cls: type[Any], raw: Any, path: str) -> Any:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path or 'config'}: expected a mapping, got {raw!r}.")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)  # with each field's rule
     fields = {f.name for f in dataclasses.fields(cls)}
     problems: list[str] = []
     values = {}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ember.cli._classifier import build_trainer
 from ember.cli._config import Config, load_config
 from ember.cli._registry import build_data
-from ember.cli._run_parts import build_trainer
 
 
 def find_learning_rate(

@@ -8,9 +8,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from ember.cli._classifier import build_trainer, predict
 from ember.cli._config import Config, load_config
 from ember.cli._registry import build_data
-from ember.cli._run_parts import build_trainer, predict
 from ember.training import create_evaluator
 
 

@@ -12,19 +12,12 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 import jax
-import optax
 
 from ember import Engine, Events
-from ember.cli._config import Config, ConfigError, dump_config
+from ember.cli._classifier import build_trainer, learning_rates, predict
+from ember.cli._config import Config, dump_config
 from ember.cli._evaluations.sections import Extra, build_evaluations, classifier_evaluator
-from ember.cli._registry import (
-    build_data,
-    build_model,
-    build_optimizer,
-    build_placement,
-    build_schedule,
-    check_labels,
-)
+from ember.cli._registry import build_data, build_model, check_labels
 from ember.cli._run_checkpoints import attach_checkpoints, shared_run_id
 from ember.cli._run_course import SKIP_LIMIT, logged_outputs, nan_check, runs_on, watching
 from ember.cli._verify_resume import KILL_AT
@@ -46,7 +39,7 @@ from ember.handlers import (
 )
 from ember.handlers._reporting.display import shown_as
 from ember.metrics import RunningAverage
-from ember.training import Sharded, TrainState, create_trainer
+from ember.training import Sharded
 from ember.writers import AsyncWriter, create_run_writer
 from ember.writers._mlflow import flat_settings
 
@@ -73,44 +66,6 @@ class Console:
             print(text, file=self.out)
 
 
-def loss(model: Any, batch: Any) -> Any:
-    """The training loss of ``ember train``'s classifiers: softmax cross-entropy with integer labels."""
-    return optax.softmax_cross_entropy_with_integer_labels(model(batch["x"]), batch["y"]).mean()
-
-
-def build_trainer(
-    cfg: Config, sample: Any, schedule: Any = None, steps_per_call: int | None = None, *, lazy: bool = False
-) -> Any:
-    """The config's trainer (model, optimizer, placement) for inputs like ``sample``.
-
-    With ``schedule=None`` the optimizer takes its learning rate as an injected hyperparameter (for the
-    range test of ``ember lr-find``); else it follows ``schedule``. ``lazy``: the state is built from the first
-    batch (``ember plan`` builds it abstractly, allocating nothing).
-    """
-    placement = build_placement(cfg.trainer)
-    model, tx = build_model(cfg.model), build_optimizer(cfg.optimizer, schedule)
-
-    def build(x: Any) -> TrainState:
-        seed = cfg.trainer.seed  # a sharded placement builds the state sharded
-        return TrainState.from_linen(model, x, tx, seed=seed, rngs=("dropout",), placement=placement)
-
-    state: Any = (lambda batch: build(batch["x"][:1])) if lazy else build(sample)
-    k = cfg.trainer.steps_per_call if steps_per_call is None else steps_per_call
-    return create_trainer(
-        state,
-        loss,
-        placement=placement,
-        steps_per_call=k,
-        # the step reports its learning rate, which LRMonitor hands to the writer unread: no host computation per log
-        extras=("lr",) if schedule is not None else (),
-        lr_schedule=schedule,
-        precision=cfg.trainer.precision,
-        remat=cfg.trainer.remat,
-        skip_nonfinite=cfg.trainer.skip_nonfinite,
-        spike_factor=cfg.trainer.spike_factor,
-    )
-
-
 @dataclass
 class Engines:
     """What the data, model, optimizer and trainer sections build: the data, the trainer and its evaluator."""
@@ -131,17 +86,6 @@ class Engines:
     def evaluators(self) -> list[Any]:
         """Every evaluator of the run, ``val``'s first."""
         return [self.evaluator, *(evaluator for evaluator, _, _ in self.extra.values())]
-
-
-def learning_rates(cfg: Config, data: Any) -> tuple[int | None, Any]:
-    """The training data's batches per epoch (``None``: the run counts iterations) and the run's schedule."""
-    steps_per_epoch = cfg.data.epoch_length or _length(data)
-    if steps_per_epoch is None and cfg.trainer.max_iters is None:
-        raise ConfigError(
-            "data.epoch_length: the training data has no len(), so give its batches per epoch (or trainer.max_iters)."
-        )
-    total = cfg.trainer.max_iters or cfg.trainer.max_epochs * (steps_per_epoch or 0)
-    return steps_per_epoch, build_schedule(cfg.optimizer, total)
 
 
 def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console: Console) -> Engines:
@@ -287,18 +231,6 @@ def _attach_survival(
     if os.environ.get(KILL_AT):  # ember verify-resume's real SIGKILL, once that iteration is done
         at = int(os.environ[KILL_AT])
         trainer.add_event_handler(Events.ITERATION_COMPLETED(once=at), lambda: os.kill(os.getpid(), signal.SIGKILL))
-
-
-def predict(model: Any, batch: Any) -> Any:
-    """The evaluation step of ``ember train``'s classifiers: predictions and labels, for the metrics."""
-    return {"y_pred": model(batch["x"]), "y": batch["y"]}
-
-
-def _length(data: Any) -> int | None:
-    try:
-        return len(data)
-    except TypeError:
-        return None
 
 
 class _AboveBars(io.TextIOBase):

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 #: what names an ``ember eval --watch`` job (``--name``): its folder ``RUN_DIR/eval/NAME`` and its tracker runs
 WATCHER_NAME = r"[A-Za-z0-9_.-]+"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A field's check beyond its type, written beside the field (``Annotated[int, Rule(...)]``): what it expects."""
+
+    expected: str
+    holds: Callable[[Any], bool]
+
+
+Positive = Annotated[int, Rule("a positive int", lambda v: v >= 1)]
+Folder = Annotated[str, Rule("a folder path", lambda v: bool(v.strip()))]  # an empty one: the working folder
+Seconds = Annotated[float, Rule("a positive number of seconds", lambda v: v > 0)]
+SecondsOrNull = Annotated[float, Rule("a positive number of seconds (or null)", lambda v: v > 0)]
 
 
 @dataclass
@@ -22,12 +37,12 @@ class OptimizerConfig:
     """An optax optimizer with a schedule and the usual transforms."""
 
     name: Literal["adamw", "adam", "sgd", "lamb"] = "adamw"
-    learning_rate: float = 3e-3
+    learning_rate: Annotated[float, Rule("a positive number", lambda v: v > 0)] = 3e-3
     schedule: Literal["constant", "cosine", "warmup_cosine"] = "cosine"
-    warmup_steps: int = 0
-    weight_decay: float = 1e-4
-    clip_norm: float | None = 1.0
-    momentum: float = 0.9
+    warmup_steps: Annotated[int, Rule("an int >= 0", lambda v: v >= 0)] = 0
+    weight_decay: Annotated[float, Rule("a number >= 0", lambda v: v >= 0)] = 1e-4
+    clip_norm: Annotated[float, Rule("a positive number (or null for no clipping)", lambda v: v > 0)] | None = 1.0
+    momentum: Annotated[float, Rule("a number in [0, 1)", lambda v: 0 <= v < 1)] = 0.9
 
 
 @dataclass
@@ -43,23 +58,23 @@ class DataConfig:
     #: ``npy``: the folder holding ``x.npy`` and ``y.npy``; ``grain``: ``package.module:function``, called
     #: with ``batch_size`` and ``seed``, returning ``(train, val)`` iterables of ``{"x": ..., "y": ...}`` batches.
     path: str | None = None
-    batch_size: int = 64
+    batch_size: Positive = 64
     #: ``digits`` and ``npy``: the part of the examples held out for validation.
-    val_fraction: float = 0.2
+    val_fraction: Annotated[float, Rule("a number in (0, 1)", lambda v: 0 < v < 1)] = 0.2
     seed: int = 0
     #: ``npy``: Grain worker processes that read the records (0: this process reads them).
     worker_count: int = 0
     #: ``grain``: batches per epoch, for training data without a ``len()``.
-    epoch_length: int | None = None
+    epoch_length: Positive | None = None
 
 
 @dataclass
 class TrainerConfig:
     """How long and where to train."""
 
-    max_epochs: int = 15
-    max_iters: int | None = None
-    steps_per_call: int = 1
+    max_epochs: Positive = 15
+    max_iters: Positive | None = None
+    steps_per_call: Positive = 1
     placement: Literal["auto", "single", "data_parallel", "pmap", "fsdp", "sharded"] = "auto"
     #: Lightning's names (``create_trainer(precision=)``): float32; bfloat16 compute with float32 parameters;
     #: everything in bfloat16; float16 compute with float32 parameters and dynamic loss scaling.
@@ -69,15 +84,15 @@ class TrainerConfig:
     #: skip an update whose loss or gradients are not finite, inside the step (``create_trainer(skip_nonfinite=)``).
     skip_nonfinite: bool = False
     #: with ``skip_nonfinite``: skip an update whose loss or gradient norm exceeds this times its running average.
-    spike_factor: float | None = None
+    spike_factor: Annotated[float, Rule("a number > 1 (or null)", lambda v: v > 1)] | None = None
     #: with ``skip_nonfinite``: roll back to the latest checkpoint after this many skipped steps in a row (null: never).
-    rollback_after: int | None = 3
+    rollback_after: Positive | None = 3
     #: JAX's persistent compilation cache, so a relaunch does not compile again: ``auto`` (the user's cache folder,
     #: ``$XDG_CACHE_HOME/ember/jax`` or ``~/.cache/ember/jax``), a folder, or null (off). A cache JAX was already
     #: given (JAX_COMPILATION_CACHE_DIR) is kept.
     compilation_cache: str | None = "auto"
     seed: int = 0
-    eval_every: int = 1
+    eval_every: Positive = 1
     #: for ``placement: sharded``: mesh axis -> size, in order (``{fsdp: 2, model: 4}``); sizes multiply to the
     #: device count. An axis named ``fsdp`` gets the automatic FSDP rule.
     mesh: dict[str, int] | None = None
@@ -89,15 +104,15 @@ class TrainerConfig:
 class CheckpointConfig:
     """Latest and best checkpoints (best by the validation metric of early stopping)."""
 
-    keep_latest: int = 2
-    keep_best: int = 1
-    every_iters: int | None = None
+    keep_latest: Positive = 2
+    keep_best: Positive = 1
+    every_iters: Positive | None = None
     #: a folder on fast local storage (``/dev/shm``, a node's NVMe): every latest checkpoint is written there, into
     #: ``<fast_dir>/<run folder's name>-<run id>``, and every ``durable_every``-th one and the last also into the run
     #: folder (``ember.checkpoint.TieredStore``); null: the run folder only. A file, the run folder, a folder inside or
     #: around it, or one that cannot be written is refused before the run starts.
-    fast_dir: str | None = None
-    durable_every: int = 5
+    fast_dir: Folder | None = None
+    durable_every: Positive = 5
     #: the evaluation whose accuracy picks the best checkpoints: ``val``, or a name in ``evaluations``.
     best_on: str = "val"
     #: ``ember eval --watch`` jobs by ``--name``: a latest checkpoint past ``keep_latest`` is not deleted until each
@@ -109,7 +124,7 @@ class CheckpointConfig:
 class EarlyStoppingConfig:
     """Stop when the validation metric has not improved for ``patience`` evaluations."""
 
-    patience: int = 5
+    patience: Positive = 5
     metric: Literal["accuracy", "loss"] = "accuracy"
     threshold: float = 0.0  # the least change that counts as an improvement (Ignite's name)
     #: the evaluation whose ``metric`` is watched: ``val``, or a name in ``evaluations``.
@@ -120,9 +135,9 @@ class EarlyStoppingConfig:
 class StallConfig:
     """End a run that stops making progress with its stacks on disk and exit status 75 (``StallWatchdog``)."""
 
-    step_timeout: float = 600.0  # seconds an iteration (or an evaluation's iteration) may take
-    startup_timeout: float = 1800.0  # seconds until the first iteration completes (compilation included)
-    save_timeout: float | None = None  # seconds a background checkpoint write may take
+    step_timeout: Seconds = 600.0  # seconds an iteration (or an evaluation's iteration) may take
+    startup_timeout: Seconds = 1800.0  # seconds until the first iteration completes (compilation included)
+    save_timeout: SecondsOrNull | None = None  # seconds a background checkpoint write may take
 
 
 @dataclass
@@ -136,9 +151,9 @@ class HandlersConfig:
     writers: list[Literal["console", "tensorboard", "jsonl", "csv", "wandb", "mlflow"]] = field(
         default_factory=lambda: ["tensorboard", "jsonl"]
     )
-    log_every: int = 50
+    log_every: Positive = 50
     #: every this many iterations a histogram of each parameter (TensorBoard's Histograms tab); ``null``: none.
-    histograms: int | None = None
+    histograms: Positive | None = None
     #: the config's hyperparameters in TensorBoard's HParams tab, with the last validation numbers, at the run's end.
     hparams: bool = True
     #: a StallWatchdog (``{}`` for its defaults); ``null``: none.
@@ -156,13 +171,13 @@ class EvaluationConfig:
     #: ``val``: the held-out examples of ``data``; else a folder holding ``x.npy`` and ``y.npy`` (every example).
     data: str = "val"
     #: the standard deviation of Gaussian noise added to the inputs (the same at every evaluation); 0: none.
-    noise: float = 0.0
+    noise: Annotated[float, Rule("a number >= 0", lambda v: v >= 0)] = 0.0
     #: every this many epochs; null: by ``every_iters`` only.
-    every_epochs: int | None = 1
+    every_epochs: Positive | None = 1
     #: every this many iterations too; null: by epochs only.
-    every_iters: int | None = None
+    every_iters: Positive | None = None
     #: every this many seconds too, at the end of an iteration (by the clock: a relaunch does not repeat the times).
-    every_secs: float | None = None
+    every_secs: SecondsOrNull | None = None
     #: once at each of these iterations too.
     at_iters: list[int] = field(default_factory=list)
 
@@ -185,4 +200,4 @@ class Config:
     #: more evaluations beside ``val``, by name (``{val_noisy: {noise: 0.3, every_iters: 100}}``).
     evaluations: dict[str, EvaluationConfig] = field(default_factory=dict)
     name: str = "ember"  # the family of runs: the MLflow experiment and the W&B project each run logs to
-    output: str = "runs/digits"
+    output: Folder = "runs/digits"

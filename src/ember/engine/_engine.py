@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from ember.engine._events import EventEnum, Events, FilteredEvent
 from ember.engine._handlers import EventHandlers
@@ -432,4 +432,4 @@ class Engine(EventHandlers):
             ([True, False], None)
         """
         outer = outermost() if self._loop.running else self
-        return None if outer is self else outer
+        return None if outer is self else cast("Engine | None", outer)  # the loop's engines are Engines

@@ -11,20 +11,19 @@ its epochs), `DataPosition` (where it stands in its data), one `Dispatch` per ev
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ember.engine._dispatch import Dispatch
 from ember.engine._events import EventEnum, Events
 from ember.engine._position import DataPosition
 from ember.engine._progress import Progress
 from ember.engine._signals import Signals
-
-if TYPE_CHECKING:
-    from ember.engine._engine import Engine
+from ember.engine._state import State
 
 #: What the run generator yields to its driver.
 PAUSE = "pause"  # an ``iterate`` event fired: hand the state to the caller
@@ -45,8 +44,16 @@ class _TerminateEpoch(Exception):
     """Raised inside the loop to end the epoch after ``terminate_epoch()``."""
 
 
+class Driven(Protocol):
+    """What the loop reads and sets on the engine that holds it: its state, the event fired last, its logger."""
+
+    state: State
+    last_event_name: Any
+    logger: logging.Logger
+
+
 class _Driving(threading.local):
-    engines: list[Engine]  # the engines whose run is in progress on this thread's stack, outermost first
+    engines: list[Driven]  # the engines whose run is in progress on this thread's stack, outermost first
 
     def __init__(self) -> None:
         self.engines = []
@@ -55,7 +62,7 @@ class _Driving(threading.local):
 _driving = _Driving()
 
 
-def outermost() -> Engine | None:
+def outermost() -> Driven | None:
     """The engine whose run, on this thread, the running runs were started from; ``None`` when none runs."""
     return _driving.engines[0] if _driving.engines else None
 
@@ -78,7 +85,7 @@ class Loop:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Driven,
         process_fn: Callable[[Any, Any], Any],
         dispatch: dict[Any, Dispatch],
         wrap_data: Callable[[Iterable[Any]], Iterable[Any]],

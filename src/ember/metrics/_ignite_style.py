@@ -44,12 +44,13 @@ def check_device(device: Any) -> None:
     )
 
 
-def is_ignite_style(cls: type) -> bool:
-    """Whether ``cls`` (a `Metric` subclass) defines Ignite's ``update``/``compute`` rather than ember's parts."""
-    from ember.metrics._metric import Metric
+def is_ignite_style(cls: type, base: type) -> bool:
+    """Whether ``cls`` (a subclass of ``base``, `Metric`) defines Ignite's ``update``/``compute``, not ember's parts."""
 
-    own_parts = any(getattr(cls, name) is not getattr(Metric, name) for name in ("batch_state", "finalize", "empty"))
-    return not own_parts and (cls.update is not Metric.update or cls.compute is not Metric.compute)
+    def own(name: str) -> bool:
+        return getattr(cls, name) is not getattr(base, name)
+
+    return not any(map(own, ("batch_state", "finalize", "empty"))) and (own("update") or own("compute"))
 
 
 def ignite_update_argument(metric: Any, output: Any) -> Any:

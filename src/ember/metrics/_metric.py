@@ -85,7 +85,7 @@ class Metric(MetricArithmetic):
         if output_transform is not None and not callable(output_transform):
             raise TypeError(f"`output_transform` must be callable, got {output_transform!r}.")
         check_device(device)
-        self._ignite_style = is_ignite_style(type(self))  # reset/update/compute of its own, on the host
+        self._ignite_style = is_ignite_style(type(self), Metric)  # reset/update/compute of its own, on the host
         self._output_transform = output_transform
         self.mask_key = mask_key
         self._update_fn = jax.jit(self._merge_batch)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ember.cli._classifier import build_trainer, learning_rates, predict
 from ember.cli._evaluations.sections import build_evaluations, classifier_evaluator
 from ember.cli._schema import Config
 
@@ -43,7 +44,6 @@ class EvaluationJob:
     def __init__(self, run_dir: str | Path, overrides: Sequence[str] = ()) -> None:
         from ember.cli._config import config_source, importable, load_config
         from ember.cli._registry import build_data
-        from ember.cli._run_parts import build_trainer, learning_rates, predict
 
         self.run = Path(run_dir)
         saved = self.run / "config.yaml"

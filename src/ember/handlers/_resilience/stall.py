@@ -52,13 +52,13 @@ def _in_a_save(thread_id: int | None) -> bool:
     frame = sys._current_frames().get(thread_id) if thread_id is not None else None
     while frame is not None:
         path = frame.f_code.co_filename
-        if os.path.join("ember", "checkpoint", "") in path or path.endswith(_SAVING_MODULES):
+        if any(os.path.join("ember", *room, "") in path for room in _SAVING_ROOMS):
             return True
         frame = frame.f_back
     return False
 
 
-_SAVING_MODULES = tuple(os.path.join("handlers", name) for name in ("_checkpoint.py", "_checkpoint_files.py"))
+_SAVING_ROOMS = (("checkpoint",), ("handlers", "_checkpointing"))  # the stores, and the handler's saving
 
 
 class StallWatchdog:
@@ -163,7 +163,7 @@ class StallWatchdog:
         """
         for i, checkpoint in enumerate(self._checkpoints):
             store = checkpoint.store
-            writing = store is not None and store.writing
+            writing = store is not None and store.busy  # a write in progress, not one finished and not yet waited for
             since = self._writing_since.setdefault(i, now) if writing else self._writing_since.pop(i, None)
             if since is not None and now - since > self.save_timeout:
                 return (
