@@ -5,6 +5,7 @@ failure, and an entry that has been fixed is taken off its list.
 """
 
 import ast
+import os
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "ember"
@@ -145,3 +146,51 @@ def _reach(edges: dict[str, set[str]], start: str) -> set[str]:
 def test_no_import_circle_inside_a_room():
     """A room's modules import each other one way: a circle (even a deferred or type-checking import) is a knot."""
     assert import_circles() == []
+
+
+#: the files of the checkpoint wing one tiered background save walks, from `Checkpoint.__call__` to bytes on disk
+#: (issue 64: 21 before, at most 12 is the aim); a save that walks another file is a failure, one fewer a fix
+TIERED_SAVE_WALK = {
+    *(f"checkpoint/{m}.py" for m in ("_atomic", "_folder", "_format", "_info", "_manifest", "_msgpack", "_shards")),
+    *(f"checkpoint/{m}.py" for m in ("_store", "_tiered", "_two_tiers", "_writer")),
+    *(f"handlers/_checkpointing/{m}.py" for m in ("checkpoint", "checkpoint_names", "destinations", "retention")),
+    "handlers/_checkpointing/saving.py",
+}
+
+
+def test_a_tiered_save_walks_the_files_listed():
+    """Two saves into a TieredStore (the second into both tiers, pushing out the first), traced on every thread."""
+    import sys
+    import tempfile
+    import threading
+
+    from ember import Engine, Events
+    from ember.checkpoint import TieredStore
+    from ember.handlers import Checkpoint
+
+    root = tempfile.mkdtemp()
+    store = TieredStore(f"{root}/fast", f"{root}/durable", durable_every=2)
+    trainer, walked = Engine(lambda e, b: b), set()
+    saver = Checkpoint({"trainer": trainer}, store, n_saved=1)
+
+    def profile(frame, event, arg):
+        where = frame.f_code.co_filename.replace(os.sep, "/")
+        if event == "call" and any(f"/ember/{room}/" in where for room in ("checkpoint", "handlers/_checkpointing")):
+            walked.add(where.split("/ember/", 1)[1])
+
+    def traced(engine):
+        threading.setprofile(profile)  # the writer threads start at the first save
+        sys.setprofile(profile)
+        try:
+            saver(engine)
+            store.wait()
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, traced)
+    trainer.run(range(2))
+    store.close()
+    assert [c.step for c in store.durable.checkpoints()] == [2]
+    new, fixed = sorted(walked - TIERED_SAVE_WALK), sorted(TIERED_SAVE_WALK - walked)
+    assert walked == TIERED_SAVE_WALK, f"new: {new}; no longer walked (take off the list): {fixed}"

@@ -121,7 +121,7 @@ def test_prune_without_a_policy_keeps_everything(tmp_path):
 
 def test_background_saves_copy_cpu_device_arrays_into_reused_host_buffers():
     """Background saves copy CPU device arrays (device_get gives views) into host buffers kept for reuse."""
-    from ember.checkpoint._snapshot import detach
+    from ember.checkpoint._format import detach
 
     pool: list[np.ndarray] = []
     state = {"w": jnp.arange(4.0), "n": np.arange(3), "k": 7}
@@ -140,7 +140,7 @@ def test_device_snapshot_copies_accelerator_arrays_on_the_device(tmp_path, monke
     The CPU backend is the only one here, so the test makes the store treat CPU arrays as accelerator
     arrays: the save must then hand the writer a new device array, not the donated original.
     """
-    from ember.checkpoint import _snapshot
+    from ember.checkpoint import _format as _snapshot
 
     monkeypatch.setattr(_snapshot, "_on_cpu", lambda x: False)
     state = {"w": jnp.arange(4.0), "n": np.arange(3), "k": 7}

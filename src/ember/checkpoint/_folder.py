@@ -13,11 +13,10 @@ import jax
 from ember._atomic_file import TMP_PREFIX
 from ember.checkpoint._atomic import remove
 from ember.checkpoint._contract import Format
-from ember.checkpoint._files import checksum_problem, size_problem
-from ember.checkpoint._info import CheckpointInfo, file_records
+from ember.checkpoint._format import checksum_problem, size_problem
+from ember.checkpoint._info import CheckpointInfo, check_mode, check_retention, file_records, newer, preferred
 from ember.checkpoint._manifest import CorruptCheckpointError, WrongStoreError, corrupt, read_manifest
 from ember.checkpoint._msgpack import MsgpackFormat
-from ember.checkpoint._order import check_mode, check_retention, newer, preferred
 
 CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, moved aside (never deleted)
 

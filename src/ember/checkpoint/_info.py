@@ -1,10 +1,10 @@
-"""`CheckpointInfo`: one verified checkpoint on disk, and the file records its manifest keeps."""
+"""`CheckpointInfo`: one verified checkpoint on disk, the order of checkpoints, and retention's checks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -45,3 +45,44 @@ def file_records(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The manifest's records of the files it lists with a size (and CRC-32): ``{relative path: record}``."""
     files = manifest["files"]
     return {name: f for name, f in files.items() if isinstance(f, dict) and isinstance(f.get("bytes"), int)}
+
+
+def newer(c: CheckpointInfo) -> tuple[int, float, str]:
+    """The order of checkpoints in time: by step, then (two of one step: a resumed run saved it again) write time."""
+    wall_time = c.manifest.get("wall_time")
+    return c.step, wall_time if isinstance(wall_time, float) else 0.0, c.path.name
+
+
+def preferred(found: list[CheckpointInfo], metric: str | None, mode: Literal["min", "max"]) -> list[CheckpointInfo]:
+    """``found`` newest first, or (with ``metric``) those that carry it, best first; ties go to the later step."""
+    newest_first = sorted(found, key=newer, reverse=True)
+    if metric is None:
+        return newest_first
+    sign = 1.0 if mode == "max" else -1.0
+    scored = [c for c in newest_first if metric in c.metrics]
+    return sorted(scored, key=lambda c: (sign * c.metrics[metric], c.step), reverse=True)
+
+
+def check_mode(mode: object) -> None:
+    """Raise unless ``mode`` is "min" or "max"."""
+    if mode not in ("min", "max"):
+        raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
+
+
+def check_retention(keep_latest: object, keep_best: object, keep_every: object, mode: object) -> None:
+    """Raise unless the counts are positive ints (or None) and ``mode`` is "min" or "max".
+
+    [`CheckpointFolder.prune`][ember.checkpoint.CheckpointFolder.prune] checks its policies so; a handler that prunes
+    later checks them when it is built, so a bad value fails before training starts.
+
+    Examples:
+        >>> from ember.checkpoint import check_retention
+        >>> check_retention(keep_latest=0, keep_best=None, keep_every=None, mode="max")
+        Traceback (most recent call last):
+        ...
+        ValueError: `keep_latest` must be a positive int or None, got 0.
+    """
+    for label, value in (("keep_latest", keep_latest), ("keep_best", keep_best), ("keep_every", keep_every)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"`{label}` must be a positive int or None, got {value!r}.")
+    check_mode(mode)

@@ -12,11 +12,9 @@ from flax import serialization, traverse_util
 
 from ember.checkpoint._atomic import temporary_dir
 from ember.checkpoint._contract import Draft, Writers
-from ember.checkpoint._files import wrong_size
-from ember.checkpoint._format import parse_leaves, read_file, write_leaves
+from ember.checkpoint._format import detach, flat_leaves, on_host, parse_leaves, read_file, write_leaves, wrong_size
 from ember.checkpoint._info import CheckpointInfo
 from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, describe_tree, wrong_store
-from ember.checkpoint._snapshot import detach, flat_leaves, on_host
 
 DATA = "state.msgpack"
 

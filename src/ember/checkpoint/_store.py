@@ -14,11 +14,11 @@ import jax
 from ember.checkpoint._atomic import abandoned, commit
 from ember.checkpoint._contract import Draft, Format
 from ember.checkpoint._folder import CheckpointFolder
+from ember.checkpoint._format import check_gatherable
 from ember.checkpoint._info import CheckpointInfo
 from ember.checkpoint._manifest import CorruptCheckpointError, amend_manifest, new_manifest, write_manifest
 from ember.checkpoint._msgpack import MsgpackFormat
 from ember.checkpoint._notice import committed, gathered
-from ember.checkpoint._snapshot import check_gatherable
 from ember.checkpoint._writer import WriterThread
 
 

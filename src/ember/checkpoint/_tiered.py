@@ -16,10 +16,9 @@ import jax
 import numpy as np
 
 from ember.checkpoint._fast_owner import owned_fast_root, tier_roots
-from ember.checkpoint._info import CheckpointInfo
+from ember.checkpoint._info import CheckpointInfo, newer
 from ember.checkpoint._manifest import new_manifest
 from ember.checkpoint._orbax import open_store
-from ember.checkpoint._order import newer
 from ember.checkpoint._shards import NotHere, SaveCount, ShardFormat
 from ember.checkpoint._store import CheckpointStore
 from ember.checkpoint._two_tiers import TwoTiers
@@ -400,3 +399,7 @@ def _abstract(tree: Any, sharded: bool) -> Any:
         return x
 
     return jax.tree.map(one, tree)
+
+
+#: one of ember's stores, as handlers take it (``isinstance(x, Store)`` tells it from a user's own save handler)
+Store = CheckpointStore | TieredStore

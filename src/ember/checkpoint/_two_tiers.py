@@ -12,9 +12,8 @@ from typing import Any, Literal
 
 from ember._multiprocess import exchange
 from ember.checkpoint._folder import first_readable
-from ember.checkpoint._info import CheckpointInfo
+from ember.checkpoint._info import CheckpointInfo, check_mode, newer, preferred
 from ember.checkpoint._manifest import CorruptCheckpointError
-from ember.checkpoint._order import check_mode, newer, preferred
 from ember.checkpoint._shards import NotHere, verdict
 from ember.checkpoint._store import CheckpointStore
 

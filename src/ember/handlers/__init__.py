@@ -1,7 +1,6 @@
 """Stock handlers: what a run reports and decides."""
 
-from ember.handlers._checkpointing.checkpoint import Checkpoint
-from ember.handlers._checkpointing.checkpoint_events import CheckpointEvents
+from ember.handlers._checkpointing.checkpoint import Checkpoint, CheckpointEvents
 from ember.handlers._checkpointing.loading import load_objects
 from ember.handlers._checkpointing.model_checkpoint import ModelCheckpoint
 from ember.handlers._checkpointing.readers import CheckpointReader, HighestCheckpointReader, LowestCheckpointReader

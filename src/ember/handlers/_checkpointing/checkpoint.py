@@ -1,19 +1,29 @@
-"""`Checkpoint`: save what a run needs to resume, on any event, keeping Ignite's ``n_saved`` best or newest."""
+"""`Checkpoint`: save what a run needs to resume, on any event, keeping Ignite's ``n_saved`` best or newest.
+
+Also its arguments' checks (`check_arguments`) and the event it fires once it has saved (`CheckpointEvents`).
+"""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from ember.checkpoint import CheckpointInfo
-from ember.checkpoint._stores import Store
-from ember.engine import Engine, Events, EventsList, FilteredEvent, RemovableEventHandle, Stateful, collect_handles
+from ember.checkpoint import CheckpointInfo, check_retention
+from ember.checkpoint._tiered import Store
+from ember.engine import (
+    Engine,
+    EventEnum,
+    Events,
+    EventsList,
+    FilteredEvent,
+    RemovableEventHandle,
+    Stateful,
+    collect_handles,
+)
 from ember.handlers._attached import hold
-from ember.handlers._checkpointing.checkpoint_args import check_arguments
-from ember.handlers._checkpointing.checkpoint_events import CheckpointEvents, announce_saved, registered
 from ember.handlers._checkpointing.checkpoint_names import Naming, metric_score, ranked
 from ember.handlers._checkpointing.destinations import destination
 from ember.handlers._checkpointing.loading import kind_of, load_objects
@@ -21,6 +31,52 @@ from ember.handlers._checkpointing.retention import Item, Ledger
 from ember.handlers._checkpointing.save_handlers import SaveHandler, setup_filename_pattern
 from ember.handlers._checkpointing.savers import DiskSaver
 from ember.handlers._checkpointing.saving import Saving
+
+
+class CheckpointEvents(EventEnum):
+    """Events a [`Checkpoint`][ember.handlers.Checkpoint] fires on the engine it saves on (Ignite's, by its name).
+
+    ``SAVED_CHECKPOINT`` fires after each checkpoint the handler writes (retention admitted it), on the training
+    thread; into a store with background writes the checkpoint is then scheduled, its arrays copied, and
+    ``saver.wait()`` returns once it is on disk; ``engine.last_event_name`` stays the event that saved. The handler
+    registers the event on its engine at its first save, or at ``attach`` (Ignite registers it at the first save
+    only): to handle it before, register it yourself with ``engine.register_events(*CheckpointEvents)``. Also
+    reachable as ``Checkpoint.SAVED_CHECKPOINT``.
+
+    Examples:
+        >>> import tempfile
+        >>> from ember import Engine, Events
+        >>> from ember.handlers import Checkpoint
+        >>> trainer = Engine(lambda e, b: b)
+        >>> saver = Checkpoint({"trainer": trainer}, tempfile.mkdtemp())
+        >>> _ = saver.attach(trainer, Events.EPOCH_COMPLETED)
+        >>> @trainer.on(Checkpoint.SAVED_CHECKPOINT)
+        ... def saved(engine):
+        ...     print("saved at epoch", engine.state.epoch)
+        >>> _ = trainer.run([1, 2], max_epochs=2)
+        saved at epoch 1
+        saved at epoch 2
+    """
+
+    SAVED_CHECKPOINT = "saved_checkpoint"
+
+
+def registered(engine: Engine) -> Engine:
+    """``engine``, with `CheckpointEvents` registered on it (once)."""
+    if not engine.has_registered_events(CheckpointEvents.SAVED_CHECKPOINT):
+        engine.register_events(*CheckpointEvents)
+    return engine
+
+
+def announce_saved(engine: Engine) -> None:
+    """Fire ``SAVED_CHECKPOINT`` on ``engine`` within the event that saved; ``last_event_name`` stays that event.
+
+    (Ignite's ``fire_event`` leaves it at ``SAVED_CHECKPOINT``; ember's handlers after the save read it to know where
+    the run is: a save at COMPLETED, the epoch a preemption stopped in.)
+    """
+    during = engine.last_event_name
+    registered(engine).fire_event(CheckpointEvents.SAVED_CHECKPOINT)
+    engine.last_event_name = during
 
 
 class Checkpoint:
@@ -435,3 +491,41 @@ def checkpoints_given(checkpoints: Sequence[Any]) -> list[Checkpoint]:
         if not isinstance(c, Checkpoint):
             raise TypeError(f"`checkpoints` must hold ember.handlers.Checkpoint objects, got {type(c).__name__}.")
     return list(checkpoints)
+
+
+def check_arguments(
+    to_save: Any,
+    include_self: bool,
+    score_function: Any,
+    global_step_transform: Any,
+    filename_pattern: Any,
+    n_saved: Any,
+    on_error: Any,
+    *,
+    keep_every: Any,
+    mode: Any,
+    keep_while: Any = None,
+) -> None:
+    """`Checkpoint`'s arguments checked, each a clear error naming it."""
+    if not isinstance(to_save, Mapping) or not to_save:
+        raise TypeError(f"`to_save` must be a non-empty mapping of names to objects, got {to_save!r}.")
+    if include_self and not isinstance(to_save, MutableMapping):
+        raise TypeError(f"`include_self=True` needs `to_save` to be mutable (a dict), got {type(to_save).__name__}.")
+    if include_self and "checkpointer" in to_save:
+        raise ValueError("`to_save` has the key 'checkpointer', which `include_self=True` saves this handler under.")
+    if score_function is not None and not callable(score_function):
+        raise TypeError(f"`score_function` must be callable as score_function(engine), got {score_function!r}.")
+    if global_step_transform is not None and not callable(global_step_transform):
+        raise TypeError(
+            "`global_step_transform` must be callable as global_step_transform(engine, event_name), "
+            f"got {global_step_transform!r}."
+        )
+    if filename_pattern is not None and not isinstance(filename_pattern, str):
+        raise TypeError(f"`filename_pattern` must be a str or None, got {type(filename_pattern).__name__}.")
+    if n_saved is not None and (not isinstance(n_saved, int) or isinstance(n_saved, bool) or n_saved < 1):
+        raise ValueError(f"`n_saved` must be a positive int or None (keep every checkpoint), got {n_saved!r}.")
+    if on_error not in ("raise", "warn"):
+        raise ValueError(f'`on_error` must be "raise" or "warn", got {on_error!r}.')
+    if keep_while is not None and not callable(keep_while):
+        raise TypeError(f"`keep_while` must be callable as keep_while(step) -> bool, got {keep_while!r}.")
+    check_retention(None, None, keep_every, mode)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import jax
+import numpy as np
+
 from ember.checkpoint import CheckpointInfo
 from ember.engine import Engine
 from ember.handlers._checkpointing.retention import priority_text
-from ember.handlers._checkpointing.same_arrays import score_of
 from ember.handlers._checkpointing.save_handlers import render_filename, setup_filename_pattern
 
 
@@ -140,3 +143,17 @@ class Naming:
         if isinstance(recorded, Mapping) and "basename" in recorded:
             return recorded["basename"] == f"{self.prefix}{objects_name(to_save)}"
         return info.path.name.startswith(self.prefix)
+
+
+def score_of(value: Any) -> float:
+    """A ``score_function``'s result as a number (a Python int stays one), or a ``ValueError`` saying what it was."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float | np.number | np.ndarray | jax.Array)
+        or (np.ndim(value) != 0)
+    ):
+        raise ValueError(
+            f"`score_function` must return a number (a float, or a 0-d array), got {value!r} of type "
+            f"{type(value).__name__}."
+        )
+    return int(value) if isinstance(value, numbers.Integral) else float(value)

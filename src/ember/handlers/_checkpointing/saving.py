@@ -1,18 +1,22 @@
-"""`Saving`: a `Checkpoint`'s one save path, over one destination (a store of ember's, or a save handler of yours)."""
+"""`Saving`: a `Checkpoint`'s one save path, over one destination (a store of ember's, or a save handler of yours).
+
+`Saved` is what it compares to tell whether a save repeats the last one: its step, states, score and arrays.
+"""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo
-from ember.checkpoint._stores import Store
+from ember.checkpoint._tiered import Store
 from ember.engine import Engine, Events
 from ember.handlers._checkpointing.checkpoint_names import Naming, Ranked, score_key
 from ember.handlers._checkpointing.destinations import Destination, Record
 from ember.handlers._checkpointing.readers import CheckpointReader
 from ember.handlers._checkpointing.retention import Ledger, failures
-from ember.handlers._checkpointing.same_arrays import Saved
 
 #: What a checkpoint of now holds: every object's state dict, and the arrays of the tree-stateful ones.
 Collect = Callable[[], tuple[dict[str, Any], dict[str, Any]]]
@@ -211,3 +215,51 @@ def _call(own: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
 def _with(states: dict[str, Any], own: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
     """``states`` and, with ``include_self``, the handler's own state dict as ``"checkpointer"``."""
     return states if own is None else {**states, "checkpointer": own()}
+
+
+@dataclass
+class Saved:
+    """A checkpoint a `Checkpoint` wrote (or resumed from): its step, name, states, metrics, and its arrays.
+
+    The arrays are held by weak reference (or, for Python scalars, by value): a train state is replaced, never
+    changed in place, so the same objects mean the same values, and nothing is kept alive for the comparison.
+    """
+
+    step: int
+    name: str
+    leaves: list[tuple[str, Any]]
+    states: dict[str, Any]
+    metrics: dict[str, float]
+
+    @classmethod
+    def of(
+        cls, step: int, name: str, trees: dict[str, Any], states: dict[str, Any], metrics: dict[str, float]
+    ) -> Saved:
+        return cls(step, name, _references(trees), states, metrics)
+
+    def holds(self, trees: dict[str, Any]) -> bool:
+        """Whether ``trees`` are the very arrays this checkpoint holds."""
+        now = _flat(trees)
+        if [path for path, _ in now] != [path for path, _ in self.leaves]:
+            return False
+        for (_, ref), (_, leaf) in zip(self.leaves, now, strict=True):
+            if isinstance(ref, weakref.ref):
+                if ref() is not leaf:
+                    return False
+            elif type(ref) is not type(leaf) or ref != leaf:
+                return False
+        return True
+
+
+def _flat(trees: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(f"{name}/{path}", leaf) for name, tree in sorted(trees.items()) for path, leaf in sorted(tree.items())]
+
+
+def _references(trees: dict[str, Any]) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for path, leaf in _flat(trees):
+        try:
+            out.append((path, weakref.ref(leaf)))
+        except TypeError:  # an int, a float, None: compared by value
+            out.append((path, leaf))
+    return out
