@@ -32,6 +32,9 @@ def test_the_identity_is_made_once_and_read_back_with_the_tracker_runs(tmp_path,
         ('{"id": 5, "trackers": {}}', "it does not hold a run id"),  # altered
         ('{"id": "ab", "trackers": [1]}', "it does not hold a run id"),
         ("[]", "it does not hold a run id"),
+        ('{"id": "../x", "trackers": {}}', "it does not hold a run id"),  # would name a folder outside the fast tier
+        ('{"id": "' + "a" * 200 + '", "trackers": {}}', "it does not hold a run id"),  # past a folder name's length
+        ('{"id": "", "trackers": {}}', "it does not hold a run id"),
     ],
 )
 def test_a_damaged_identity_is_moved_aside_with_a_warning_and_replaced(tmp_path, text, why):

@@ -136,6 +136,17 @@ def test_a_save_replacing_a_durable_checkpoint_goes_durable(tmp_path):
     assert tree["n"] == 20
 
 
+def test_after_a_save_forced_durable_by_what_it_replaces_the_interval_restarts(tmp_path):
+    """durable_every=2: save 2 durable, save 2 again forced durable (it replaces a durable one), 3 fast, 4 durable."""
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=2)
+    went = []
+    for step, n, replaces in ((1, 1, None), (2, 2, None), (2, 20, "step_00000002"), (3, 3, None), (4, 4, None)):
+        store.save(filled(n), step=step, replaces=replaces)
+        went.append((step, store.last_save_durable, steps(store.durable)))
+    assert went == [(1, False, []), (2, True, [2]), (2, True, [2]), (3, False, [2]), (4, True, [2, 4])]
+    assert store.durable.restore()[0]["n"] == 4
+
+
 def test_bad_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"^`durable_every` must be a positive int, got 0\.$"):
         TieredStore(tmp_path / "f", tmp_path / "d", durable_every=0)

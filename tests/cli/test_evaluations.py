@@ -124,6 +124,49 @@ def test_bad_evaluations_are_refused_when_the_config_is_read(tmp_path, evaluatio
     assert message in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        '{"evaluated": [5, 10], "mis',
+        "[5, 10]",
+        '{"evaluated": ["5"], "missed": []}',
+        '{"evaluated": [5.0], "missed": []}',
+        "dir",
+    ],
+)
+def test_a_damaged_watch_json_holds_every_checkpoint_for_its_watcher(tmp_path, damage):
+    """Torn, of another shape, steps that are not ints, a folder in its place: what the watcher read is not known."""
+    from ember.cli._evaluations.watcher import unread_by
+
+    (tmp_path / "eval" / "w").mkdir(parents=True)
+    state = tmp_path / "eval" / "w" / "watch.json"
+    if damage == "dir":
+        state.mkdir()
+    else:
+        state.write_text(damage)
+    (tmp_path / "eval" / "ok").mkdir()
+    (tmp_path / "eval" / "ok" / "watch.json").write_text(json.dumps({"evaluated": [5, 10], "missed": [15]}))
+    assert [unread_by(tmp_path, ["w"])(step) for step in (1, 5, 10, 20)] == [True, True, True, True]
+    assert [unread_by(tmp_path, ["ok"])(step) for step in (1, 5, 15, 20)] == [False, False, False, True]
+
+
+def test_the_newest_latest_checkpoint_decides_whether_a_run_keeps_its_saved_steps(tmp_path):
+    """kept_in: a run whose newest checkpoint lacks the saved steps goes on without, whatever an older one held."""
+    from ember.checkpoint import CheckpointStore
+    from ember.cli._evaluations.saved_steps import KEY, kept_in
+
+    with_steps = {"state_dicts": {"trainer": {}, KEY: {"steps": [1], "at": 1}}}
+    without = {"state_dicts": {"trainer": {}}}
+    older_has = CheckpointStore(tmp_path / "a")
+    older_has.save({"w": np.zeros(1)}, step=1, metadata=with_steps)
+    older_has.save({"w": np.zeros(1)}, step=2, metadata=without)
+    newest_has = CheckpointStore(tmp_path / "b")
+    newest_has.save({"w": np.zeros(1)}, step=1, metadata=without)
+    newest_has.save({"w": np.zeros(1)}, step=2, metadata=with_steps)
+    assert (kept_in(older_has), kept_in(newest_has), kept_in(newest_has, older_has)) == (False, True, False)
+    assert kept_in(CheckpointStore(tmp_path / "new"))  # a new run keeps them
+
+
 def test_a_bad_watcher_name_to_keep_checkpoints_for_is_refused_when_the_config_is_read(tmp_path):
     cfg = config(tmp_path, val_noisy={})
     cfg["handlers"]["checkpoint"]["keep_for_watchers"] = ["w", "a/b"]

@@ -1,5 +1,6 @@
 """`ember launch -n N COMMAND`: N local processes with the coordinator set, output prefixed, signals forwarded."""
 
+import io
 import signal
 import subprocess
 import sys
@@ -45,6 +46,20 @@ elif mode.startswith("lose"):  # "lose1": process 1 is SIGKILLed once the other 
 elif mode in ("wait", "pid"):
     print(f"ready {os.getpid()}", flush=True)
     time.sleep(600)
+elif mode == "plain":  # no handler of its own: SIGTERM ends it as the system does
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    print(f"ready {os.getpid()}", flush=True)
+    time.sleep(600)
+elif mode == "deaf":  # process 0 ignores SIGTERM; process 1 fails once it is ready
+    ready = sys.argv[2]
+    if index == 1:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sys.exit(4)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(ready, "w").close()
+    time.sleep(120)  # a launcher that never kills it returns after this, and the test fails on the time taken
 """
 
 
@@ -127,6 +142,38 @@ def test_sigterm_and_sigint_are_forwarded_to_every_process(sig):
             done.communicate(timeout=30)
     assert done.returncode == 0, err
     assert sorted(out.splitlines()) == [f"[0] got signal {int(sig)}", f"[1] got signal {int(sig)}"]
+
+
+def test_sigterm_forwarded_to_processes_without_a_handler_ends_the_launch_143_and_none_was_lost():
+    """Processes that SIGTERM ends as the system does: the launcher exits 128 + 15, as a shell; no "was lost" line."""
+    done = run_launcher("plain")
+    try:
+        ready = [done.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
+        assert all(" ready " in line for line in ready), ready
+        done.send_signal(signal.SIGTERM)
+        out, err = done.communicate(timeout=60)
+    finally:
+        if done.poll() is None:
+            done.kill()
+            done.communicate(timeout=30)
+    assert done.returncode == 143, err
+    assert "was lost" not in err
+    assert out == ""
+
+
+def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_and_the_first_failure_is_the_status(
+    tmp_path, monkeypatch
+):
+    """Process 1 exits 4; process 0 ignores the SIGTERM sent to stop it: SIGKILL after the grace, exit 4, none lost."""
+    from ember.cli import _launch
+
+    monkeypatch.setattr(_launch, "GRACE", 1.0)
+    out, err = io.StringIO(), io.StringIO()
+    started = time.monotonic()
+    status = launch(2, [sys.executable, "-c", CHILD, "deaf", str(tmp_path / "ready")], stdout=out, stderr=err)
+    assert (status, out.getvalue()) == (4, "")
+    assert "was lost" not in err.getvalue()
+    assert 1.0 <= time.monotonic() - started < 60  # the grace, then the SIGKILL: not the 120 s the process sleeps
 
 
 def test_a_killed_launcher_takes_its_processes_with_it():

@@ -1,5 +1,6 @@
 """GoodputLedger: where the wall time went, by category, across a killed run and its relaunch."""
 
+import json
 import re
 
 import pytest
@@ -128,7 +129,18 @@ def test_ember_goodput_prints_the_table_or_says_there_is_none(tmp_path, capsys):
     assert "No goodput.jsonl in" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("line", ["42", "null", "[1, 2]", "{}", '{"run": "x"}', '{"run": "x", "time": 1, "wall": "3"}'])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "42",
+        "null",
+        "[1, 2]",
+        "{}",
+        '{"run": "x"}',
+        '{"run": "x", "time": 1, "wall": "3"}',
+        '{"run": "x", "time": true, "wall": 3}',
+    ],
+)
 def test_a_line_that_is_json_but_not_a_record_is_skipped_with_a_warning_naming_it(tmp_path, capsys, line):
     """By `ember goodput` (its table as without the line) and by a relaunch's ledger (it counts on from the records)."""
     from ember.handlers import GoodputLedger
@@ -153,6 +165,21 @@ def test_a_line_that_is_json_but_not_a_record_is_skipped_with_a_warning_naming_i
     with pytest.warns(RuntimeWarning, match=f"^{message}$"):
         records = read_records(tmp_path)
     assert [r["steps"] for r in records] == [3, 3]
+
+
+def test_the_newest_launch_still_running_reads_as_running_and_only_earlier_ones_as_killed(tmp_path):
+    """A launch whose last word is "running" is killed only if a later launch followed it; the newest stays running."""
+    lines = [
+        {"run": "a", "time": 10.0, "wall": 10.0, "ended": "running"},
+        {"run": "b", "time": 30.0, "wall": 5.0, "ended": "completed"},
+        {"run": "c", "time": 50.0, "wall": 4.0, "ended": "running"},
+    ]
+    (tmp_path / "goodput.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert [(r["run"], r["ended"]) for r in read_records(tmp_path)] == [
+        ("a", "killed"),
+        ("b", "completed"),
+        ("c", "running"),
+    ]
 
 
 def test_lost_time_is_the_earlier_runs_productive_time_per_step_it_ran_not_per_iteration(tmp_path):

@@ -37,6 +37,29 @@ def test_a_file_gets_one_plain_line_an_epoch():
     ]
 
 
+def test_the_epoch_bar_of_a_run_bounded_by_max_iters_counts_its_partial_last_epoch():
+    """max_iters=5 over epochs of 2: three epochs (2, 2 and 1 iterations), so the epoch bar's total is 3, not 2."""
+    out = io.StringIO()
+    engine = _engine()
+    ProgressBar(1, stream=out, display="bar", epoch_bar=True, mininterval=0).attach(engine, output_keys=["loss"])
+    state = engine.run([0.5, 0.25], max_iters=5)
+    assert (state.epoch, state.iteration) == (3, 5)
+    shown = sorted(set(re.findall(r"Epochs\[(\d+)/(\d+)\]", out.getvalue())))
+    assert shown == [("0", "3"), ("1", "3"), ("2", "3")]  # the last epoch ends partway: max_iters stops the run
+
+
+def test_nested_mappings_and_sequences_in_the_values_show_as_their_paths():
+    """A metric that is a mapping of a mapping and a sequence: ``parts_a=1, parts_b_c=2, parts_d_0=3, parts_d_1=4``."""
+    log = io.StringIO()
+    engine = Engine(lambda e, b: {"loss": b})
+    engine.add_event_handler(
+        Events.ITERATION_COMPLETED, lambda e: e.state.metrics.update(parts={"a": 1, "b": {"c": 2}, "d": [3, 4]})
+    )
+    ProgressBar(1, stream=log, mininterval=0).attach(engine, metric_names=["parts"])
+    engine.run([0.5], max_epochs=1)
+    assert log.getvalue().rstrip().endswith(", parts_a=1, parts_b_c=2, parts_d_0=3, parts_d_1=4")
+
+
 def test_a_terminal_gets_the_bar():
     """The same bar on a pseudo-terminal draws frames redrawn in place (carriage returns)."""
     leader, follower = pty.openpty()

@@ -116,3 +116,39 @@ def test_multilabel_refusals_name_the_problem():
         Precision(average="samples")
     with pytest.raises(ValueError, match=re.escape("needs is_multilabel=True")):
         Fbeta(average="samples")
+
+
+SCORES = np.array(
+    [[0.9, 0.4, 0.2], [0.35, 0.6, 0.45], [0.1, 0.32, 0.8], [0.45, 0.05, 0.31], [0.2, 0.9, 0.1]], np.float32
+)
+LABELS = np.array([[1, 1, 0], [1, 1, 0], [0, 0, 1], [1, 0, 1], [0, 1, 1]])
+
+
+@pytest.mark.parametrize("metric", [Precision, Recall])
+def test_masked_rows_are_left_out_of_the_samples_average(metric):
+    """average="samples" with a mask: scikit-learn's value over the rows the mask keeps, not over every row."""
+    from sklearn.metrics import precision_score, recall_score
+
+    reference = {Precision: precision_score, Recall: recall_score}[metric]
+    mask = np.array([1, 0, 1, 0, 1], np.float32)
+    engine = Engine(lambda e, b: b)
+    metric(average="samples", is_multilabel=True).attach(engine, "m")
+    got = engine.run([{"y_pred": SCORES, "y": LABELS, "mask": mask}]).metrics["m"]
+    kept = mask.astype(bool)
+    expected = reference(LABELS[kept], (SCORES[kept] > 0.5).astype(int), average="samples", zero_division=0)
+    assert got == pytest.approx(expected, rel=1e-6)
+    assert got != pytest.approx(reference(LABELS, (SCORES > 0.5).astype(int), average="samples", zero_division=0))
+
+
+@pytest.mark.parametrize("average", ["samples", "micro", "macro"])
+def test_a_multilabel_threshold_applies_to_the_predictions_as_scikit_learns(average):
+    """threshold=0.3: a score of 0.35 or 0.45 is a positive prediction; the 0/1 targets are what they are."""
+    from sklearn.metrics import precision_score, recall_score
+
+    for metric, reference in ((Precision, precision_score), (Recall, recall_score)):
+        got = run(
+            metric(average=True if average == "macro" else average, is_multilabel=True, threshold=0.3), SCORES, LABELS
+        )
+        expected = reference(LABELS, (SCORES > 0.3).astype(int), average=average, zero_division=0)
+        assert got == pytest.approx(expected, rel=1e-6), metric.__name__
+        assert got != pytest.approx(reference(LABELS, (SCORES > 0.5).astype(int), average=average, zero_division=0))

@@ -156,3 +156,48 @@ def test_frequency_counts_items_per_second_from_each_epochs_start_as_ignite():
     engine.run(range(4), max_epochs=2)
     assert seen == [20, 20]
     assert isinstance(seen[0], int)  # Ignite writes an int
+
+
+def _every_metric_an_ignite_script_makes_with_a_device():
+    """Ignite 0.5.5's metrics that take ``device``, each made as an Ignite script makes it (their other arguments)."""
+    import optax
+
+    from ember import metrics as m
+
+    def loss(y_pred, y):
+        return optax.softmax_cross_entropy_with_integer_labels(y_pred, y).mean()
+
+    made = {
+        "Accuracy": lambda device: m.Accuracy(device=device),
+        "Loss": lambda device: m.Loss(loss, device=device),
+        "ConfusionMatrix": lambda device: m.ConfusionMatrix(3, device=device),
+        "RunningAverage": lambda device: m.RunningAverage(output_transform=lambda x: x, device=device),
+        "ROC_AUC": lambda device: m.ROC_AUC(device=device),
+        "EpochMetric": lambda device: m.EpochMetric(lambda p, y: 0.0, device=device),
+        "Fbeta": lambda device: m.Fbeta(1.0, device=device),
+        "Fbeta of a Precision and a Recall": lambda device: m.Fbeta(
+            1.0, precision=m.Precision(average=False), recall=m.Recall(average=False), device=device
+        ),
+        "Precision": lambda device: m.Precision(device=device),
+        "Recall": lambda device: m.Recall(device=device),
+        "Average": lambda device: m.Average(device=device),
+        "R2Score": lambda device: m.R2Score(device=device),
+        "MeanAbsoluteError": lambda device: m.MeanAbsoluteError(device=device),
+        "MeanSquaredError": lambda device: m.MeanSquaredError(device=device),
+        "RootMeanSquaredError": lambda device: m.RootMeanSquaredError(device=device),
+        "TopKCategoricalAccuracy": lambda device: m.TopKCategoricalAccuracy(device=device),
+        "Frequency": lambda device: m.Frequency(device=device),
+    }
+    return made
+
+
+@pytest.mark.parametrize("name", sorted(_every_metric_an_ignite_script_makes_with_a_device()))
+def test_every_metric_an_ignite_script_makes_takes_device_and_checks_it(name):
+    """``device="cpu"``, a JAX device and ``None`` are taken; a number is refused with the one message."""
+    import jax
+
+    make = _every_metric_an_ignite_script_makes_with_a_device()[name]
+    for device in ("cpu", jax.devices()[0], None):
+        make(device)
+    with pytest.raises(TypeError, match=re.escape("`device` must be None, a device name such as 'cpu', a JAX device")):
+        make(3)

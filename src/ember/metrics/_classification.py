@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ember.metrics._composite import MetricsLambda
+from ember.metrics._ignite_style import check_device
 from ember.metrics._mean import MeanMetric
 from ember.metrics._metric import Metric
 
@@ -67,10 +68,11 @@ class Accuracy(MeanMetric):
         threshold: float = 0.5,
         output_transform: Callable[[Any], Any] | None = None,
         mask_key: str | None = "mask",
+        device: Any = None,
     ) -> None:
         self.is_multilabel = is_multilabel
         self.threshold = threshold
-        super().__init__(output_transform, mask_key=mask_key)
+        super().__init__(output_transform, device, mask_key=mask_key)
 
     def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
         y_pred, y = jnp.asarray(y_pred), jnp.asarray(y)
@@ -315,9 +317,11 @@ class Fbeta(_ClassCounts):
         mask_key: str | None = "mask",
         precision: Precision | None = None,
         recall: Recall | None = None,
+        device: Any = None,
     ) -> Any:
         if precision is None and recall is None:
             return super().__new__(cls)
+        check_device(device)
         unused = {"num_classes": num_classes is not None, "threshold": threshold != 0.5, "mask_key": mask_key != "mask"}
         if any(unused.values()):  # they belong to the Precision and Recall composed
             given = sorted(k for k, v in unused.items() if v)
@@ -335,9 +339,11 @@ class Fbeta(_ClassCounts):
         mask_key: str | None = "mask",
         precision: Precision | None = None,
         recall: Recall | None = None,
+        device: Any = None,
     ) -> None:
         self.beta = _beta(beta)
         super().__init__(
+            device=device,
             average=average,
             num_classes=num_classes,
             threshold=threshold,

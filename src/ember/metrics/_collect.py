@@ -9,7 +9,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from ember.metrics._ignite_style import check_device
 from ember.metrics._metric import Metric
 
 
@@ -60,9 +59,11 @@ class Collect(Metric):
 
     updates_by_merge = False  # it keeps the batches themselves
 
-    def __init__(self, output_transform: Callable[[Any], Any] | None = None, *, mask_key: str | None = "mask") -> None:
+    def __init__(
+        self, output_transform: Callable[[Any], Any] | None = None, *, mask_key: str | None = "mask", device: Any = None
+    ) -> None:
         self._batches: list[tuple[tuple[Any, ...], Any]] = []
-        super().__init__(output_transform, mask_key=mask_key)
+        super().__init__(output_transform, device, mask_key=mask_key)
 
     def empty(self) -> Any:
         return None
@@ -217,9 +218,8 @@ class EpochMetric(Collect):
     ) -> None:
         if not callable(compute_fn):
             raise TypeError(f"`compute_fn` must be callable as compute_fn(y_pred, y), got {compute_fn!r}.")
-        check_device(device)
         self.compute_fn, self.check_compute_fn = compute_fn, check_compute_fn
-        super().__init__(output_transform, mask_key=mask_key)
+        super().__init__(output_transform, mask_key=mask_key, device=device)
 
     def update(self, output: Any) -> None:
         """Keep this batch; the first is tried with ``compute_fn`` if ``check_compute_fn``."""

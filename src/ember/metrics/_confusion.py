@@ -43,13 +43,14 @@ class ConfusionMatrix(Metric):
         *,
         output_transform: Callable[[Any], Any] | None = None,
         mask_key: str | None = "mask",
+        device: Any = None,
     ) -> None:
         if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
             raise ValueError(f"`num_classes` must be an int >= 2, got {num_classes!r}.")
         if average not in (None, "samples", "recall", "precision"):
             raise ValueError(f"`average` must be None, 'samples', 'recall' or 'precision', got {average!r}.")
         self.num_classes, self.average = num_classes, average
-        super().__init__(output_transform, mask_key=mask_key)
+        super().__init__(output_transform, device, mask_key=mask_key)
 
     def empty(self) -> Any:
         return jnp.zeros((self.num_classes, self.num_classes), jnp.int32)

@@ -67,8 +67,10 @@ class R2Score(Metric):
         0.9486
     """
 
-    def __init__(self, output_transform: Callable[[Any], Any] | None = None, *, mask_key: str | None = "mask") -> None:
-        super().__init__(output_transform, mask_key=mask_key)
+    def __init__(
+        self, output_transform: Callable[[Any], Any] | None = None, *, mask_key: str | None = "mask", device: Any = None
+    ) -> None:
+        super().__init__(output_transform, device, mask_key=mask_key)
 
     def empty(self) -> Any:
         zero = jnp.zeros((), jnp.float32)

@@ -20,10 +20,11 @@ class _Reduction(Metric):
         output_transform: Callable[[Any], Any] | None = None,
         *,
         mask_key: str | None = "mask",
+        device: Any = None,
     ) -> None:
         self.keys = (key,) if key is not None else ("value",)
         self._key = key
-        super().__init__(output_transform, mask_key=mask_key)
+        super().__init__(output_transform, device, mask_key=mask_key)
 
     def arguments(self, output: Any) -> tuple[tuple[Any, ...], Any]:
         if self._key is None and self._output_transform is None and isinstance(output, Mapping):
@@ -165,11 +166,12 @@ class Loss(MeanMetric):
         output_transform: Callable[[Any], Any] | None = None,
         *,
         mask_key: str | None = "mask",
+        device: Any = None,
     ) -> None:
         if not callable(loss_fn):
             raise TypeError(f"`loss_fn` must be callable as loss_fn(y_pred, y), got {loss_fn!r}.")
         self.loss_fn = loss_fn
-        super().__init__(output_transform, mask_key=mask_key)
+        super().__init__(output_transform, device, mask_key=mask_key)
 
     def batch_state(self, y_pred: Any, y: Any, mask: Any = None) -> Any:
         n = jnp.shape(y)[0]

@@ -60,6 +60,7 @@ class RunningAverage(Metric):
         alpha: float = 0.98,
         output_transform: Callable[[Any], Any] | None = None,
         epoch_bound: bool | None = None,
+        device: Any = None,
     ) -> None:
         if (src is None) == (output_transform is None):
             raise ValueError("RunningAverage takes exactly one of `src` (a metric) and `output_transform`.")
@@ -79,7 +80,7 @@ class RunningAverage(Metric):
         self.alpha = float(alpha)
         self.epoch_bound = epoch_bound
         self._over_epochs: weakref.WeakSet[Engine] = weakref.WeakSet()  # engines where src joins once per epoch
-        super().__init__(output_transform, mask_key=None)
+        super().__init__(output_transform, device, mask_key=None)
 
     def arguments(self, output: Any) -> tuple[tuple[Any, ...], Any]:
         if self.src is not None:

@@ -172,8 +172,12 @@ def _watched(folder: Path) -> dict[str, list[int]]:
     path = folder / "watch.json"
     if not path.exists():
         return {"evaluated": [], "missed": []}
-    state = json.loads(path.read_text())
-    if not (isinstance(state, dict) and all(isinstance(state.get(k), list) for k in ("evaluated", "missed"))):
+    try:
+        state = json.loads(path.read_text())
+    except OSError as e:  # a folder in its place, a file it cannot read: as damaged as a torn one
+        raise ValueError(f"{path} cannot be read ({e}); move it aside.") from None
+    lists = isinstance(state, dict) and all(isinstance(state.get(k), list) for k in ("evaluated", "missed"))
+    if not lists or not all(type(s) is int for k in ("evaluated", "missed") for s in state[k]):
         raise ValueError(f"{path} is not a watcher's state ({{'evaluated': [...], 'missed': [...]}}); move it aside.")
     return {"evaluated": list(state["evaluated"]), "missed": list(state["missed"])}
 
