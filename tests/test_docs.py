@@ -444,3 +444,42 @@ def test_every_page_quotes_a_measured_figure_as_the_benchmarks_page_has_it(fact,
         quoted = re.findall(pattern, re.sub(r"\s+", " ", (DOCS / page).read_text()))
         quoted = [list(q) if isinstance(q, tuple) else [q] for q in quoted]
         assert quoted == [expected], f"{page} quotes {fact} as {quoted}; the benchmarks page measured {expected}"
+
+
+def _error_examples(page: Path) -> list[tuple[str, list[str]]]:
+    """The page's ``$ ember ...`` lines that print an ``ember: error:`` line, each with the lines it prints.
+
+    A command's lines run to the next ``$`` line or the end of its text block.
+    """
+    examples: list[tuple[str, list[str]]] = []
+    for block in re.findall(r"```text\n(.*?)```", page.read_text(), flags=re.S):
+        command: str | None = None
+        shown: list[str] = []
+        for line in [*block.splitlines(), "$"]:
+            if line.startswith("$"):
+                if command is not None and shown and shown[0].startswith("ember: error:"):
+                    examples.append((command, shown))
+                command, shown = line[2:] if line.startswith("$ ember ") else None, []
+            elif command is not None:
+                shown.append(line)
+    return examples
+
+
+def test_the_cli_pages_error_examples_print_what_the_commands_print(tmp_path):
+    """Each mistake the CLI page shows (a config's typo, bad overrides, a model's argument) prints those lines, exit 2.
+
+    ``bad.yaml`` is the YAML block the page shows just before its first use.
+    """
+    import shlex
+
+    page = ROOT / "docs" / "cli.md"
+    (bad,) = re.findall(r"With this `bad\.yaml`:\n\n```yaml\n(.*?)```", page.read_text(), flags=re.S)
+    (tmp_path / "bad.yaml").write_text(bad)
+    examples = _error_examples(page)
+    assert [command.split()[1] for command, _ in examples] == ["train", "train", "train", "train"]
+    for command, shown in examples:
+        args = shlex.split(command)[1:]
+        done = subprocess.run(
+            [sys.executable, "-m", "ember.cli", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert (done.returncode, done.stderr.splitlines()) == (2, shown), command

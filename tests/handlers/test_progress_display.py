@@ -60,6 +60,21 @@ def test_nested_mappings_and_sequences_in_the_values_show_as_their_paths():
     assert log.getvalue().rstrip().endswith(", parts_a=1, parts_b_c=2, parts_d_0=3, parts_d_1=4")
 
 
+def test_an_evaluators_persisting_bar_is_cleared_when_it_runs_nested_in_a_trainers():
+    """persist=True keeps a finished bar on screen, except nested in another's (an evaluation in a training run)."""
+    out = io.StringIO()
+    trainer, evaluator = _engine(), Engine(lambda e, b: b)
+    ProgressBar(1, stream=out, display="bar", epoch_bar=True, mininterval=0).attach(trainer)  # open all run long
+    shown = ProgressBar(1, stream=out, display="bar", persist=True, mininterval=0)
+    shown.attach(evaluator)
+    kept = []
+    evaluator.add_event_handler(Events.ITERATION_COMPLETED, lambda e: kept.append(shown._bar.leave))
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: evaluator.run([1, 2]))
+    trainer.run([0.5], max_epochs=2)
+    evaluator.run([1, 2])  # on its own: its bar stays
+    assert kept == [False, False, False, False, True, True]
+
+
 def test_a_terminal_gets_the_bar():
     """The same bar on a pseudo-terminal draws frames redrawn in place (carriage returns)."""
     leader, follower = pty.openpty()
