@@ -197,3 +197,13 @@ def test_background_writes_run_at_a_lower_priority_than_training(tmp_path, monke
     store.wait()
     main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     assert seen == [min(main + 10, 19)]
+
+
+def test_a_background_save_deletes_what_it_removes_once_it_is_committed(tmp_path):
+    """removes=[...]: deleted on the writer thread after the new checkpoint commits; a name already gone is no error."""
+    store = CheckpointStore(tmp_path)
+    for step in (1, 2):
+        store.save({"w": np.zeros(1)}, step=step)
+    store.save_in_background({"w": np.ones(1)}, step=3, removes=["step_00000001", "step_00000009"])
+    assert store.wait().step == 3
+    assert [c.step for c in store.checkpoints()] == [2, 3]

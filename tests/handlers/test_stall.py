@@ -138,10 +138,11 @@ def test_a_last_write_past_save_timeout_is_reported_as_a_save_stall(tmp_path, sl
 
 
 def test_quick_background_saves_over_a_run_longer_than_save_timeout_never_trip_it(tmp_path):
-    """Saves every 2 iterations, each done in milliseconds, over 4 s of run with save_timeout=1.5: no stall.
+    """Saves every 2 iterations, each done in milliseconds, over 4 s of run with save_timeout=3: no stall.
 
     The watchdog read a save not yet waited for (a Checkpoint waits only at its next save) as a write in progress,
-    and ended every such run 1.5 s after its first save.
+    and ended every such run 3 s after its first save. A busy machine only makes the run longer; a write of these few
+    bytes has 3 s to finish.
     """
     from ember.handlers import Checkpoint
 
@@ -149,7 +150,7 @@ def test_quick_background_saves_over_a_run_longer_than_save_timeout_never_trip_i
     engine = Engine(lambda e, b: time.sleep(0.1) or b)
     saver = Checkpoint({"trainer": engine}, tmp_path / "checkpoints", n_saved=2)
     saver.attach(engine, Events.ITERATION_COMPLETED(every=2))
-    watchdog = StallWatchdog(tmp_path / "run", step_timeout=5.0, save_timeout=1.5, exit=ended.append)
+    watchdog = StallWatchdog(tmp_path / "run", step_timeout=10.0, save_timeout=3.0, exit=ended.append)
     watchdog.attach(engine, checkpoints=[saver])
     engine.run(range(40))
     assert (ended, watchdog.stalled) == ([], None)

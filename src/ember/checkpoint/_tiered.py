@@ -208,16 +208,12 @@ class TieredStore(TwoTiers):
             return 0
         return int(fast[-1].manifest["layout"].get("since_durable", 0))
 
-    def _tidy(self, durable: bool) -> None:
-        """After a save: the fast tier keeps its newest ``keep_fast``; deletions put off for the durable tier happen."""
-        self._tidy_fast()
-        if durable:
-            self._tidy_durable()
-
     def _tidy_fast(self) -> None:
+        """After a save: the fast tier keeps its newest ``keep_fast``."""
         self.fast.prune(keep_latest=self.keep_fast)
 
     def _tidy_durable(self) -> None:
+        """After a durable save: the deletions put off for the durable tier's newest happen."""
         newest = self._durable_newest()
         for name in sorted(self._doomed - {newest}):
             self.durable.delete(name)
@@ -262,7 +258,8 @@ class TieredStore(TwoTiers):
             tree, step=info.step, metrics=info.metrics, metadata=metadata, name=last.name, replaces=last.name
         )
         last.durable = True
-        self._tidy(True)
+        self._tidy_fast()
+        self._tidy_durable()
         return saved
 
     def amend(

@@ -52,8 +52,8 @@ def attach_checkpoints(
     )
     best.attach(evaluator, Events.COMPLETED)
     latest_dir: Path | TieredStore = run_dir / "checkpoints" / "latest"
-    if config.fast_dir is not None:  # every save into local storage, every k-th and the last into the run folder too
-        fast = fast_tier(config, run_dir, run_id)
+    fast = fast_tier(config, run_dir, run_id)
+    if fast is not None:  # every save into local storage, every k-th and the last into the run folder too
         latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)
     held = unread_by(run_dir, config.keep_for_watchers) if config.keep_for_watchers else None  # until watchers read
     latest_saves, saved_steps = dict(to_save), None
@@ -71,14 +71,17 @@ def attach_checkpoints(
     return best, latest
 
 
-def fast_tier(config: CheckpointConfig, run_dir: Path, run_id: str = "") -> Path:
+def fast_tier(config: CheckpointConfig, run_dir: Path, run_id: str = "") -> Path | None:
     """The run's fast tier, ``<fast_dir>/<run folder's name>-<run_id>``, once ``fast_dir`` is checked (`fast_folder`).
+
+    ``None`` for a run without one (no ``fast_dir``): the one place ``ember train`` reads ``fast_dir`` for its tiers.
 
     ``ember train`` calls it before it writes anything into the run folder, so a mistyped ``fast_dir`` (a file, the
     run folder or a folder around it, one that cannot be written) is refused in one line and the corrected command
     starts the run afresh.
     """
-    assert config.fast_dir is not None
+    if config.fast_dir is None:
+        return None
     folder = fast_folder("handlers.checkpoint.fast_dir", config.fast_dir, {"the run folder": run_dir.resolve()})
     return folder / f"{run_dir.resolve().name}-{run_id}"
 

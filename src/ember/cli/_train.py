@@ -59,8 +59,7 @@ def train(
     source = _models_importable(config, source)
     console = Console.open(cfg, stream, progress_stream)
     run_dir = Path(cfg.output)
-    if cfg.handlers.checkpoint.fast_dir is not None:
-        fast_tier(cfg.handlers.checkpoint, run_dir)  # a mistaken fast folder refused before the run folder is made
+    fast_tier(cfg.handlers.checkpoint, run_dir)  # a mistaken fast folder refused before the run folder is made
     new_layout = check_same_run(run_dir, cfg)
     started = time.perf_counter()
     use_compilation_cache(cfg.trainer.compilation_cache)

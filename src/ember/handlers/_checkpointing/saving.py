@@ -73,10 +73,11 @@ class Saving:
         collected = collect() if saved is not None else None
         if saved is not None and collected is not None and saved.metrics == metrics and saved.holds(collected[1]):
             states, trees = collected
-            if saved.states != _with(states, own):
+            mine = own() if own is not None else None
+            if saved.states != _with(states, mine):
                 about = self.naming.metadata(to_save, priority)
-                self._write(Record(saved.name, step, metrics, states, trees, about, _call(own), amend=True))
-                saved.states = _with(states, own)
+                self._write(Record(saved.name, step, metrics, states, trees, about, mine, amend=True))
+                saved.states = _with(states, mine)
             return False
         replaces = saved.name if saved is not None and not metrics else None  # a new score is a new best candidate
         self.wait()  # the previous save is on disk, older ones removed: names are settled
@@ -90,9 +91,9 @@ class Saving:
         gone = [e.filename for e in self.ledger.add(name, step, priority) if e.filename not in (name, replaces)]
         if replaces is not None and replaces != name:
             self.ledger.forget(replaces)
-        about = self.naming.metadata(to_save, priority)
-        self._write(Record(name, step, metrics, states, trees, about, _call(own), replaces, gone))
-        self.saved = Saved.of(step, name, trees, _with(states, own), metrics)
+        about, mine = self.naming.metadata(to_save, priority), own() if own is not None else None  # after `add`
+        self._write(Record(name, step, metrics, states, trees, about, mine, replaces, gone))
+        self.saved = Saved.of(step, name, trees, _with(states, mine), metrics)
         if self.background and engine.last_event_name in _RUN_ENDS and outer is None:
             self.wait()  # the run ends here; a watcher added just now would not run in this firing
         return True
@@ -110,6 +111,8 @@ class Saving:
 
     def _watching(self, engine: Engine, outer: Engine | None) -> None:
         """Watch the engines a save fires on (added with ``add_event_handler``, Ignite's way, rather than attached)."""
+        if self.store is None:
+            return  # a save handler of yours: nothing to watch (see `watch`)
         for watched in (engine,) if outer is None else (engine, outer):
             if not watched.has_event_handler(self.finish, Events.COMPLETED):
                 self.watch(watched)
@@ -203,18 +206,20 @@ class Saving:
             self.to.finish()
 
     def watch(self, engine: Engine) -> None:
-        """Surface background errors each iteration; finish writing at COMPLETED (after a save there)."""
+        """Surface background errors each iteration; finish writing at COMPLETED (after a save there).
+
+        Only with a store: a save handler of yours writes on the training thread, so there is nothing to surface or
+        finish, and nothing is added to the engine's iterations.
+        """
+        if self.store is None:
+            return
         engine.add_event_handler(Events.ITERATION_COMPLETED, self.check)
         engine.add_event_handler(Events.COMPLETED, self.finish)
 
 
-def _call(own: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
-    return own() if own is not None else None
-
-
-def _with(states: dict[str, Any], own: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+def _with(states: dict[str, Any], own: dict[str, Any] | None) -> dict[str, Any]:
     """``states`` and, with ``include_self``, the handler's own state dict as ``"checkpointer"``."""
-    return states if own is None else {**states, "checkpointer": own()}
+    return states if own is None else {**states, "checkpointer": own}
 
 
 @dataclass
