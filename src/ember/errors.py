@@ -62,7 +62,34 @@ class NotComputableError(RuntimeError):
     """
 
 
-__all__ = ["ConfigError", "CorruptCheckpointError", "NonFiniteError", "NotComputableError", "RecordError"]
+class RunHeldError(RuntimeError):
+    """Another live launch holds the run folder (or the watcher's folder): the message names it and the way out.
+
+    ``ember train``, ``ember resume`` and ``ember eval --watch`` raise it at start, before they write anything; the
+    command line prints it in one line and exits with status 75 (try again later: the run itself is fine).
+
+    Examples:
+        >>> import tempfile
+        >>> from ember._run_holder import hold
+        >>> from ember.errors import RunHeldError
+        >>> folder = tempfile.mkdtemp()
+        >>> with hold(folder, "run"):
+        ...     try:
+        ...         hold(folder, "run")
+        ...     except RunHeldError as e:
+        ...         print("refused:", "held by another launch of this run" in str(e))
+        refused: True
+    """
+
+
+__all__ = [
+    "ConfigError",
+    "CorruptCheckpointError",
+    "NonFiniteError",
+    "NotComputableError",
+    "RecordError",
+    "RunHeldError",
+]
 
 
 class RecordError(ValueError):

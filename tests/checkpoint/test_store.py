@@ -324,3 +324,20 @@ def test_bfloat16_and_float8_arrays_round_trip(tmp_path):
     for key, value in tree.items():
         assert restored[key].dtype == np.asarray(value).dtype, key
         np.testing.assert_array_equal(np.asarray(restored[key], np.float32), np.asarray(value, np.float32))
+
+
+def test_a_checkpoint_another_process_removes_first_is_gone_without_an_error(tmp_path, monkeypatch):
+    """Two removers at once (watchers ending together): the one whose rename finds the folder gone returns quietly."""
+    from ember.checkpoint import _atomic
+
+    store = CheckpointStore(tmp_path)
+    info = store.save({"w": np.zeros(1)}, step=1)
+    replace = os.replace
+
+    def other_first(source, target):  # the other remover renames it between this one's look and its rename
+        replace(source, tmp_path / ".tmp-deleting-by-the-other")
+        replace(source, target)
+
+    monkeypatch.setattr(_atomic.os, "replace", other_first)
+    store.delete(info)
+    assert store.checkpoints() == []

@@ -163,8 +163,12 @@ def test_the_newest_latest_checkpoint_decides_whether_a_run_keeps_its_saved_step
     newest_has = CheckpointStore(tmp_path / "b")
     newest_has.save({"w": np.zeros(1)}, step=1, metadata=without)
     newest_has.save({"w": np.zeros(1)}, step=2, metadata=with_steps)
-    assert (kept_in(older_has), kept_in(newest_has), kept_in(newest_has, older_has)) == (False, True, False)
-    assert kept_in(CheckpointStore(tmp_path / "new"))  # a new run keeps them
+    assert (kept_in(KEY, older_has), kept_in(KEY, newest_has), kept_in(KEY, newest_has, older_has)) == (
+        False,
+        True,
+        False,
+    )
+    assert kept_in(KEY, CheckpointStore(tmp_path / "new"))  # a new run keeps them
 
 
 def test_a_bad_watcher_name_to_keep_checkpoints_for_is_refused_when_the_config_is_read(tmp_path):
@@ -484,3 +488,53 @@ def test_ember_eval_restores_onto_another_device_count(tmp_path):
     assert evaluated["step"] == 22
     assert evaluated["val/accuracy"] == at_22["val/accuracy"]  # a count: exact on any layout
     assert evaluated["val/loss"] == pytest.approx(at_22["val/loss"], rel=1e-5)  # a sum: in another order
+
+
+def truncate(path):
+    with path.open("r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+@pytest.mark.parametrize("fault", ["truncated", "manifest damaged", "deleted"])
+def test_the_runs_last_checkpoint_unreadable_is_reported_with_the_true_reason(tmp_path, capsys, fault):
+    """The run's last checkpoint (no later one names it) truncated, its manifest damaged, or deleted: reported."""
+    run = finished_run(tmp_path)
+    shutil.rmtree(run / "checkpoints" / "best")  # no other copy of step 22 to read instead
+    last = run / "checkpoints" / "latest" / "step_00000022"
+    if fault == "truncated":
+        truncate(last / "state.msgpack")
+    elif fault == "manifest damaged":
+        (last / "manifest.json").write_text('{"step": 22, "fi')
+    else:
+        shutil.rmtree(last)
+    assert main(["eval", str(run), *WATCH]) == 0
+    out = capsys.readouterr().out.splitlines()
+    steps, _, state = watched(run)
+    assert steps == [5, 10, 15, 20]
+    assert (state["evaluated"], state["missed"]) == ([5, 10, 15, 20], [22])
+    if fault == "deleted":
+        assert "step_00000022: deleted before it was evaluated; reported in watch.json" in out
+        assert out[-1] == "The run has ended: 4 checkpoints evaluated; deleted before they were evaluated: [22]."
+        assert "damaged" not in state
+        return
+    why = state["damaged"]["22"]
+    assert why.startswith(f"Checkpoint '{last}' is corrupt: its ")
+    assert ("state.msgpack" if fault == "truncated" else "manifest.json") in why
+    assert f"step_00000022: damaged, not evaluated ({why}); reported in watch.json" in out
+    assert out[-1] == "The run has ended: 4 checkpoints evaluated; damaged, not evaluated: [22]."
+    assert last.is_dir()  # the run's folder is the training job's: the watcher reads it, never moves it
+
+
+def test_a_damaged_checkpoint_is_reported_as_damaged_not_deleted(tmp_path, capsys):
+    run = finished_run(tmp_path)
+    shutil.rmtree(run / "checkpoints" / "best")  # no other copy of step 10 to read instead
+    bits = bytearray((run / "checkpoints" / "latest" / "step_00000010" / "state.msgpack").read_bytes())
+    bits[len(bits) // 2] ^= 0xFF  # a bit flipped: listed (the sizes check out), refused by its CRC at the restore
+    (run / "checkpoints" / "latest" / "step_00000010" / "state.msgpack").write_bytes(bytes(bits))
+    assert main(["eval", str(run), *WATCH]) == 0
+    out = capsys.readouterr().out.splitlines()
+    steps, _, state = watched(run)
+    assert steps == [5, 15, 20, 22]
+    assert state["missed"] == [10]
+    assert state["damaged"]["10"].endswith("its state.msgpack does not match the checksum in manifest.json.")
+    assert out[-1] == "The run has ended: 4 checkpoints evaluated; damaged, not evaluated: [10]."

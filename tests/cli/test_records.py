@@ -119,3 +119,41 @@ def test_every_record_up_to_a_checkpoint_is_fsynced_before_that_checkpoint_commi
         synced = {name for kind, name in seen[logged:i] if kind == "fsync"}
         assert {"metrics.jsonl", "metrics.csv"} <= synced, seen[logged:i]
         assert any(name.startswith("events.out.tfevents") for name in synced), seen[logged:i]
+
+
+EVERY_OTHER = ["trainer.eval_every=2"]  # epoch 3 ends without a validation: the run's result is epoch 2's
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_every_other(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight-every-other") / "run"
+    status, _, err = ember_train_signalled(["--output", str(run_dir), *RUN, *EVERY_OTHER])
+    assert status == 0, err[-3000:]
+    return record(run_dir), json.loads((run_dir / "summary.json").read_text())
+
+
+def test_a_run_stopped_by_sigterm_and_relaunched_holds_the_uninterrupted_runs_record_its_hparams_once(
+    tmp_path, uninterrupted_every_other
+):
+    """A stop is not the run's end: one hparams record, the relaunch's, with the run's last validation.
+
+    The stop (in epoch 3, after epoch 2's validation) writes no hparams; the relaunch, which does not validate again,
+    writes the run's one hparams record with epoch 2's numbers, and its summary's final accuracy is theirs.
+    """
+    run_dir = tmp_path / "run"
+    args = ["--output", str(run_dir), *RUN, *EVERY_OTHER]
+    status, _, err = ember_train_signalled(args, signal.SIGTERM, "epoch   2 ")
+    assert status == 143, err[-3000:]
+    assert not [r for r in record(run_dir)[0] if "hparams" in r]  # a stop is not the run's end
+    status, _, err = ember_train_signalled(args)
+    assert status == 0, err[-3000:]
+    (expected_jsonl, expected_rows, expected_curves), expected_summary = uninterrupted_every_other
+    jsonl, rows, curves = record(run_dir)
+    hparams = [r for r in jsonl if "hparams" in r]
+    assert len(hparams) == 1
+    assert sorted(hparams[0]["metrics"]) == ["val/accuracy", "val/loss"]
+    assert jsonl == expected_jsonl
+    assert rows == expected_rows
+    assert curves == expected_curves  # no validation point at the stop's step
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_accuracy"] == expected_summary["final_accuracy"] == hparams[0]["metrics"]["val/accuracy"]

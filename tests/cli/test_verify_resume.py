@@ -12,6 +12,8 @@ def report(how, devices="the same 1 device(s)"):
         f"16 iterations straight, and SIGKILLed after iteration 13 then relaunched on {devices}: resumed from "
         f"iteration N; compared {how}:",
         "  the relaunch resumed from a checkpoint (iteration N)",
+        "  epochs of 22 iterations: the relaunch resumed in the first, so a data pipeline that reshuffles each pass "
+        "was not checked (--steps 49, the default, resumes in the second)",
         "  last checkpoint: iteration 16 and 16",
         "  the train state's 16 arrays have the same names",
         f"  parameters: 4 arrays equal {how.split(' of ')[0].replace('a relative ', '')}",
@@ -29,11 +31,45 @@ def resumed_as_n(out):
     return re.sub(r"(from iteration|checkpoint \(iteration) (4|8|12)", r"\1 N", out).splitlines()
 
 
-def test_a_run_resumes_bit_for_bit_on_one_device(tmp_path, capsys):
-    """16 steps, a checkpoint every 4, a real SIGKILL after iteration 13, the relaunch: the same state and records."""
-    assert main(["verify-resume", "model.name=mlp", "--steps", "16", "--workdir", str(tmp_path), "--keep"]) == 0
-    assert resumed_as_n(capsys.readouterr().out) == [*report("bit for bit"), "resume is exact: bit for bit."]
+def test_by_default_a_run_resumes_bit_for_bit_past_an_epochs_end(tmp_path, capsys):
+    """By default the relaunch resumes in epoch 2 and runs past its end, equal to the straight run.
+
+    49 steps (two epochs of 22 and a quarter), a checkpoint every 12, a real SIGKILL after iteration 37: the relaunch
+    resumes in epoch 2, runs past its end (a validation, a new pass of the data) and ends where the straight run did,
+    its records (the validations and the one hparams record included) equal.
+    """
+    assert main(["verify-resume", "model.name=mlp", "--workdir", str(tmp_path), "--keep"]) == 0
+    out = capsys.readouterr().out
+    resumed = {int(n) for n in re.findall(r"resumed from iteration (\d+)", out)}
+    assert len(resumed) == 1
+    assert resumed <= {22, 24, 36}, out  # a background save may lag; every one is past the first epoch's end
+    n = resumed.pop()
+    assert out.splitlines() == [
+        f"49 iterations straight, and SIGKILLed after iteration 37 then relaunched on the same 1 device(s): resumed "
+        f"from iteration {n}; compared bit for bit:",
+        f"  the relaunch resumed from a checkpoint (iteration {n})",
+        f"  epochs of 22 iterations: the relaunch resumed in epoch 2 and ran past its end (iteration 44), over "
+        f"iterations {n + 1}-49",
+        "  last checkpoint: iteration 49 and 49",
+        "  the train state's 16 arrays have the same names",
+        "  parameters: 4 arrays equal bit for bit",
+        "  optimizer state: 10 arrays equal bit for bit",
+        "  the rest of the state: 2 arrays equal bit for bit",
+        "  counters, data position, metrics' and handlers' states: equal",
+        "  logged records: 101 equal, each once",  # loss and rate of 49 steps, 2 validations, the hparams record
+        "resume is exact: bit for bit.",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["resumed", "straight"]  # kept: --keep
+
+
+def test_by_default_a_pipeline_reshuffling_from_a_random_state_the_checkpoint_lacks_is_caught(tmp_path, capsys):
+    """Each pass reshuffled from NumPy's global state: the relaunch, resumed in epoch 2, draws epoch 1's order."""
+    args = ["verify-resume", "model.name=mlp", "data.name=grain", "data.path=tests.cli.reshuffled_data:make"]
+    assert main([*args, "--workdir", str(tmp_path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert "  DIFFERS: parameters: first differing leaf trainer/params.Dense_0.bias" in lines
+    assert any(line.startswith("  epochs of 21 iterations: the relaunch resumed in epoch 2") for line in lines)
+    assert lines[-1] == f"resume is NOT exact; the runs are kept in {tmp_path} to look at."
 
 
 def test_on_eight_devices_it_also_relaunches_on_four_within_a_tolerance():

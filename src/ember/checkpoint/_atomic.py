@@ -94,6 +94,9 @@ def remove(folder: Path) -> None:
     if not folder.exists():
         return
     doomed = folder.with_name(temporary_name(f"deleting-{folder.name}"))
-    os.replace(folder, doomed)
+    try:
+        os.replace(folder, doomed)
+    except FileNotFoundError:  # another process removed it first (two watchers ending together)
+        return
     fsync_path(folder.parent)
     shutil.rmtree(doomed)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ember.cli._config import Config, ConfigError, dump_config, load_config
 from ember.cli._main import main
+from ember.errors import RunHeldError
 
 if TYPE_CHECKING:
     from ember.cli._goodput import goodput_table
@@ -45,6 +46,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DigitsCNN",
+    "RunHeldError",
     "describe_checkpoint",
     "dump_config",
     "find_learning_rate",

@@ -12,6 +12,8 @@ from typing import Any
 
 from ember.cli._config import ConfigError
 from ember.cli._distributed import end_together, start_distributed
+from ember.cli._early_signals import StoppedBeforeTraining, noting_signals
+from ember.errors import RunHeldError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,7 +47,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise  # the whole traceback, for a bug report
         print(f"ember: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C before training started (or after): during it, the run saves and stops
+    except RunHeldError as e:  # another launch writes this run: try again once it has ended
+        from ember._multiprocess import REQUEUE_STATUS
+
+        print(f"ember: {e}", file=sys.stderr)
+        return REQUEUE_STATUS
+    except StoppedBeforeTraining as e:  # noted while JAX imported or the run was built: stopped at a safe point
+        print(f"ember: stopped ({e.words}) before training started; run the same command to resume.", file=sys.stderr)
+        return e.status
+    except KeyboardInterrupt:  # Ctrl-C pressed twice, or in another command: during training, the run saves and stops
         print("ember: interrupted (Ctrl-C); nothing was saved since the last checkpoint.", file=sys.stderr)
         return 130
 
@@ -105,7 +115,11 @@ def _add_config_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         help="train a config straight, then SIGKILLed and relaunched, and check the two end equal",
     )
     p_verify.add_argument("config", nargs="*", metavar="[CONFIG] [KEY=VALUE ...]", help="as ember train takes them")
-    p_verify.add_argument("--steps", type=int, default=40, help="iterations of each run (default 40)")
+    p_verify.add_argument(
+        "--steps",
+        type=int,
+        help="iterations of each run (default: two epochs and a quarter, so the relaunch resumes past an epoch's end)",
+    )
     p_verify.add_argument("--workdir", help="where the runs go (default: a temporary folder, removed if they match)")
     p_verify.add_argument("--keep", action="store_true", help="keep the runs' folders even when they match")
 
@@ -154,11 +168,12 @@ def _train(args: argparse.Namespace) -> int:
         config.output = args.output
     if not args.distributed and _answered_without_training(config):
         return 0
-    from ember.cli._train import train  # JAX from here on
+    with noting_signals():  # a Ctrl-C or SIGTERM before training starts: one line, and the run resumes later
+        from ember.cli._train import train  # JAX from here on
 
-    if args.distributed:
-        start_distributed()
-    status = _status(train(config, source=_source_of(args.config)))
+        if args.distributed:
+            start_distributed()
+        status = _status(train(config, source=_source_of(args.config)))
     if args.distributed:
         end_together(status)
     return status
@@ -202,9 +217,10 @@ def _resume(args: argparse.Namespace) -> int:
     config.output = args.run_dir  # this folder, wherever the command runs: not the saved (relative) output
     if _answered_without_training(config):
         return 0
-    from ember.cli._train import train  # JAX from here on
+    with noting_signals():
+        from ember.cli._train import train  # JAX from here on
 
-    return _status(train(config, source=_source_of([str(saved)])))
+        return _status(train(config, source=_source_of([str(saved)])))
 
 
 def _verify_resume(args: argparse.Namespace) -> int:
@@ -249,7 +265,10 @@ def _eval(args: argparse.Namespace) -> int:
         start_distributed()
     if args.watch:
         done = watch_run(args.run_dir, args.name, args.overrides, poll=args.poll)
-        missed = f"; deleted before they were evaluated: {done['missed']}" if done["missed"] else ""
+        damaged = [s for s in done["missed"] if str(s) in done.get("damaged", {})]
+        deleted = [s for s in done["missed"] if s not in damaged]
+        missed = f"; deleted before they were evaluated: {deleted}" if deleted else ""
+        missed += f"; damaged, not evaluated: {damaged}" if damaged else ""
         if not args.distributed or _process_index() == 0:
             print(f"The run has ended: {len(done['evaluated'])} checkpoints evaluated{missed}.")
     else:

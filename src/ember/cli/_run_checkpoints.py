@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ def attach_checkpoints(
     evaluator: Engine,
     run_id: str,
     records: Writer | None = None,
+    carried: Mapping[str, Any] | None = None,
 ) -> tuple[Checkpoint, Checkpoint]:
     """Attach ``checkpoints/best`` (by ``evaluator``'s accuracy) and ``checkpoints/latest`` (each epoch, the end).
 
@@ -40,7 +42,8 @@ def attach_checkpoints(
     fast tier is ``<fast_dir>/<run folder's name>-<run_id>`` (`shared_run_id`): two runs never share one, though
     their folders have the same name. ``records``, the run's writer, is synced (flushed and fsynced) before each
     latest save: a relaunch, after a SIGKILL or a power loss, resumes from a checkpoint whose steps' records are all
-    in the files. Returns ``(best, latest)``.
+    in the files. ``carried`` names what else the latest checkpoints keep for the run (its last evaluation), each
+    unless the run was begun without it (`kept_in`). Returns ``(best, latest)``.
     """
     best = Checkpoint(
         to_save,
@@ -56,11 +59,11 @@ def attach_checkpoints(
     if fast is not None:  # every save into local storage, every k-th and the last into the run folder too
         latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)
     held = unread_by(run_dir, config.keep_for_watchers) if config.keep_for_watchers else None  # until watchers read
-    latest_saves, saved_steps = dict(to_save), None
-    if kept_in(*_tiers(latest_dir)):  # the steps saved before each latest checkpoint (not in a run begun without)
-        latest_saves[KEY] = saved_steps = SavedSteps(run_dir / "checkpoints" / "latest", latest_dir, trainer)
+    saved_steps = SavedSteps(run_dir / "checkpoints" / "latest", latest_dir, trainer)  # the steps saved before each
+    tiers, carried = _tiers(latest_dir), {KEY: saved_steps, **(carried or {})}
+    latest_saves = {**to_save, **{k: v for k, v in carried.items() if kept_in(k, *tiers)}}  # not if begun without
     latest = Checkpoint(latest_saves, latest_dir, n_saved=config.keep_latest, keep_while=held)
-    if saved_steps is not None:
+    if KEY in latest_saves:
         latest.add_save_listener(saved_steps.saved)
     every = Events.EPOCH_COMPLETED | Events.COMPLETED
     if config.every_iters:

@@ -22,6 +22,9 @@ SIGNAL_STATUS = {"SIGINT": 130, "SIGTERM": 143}
 
 _SIGNAL_WORDS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM"}
 
+#: The key of a run's `LastEvaluation` in its latest checkpoints.
+LAST_EVALUATION = "last_evaluation"
+
 
 def check_same_run(run_dir: Path, config: Config) -> list[str]:
     """Refuse to continue a run in ``run_dir`` with a config that differs from the one it was started with.
@@ -131,3 +134,42 @@ def closing_line(summary: dict[str, Any]) -> str:
         f"Done: {summary['epochs']} epochs, {summary['iterations']} iterations in {summary['seconds']} s; "
         f"best {on} accuracy {shown}. Run folder: {summary['run_dir']}"
     )
+
+
+class LastEvaluation:
+    """The numbers of a run's last validation, carried in its latest checkpoints: the run's result through relaunches.
+
+    ``ember train`` updates it at each validation and puts it in the latest checkpoints (a run folder begun without it
+    goes on without). Its ``hparams`` record and its summary's ``final_accuracy`` read it at the end, so a relaunch
+    that does not validate again before its end still reports the run's last validation, as an uninterrupted run does.
+
+    Examples:
+        >>> from ember.cli._run_record import LastEvaluation
+        >>> last = LastEvaluation()
+        >>> last.seen({"accuracy": 0.91, "loss": 0.3, "precision": 0.9}); last.state_dict()
+        {'metrics': {'accuracy': 0.91, 'loss': 0.3}}
+        >>> relaunched = LastEvaluation()
+        >>> relaunched.load_state_dict(last.state_dict()); relaunched.metrics["accuracy"]
+        0.91
+    """
+
+    #: The validation numbers kept: those the ``hparams`` record and the summary report.
+    KEPT = ("accuracy", "loss")
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    def seen(self, metrics: dict[str, Any]) -> None:
+        """A validation ended with ``metrics``."""
+        self.metrics = {k: float(metrics[k]) for k in self.KEPT if k in metrics}
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"metrics": {"accuracy": ..., "loss": ...}}``; empty before the first validation."""
+        return {"metrics": dict(self.metrics)}
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Take the numbers a checkpoint kept."""
+        metrics = state_dict.get("metrics") if isinstance(state_dict, dict) else None
+        if not isinstance(metrics, dict) or not all(isinstance(v, int | float) for v in metrics.values()):
+            raise ValueError(f"A run's last evaluation must be {{'metrics': {{name: number}}}}, got {state_dict!r}.")
+        self.metrics = {str(k): float(v) for k, v in metrics.items()}

@@ -10,11 +10,12 @@ from typing import Any, TextIO
 import jax
 from jax.experimental import multihost_utils
 
-from ember.cli._compilation_cache import use_compilation_cache
+from ember._run_holder import hold
 from ember.cli._config import Config, config_source, importable, load_config
+from ember.cli._early_signals import stop_if_signalled
 from ember.cli._run_checkpoints import close_stores, fast_tier
 from ember.cli._run_course import finished, skipped_line, why_stopped
-from ember.cli._run_parts import Console, Engines, Handlers, attach_handlers, build_engines
+from ember.cli._run_parts import Console, Engines, Handlers, attach_handlers, build_engines, use_compilation_cache
 from ember.cli._run_record import check_same_run, closing_line, saved_summary
 from ember.writers import AsyncWriter
 
@@ -40,6 +41,10 @@ def train(
     Ctrl-C (SIGINT) and SIGTERM save a checkpoint at the next iteration and stop; the same command resumes. A
     run ended by early stopping or a NaN loss is complete: the same command finds nothing left to do.
 
+    One launch writes a run folder at a time: while another live launch holds it (``held-by.json``: its host,
+    process id and since when), this one raises [`RunHeldError`][ember.errors.RunHeldError] before it writes
+    anything; a launch that died (SIGKILL, a lost machine) never blocks the relaunch.
+
     Returns:
         The summary: ``{"run_dir", "resumed_from", "epochs", "iterations", "best_accuracy",
         "final_accuracy", "stopped_early", "stopped", "seconds"}``; ``stopped`` says why the run ended before its
@@ -60,18 +65,28 @@ def train(
     console = Console.open(cfg, stream, progress_stream)
     run_dir = Path(cfg.output)
     fast_tier(cfg.handlers.checkpoint, run_dir)  # a mistaken fast folder refused before the run folder is made
+    with hold(run_dir, "run"):  # one launch writes a run folder at a time; a second is refused here
+        return _held(cfg, run_dir, source, console)
+
+
+def _held(cfg: Config, run_dir: Path, source: str | Path | None, console: Console) -> dict[str, Any]:
+    """`train` once this launch holds the run folder."""
+    stop_if_signalled()  # a Ctrl-C or SIGTERM noted as JAX imported (ember's command line): stopped, nothing written
     new_layout = check_same_run(run_dir, cfg)
     started = time.perf_counter()
     use_compilation_cache(cfg.trainer.compilation_cache)
     engines = build_engines(cfg, run_dir, source, console)
+    stop_if_signalled()  # ... as the data loaded and the model was built
     handlers = attach_handlers(cfg, engines, run_dir, console)
     try:
         info = _resumed(handlers, run_dir, new_layout, console)
+        stop_if_signalled()  # ... as the checkpoint was read
         if info is not None and finished(engines.trainer, cfg):
             previous = _already_complete(handlers, run_dir, console)
             if previous is not None:  # the record of the run stays as the run left it
                 return previous
         else:
+            stop_if_signalled()  # the last safe point before Preemption takes the signals over
             _run(cfg, engines, handlers.writer, info, relaunched=engines.relaunched)
     except BaseException as error:  # the trackers record the run as failed (killed: Ctrl-C) with every record kept
         _close_failed(handlers.writer, error)
@@ -162,7 +177,7 @@ def _concluded(
         "iterations": trainer.state.iteration,
         "best_accuracy": None if best_info is None else best_info.metrics[scored],
         "best_on": cfg.handlers.checkpoint.best_on,
-        "final_accuracy": handlers.accuracies[-1] if handlers.accuracies else None,
+        "final_accuracy": handlers.last.metrics.get("accuracy"),
         "stopped_early": stopped == "early stopping",
         "stopped": stopped,
         "seconds": round(time.perf_counter() - started, 2),

@@ -43,12 +43,21 @@ class Verdict:
         self.exact = self.exact and ok
 
 
-def verify_resume(items: Sequence[str], *, steps: int = 40, workdir: str | None = None, keep: bool = False) -> Verdict:
+def verify_resume(
+    items: Sequence[str], *, steps: int | None = None, workdir: str | None = None, keep: bool = False
+) -> Verdict:
     """Train the config of ``items`` (a config file and ``KEY=VALUE`` overrides) straight, killed and resumed; compare.
+
+    Where resume bugs live is an epoch's end: a data pipeline that reshuffles each pass from a random state the
+    checkpoint does not hold gives the relaunch's later passes another order. So by default the runs are two epochs
+    and a quarter long (`default_steps`): the SIGKILL lands in the second epoch, the relaunch resumes there (from a
+    checkpoint past the first epoch's end) and runs past the second's. The verdict says which epochs were covered,
+    or that the relaunch resumed in the first (``steps`` too few) and such a pipeline was not checked.
 
     Args:
         items: what ``ember train`` takes on its command line, without ``--output``.
-        steps: iterations of each run; a checkpoint every quarter, the SIGKILL just after the third.
+        steps: iterations of each run; a checkpoint every quarter, the SIGKILL just after the third (default:
+            `default_steps` of the config's epoch length).
         workdir: where the three runs' folders go (a temporary folder, removed when they match, by default).
         keep: keep the run folders even when they match.
 
@@ -58,6 +67,9 @@ def verify_resume(items: Sequence[str], *, steps: int = 40, workdir: str | None 
         Traceback (most recent call last):
         ValueError: --steps must be at least 8 (a checkpoint every quarter, a kill after the third), got 3.
     """
+    epoch = _epoch_length(items)
+    if steps is None:
+        steps = default_steps(epoch)
     if steps < 8:
         raise ValueError(
             f"--steps must be at least 8 (a checkpoint every quarter, a kill after the third), got {steps}."
@@ -97,6 +109,7 @@ def verify_resume(items: Sequence[str], *, steps: int = 40, workdir: str | None 
             f"from iteration {start}; compared {how}:"
         )
         verdict.check(found is not None, f"the relaunch resumed from a checkpoint (iteration {start})")
+        verdict.lines.append("  " + _epochs_covered(epoch, int(found.group(1)) if found else 0, steps))
         _compare_checkpoints(straight, folder, verdict, rtol)
         _compare_records(straight, folder, verdict, rtol)
     tolerant = any(rtol for _, _, rtol in relaunches)
@@ -110,6 +123,52 @@ def verify_resume(items: Sequence[str], *, steps: int = 40, workdir: str | None 
     if verdict.exact and not keep and workdir is None:
         shutil.rmtree(root, ignore_errors=True)
     return verdict
+
+
+def default_steps(epoch: int | None) -> int:
+    """Two epochs and a quarter of ``epoch`` iterations, at least 8 (40 when the epoch's length is not known).
+
+    With a checkpoint every quarter and the kill after the third, the relaunch resumes in the second epoch and runs
+    past its end.
+
+    Examples:
+        >>> from ember.cli._verify_resume import default_steps
+        >>> default_steps(22), default_steps(2), default_steps(None)
+        (49, 8, 40)
+    """
+    return 40 if epoch is None else max(8, 2 * epoch + max(1, epoch // 4))
+
+
+def _epoch_length(items: Sequence[str]) -> int | None:
+    """The iterations of an epoch of the config of ``items`` (``data.epoch_length``, or its data's ``len()``)."""
+    from ember.cli._classifier import learning_rates
+    from ember.cli._config import load_config
+    from ember.cli._registry import build_data
+
+    files = [item for item in items if "=" not in item]
+    cfg = load_config(files[0] if files else None, [item for item in items if "=" in item])
+    if cfg.data.epoch_length is not None:
+        return cfg.data.epoch_length
+    cfg.trainer.max_iters = cfg.trainer.max_iters or 1  # the length is the data's; no schedule needs it here
+    return learning_rates(cfg, build_data(cfg.data)[0])[0]
+
+
+def _epochs_covered(epoch: int | None, resumed: int, steps: int) -> str:
+    """The verdict's line on the epochs the relaunch went through: whether a pass after the first was compared."""
+    if epoch is None:
+        return (
+            "the data has no len() and no data.epoch_length: where its epochs end is not known, so a pipeline that "
+            "reshuffles each pass may go unchecked"
+        )
+    first = resumed // epoch + 1  # the epoch the relaunch resumed in (a checkpoint at an epoch's end: the next)
+    if first < 2:
+        return (
+            f"epochs of {epoch} iterations: the relaunch resumed in the first, so a data pipeline that reshuffles "
+            f"each pass was not checked (--steps {default_steps(epoch)}, the default, resumes in the second)"
+        )
+    past = f" and ran past its end (iteration {first * epoch})" if steps > first * epoch else ""
+    over = f"over iterations {resumed + 1}-{steps}"
+    return f"epochs of {epoch} iterations: the relaunch resumed in epoch {first}{past}, {over}"
 
 
 def _device_count() -> tuple[int, bool]:

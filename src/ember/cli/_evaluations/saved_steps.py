@@ -74,26 +74,27 @@ class SavedSteps:
             del self.steps[: -self.LIMIT]
 
 
-def kept_in(*stores: Any) -> bool:
-    """Whether a run's latest checkpoints keep a `SavedSteps`: yes, unless the newest of a store was saved without.
+def kept_in(key: str, *stores: Any) -> bool:
+    """Whether a run's latest checkpoints keep the state under ``key``: yes, unless the newest of a store has none.
 
-    A run begun before ember kept one goes on without it, so that its checkpoints resume (each checkpoint of a run
-    holds the same objects); its watchers report the checkpoints they listed and lost, not the ones never listed.
+    A run begun before ember kept one (a `SavedSteps`, the run's last evaluation) goes on without it, so that its
+    checkpoints resume (each checkpoint of a run holds the same objects); without `SavedSteps`, its watchers report
+    the checkpoints they listed and lost, not the ones never listed.
 
     Examples:
         >>> import tempfile, numpy as np
         >>> from ember.checkpoint import CheckpointStore
         >>> from ember.cli._evaluations.saved_steps import kept_in
         >>> store = CheckpointStore(tempfile.mkdtemp())
-        >>> kept_in(store)  # a new run
+        >>> kept_in("saved_steps", store)  # a new run
         True
         >>> _ = store.save({"w": np.zeros(2)}, step=1, metadata={"state_dicts": {"trainer": {}}})
-        >>> kept_in(store)
+        >>> kept_in("saved_steps", store)
         False
     """
     for store in stores:
         found = store.checkpoints()
-        if found and KEY not in _states(found[-1].manifest, {KEY: None}):  # no state dicts at all: not a run's
+        if found and key not in _states(found[-1].manifest, {key: None}):  # no state dicts at all: not a run's
             return False
     return True
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ember._run_holder import hold
 from ember.cli._evaluations.job import EvaluationJob
 from ember.cli._evaluations.saved_steps import saved_before
 from ember.cli._schema import WATCHER_NAME
@@ -21,7 +22,7 @@ def watch_run(
     *,
     poll: float = 2.0,
     stream: TextIO | None = None,
-) -> dict[str, list[int]]:
+) -> dict[str, Any]:
     """``ember eval --watch``: evaluate every committed checkpoint of a run once, in increasing order, until it ends.
 
     Beside a training run (or after it), in a job of its own, possibly on another device count: every latest
@@ -33,26 +34,35 @@ def watch_run(
     a watcher killed and relaunched evaluates none twice and skips none (a record past its last evaluated step is
     dropped first). A checkpoint that retention deleted before it could be read is reported, on the console and in
     ``watch.json`` (``missed``): each latest checkpoint names the steps saved before it (`SavedSteps`), so one deleted
-    before the watcher ever listed it is reported too; one the best store also holds is read from there. The watcher
-    ends once the run is complete (its ``summary.json`` says it ended other than by a signal) and every checkpoint is
-    evaluated; it looks every ``poll`` seconds.
+    before the watcher ever listed it is reported too, as is the run's last (its step is the summary's); one the
+    best store also holds is read from there. A damaged checkpoint is reported as damaged, with the store's words
+    (the file and the check), in ``watch.json``'s ``damaged``, and left where it is. The watcher ends once the run is
+    complete (its ``summary.json`` says it ended other than by a signal) and every checkpoint is evaluated or
+    reported; it looks every ``poll`` seconds. One watcher of a name runs at a time: a second is refused with
+    [`RunHeldError`][ember.errors.RunHeldError] (``RUN_DIR/eval/NAME/held-by.json`` names the first); watchers of
+    other names run beside it.
 
     Returns:
-        ``{"evaluated": [steps], "missed": [steps]}``, as ``watch.json`` holds them.
+        ``{"evaluated": [steps], "missed": [steps]}``, as ``watch.json`` holds them, with ``"damaged": {step: why}``
+        when some of the missed were damaged rather than deleted.
     """
+    if not isinstance(name, str) or not re.fullmatch(WATCHER_NAME, name):
+        raise ValueError(f"`--name` must be a name of letters, digits, '_', '.' and '-', got {name!r}.")
+    job = EvaluationJob(run_dir, overrides)
+    folder = job.run / "eval" / name
+    with hold(folder, f"watcher {name!r}"):  # one watcher of a name at a time; others beside it
+        return _watch(job, name, folder, poll, stream)
+
+
+def _watch(job: EvaluationJob, name: str, folder: Path, poll: float, stream: TextIO | None) -> dict[str, Any]:
+    """`watch_run` once this watcher holds its folder."""
     import jax
 
     from ember._atomic_file import replace_file
     from ember.handlers import ProcessWatchdog
     from ember.writers import create_run_writer
 
-    if not isinstance(name, str) or not re.fullmatch(WATCHER_NAME, name):
-        raise ValueError(f"`--name` must be a name of letters, digits, '_', '.' and '-', got {name!r}.")
-    job = EvaluationJob(run_dir, overrides)
-    folder = job.run / "eval" / name
     primary = jax.process_index() == 0  # it decides, and writes; every process evaluates
-    if primary:
-        folder.mkdir(parents=True, exist_ok=True)
     state = _watched(folder)
     record = None  # made at the first evaluation, once the training job has made its tracker runs
     listed: dict[int, Any] = {}  # on process 0: committed when listed, not yet evaluated (deleted since: missed)
@@ -64,11 +74,14 @@ def watch_run(
                     break
                 time.sleep(poll)
                 continue
-            read = _restored(job, step, info)
-            if read is None:  # deleted (retention) before it was read, or as it was, on any process
+            read, damage = _restored(job, step, info)
+            if read is None:  # deleted (retention) before it was read, or damaged, on any process
                 if primary:
-                    print(f"step_{step:08d}: deleted before it was evaluated; reported in watch.json", file=stream)
+                    why = "deleted before it was evaluated" if damage is None else f"damaged, not evaluated ({damage})"
+                    print(f"step_{step:08d}: {why}; reported in watch.json", file=stream)
                 state["missed"].append(step)
+                if damage is not None:
+                    state.setdefault("damaged", {})[str(step)] = damage
             else:
                 metrics = job.run_all(read, stream)
                 if record is None:
@@ -108,9 +121,7 @@ def _release(job: EvaluationJob, name: str, stream: TextIO | None) -> None:
         print(f"Removed {what} kept for the watchers until read: {[i.step for i in gone]}.", file=stream)
 
 
-def _next_step(
-    run: Path, name: str, state: dict[str, list[int]], listed: dict[int, Any]
-) -> tuple[bool, int | None, Any]:
+def _next_step(run: Path, name: str, state: dict[str, Any], listed: dict[int, Any]) -> tuple[bool, int | None, Any]:
     """Whether the run has ended, and the next checkpoint to evaluate (its step and its info here).
 
     Process 0 decides, from what it has ever listed (``listed``: a checkpoint deleted since is tried, and reported
@@ -124,10 +135,13 @@ def _next_step(
 
     answer, info = "[false, null]", None
     if jax.process_index() == 0:
-        ended = _run_ended(run)
+        final = _final_step(run)
+        ended = final is not None
         last = max(state["evaluated"] + state["missed"], default=-1)
         fresh = {step: info for step, info in _committed(run).items() if step > last and step not in listed}
         listed.update(fresh)
+        if final is not None and final > last and final not in listed:  # the run's last, which no later one names:
+            listed[final] = None  # it was saved (the run saves at its end), so it is tried, and reported if it fails
         gone = {s for i in fresh.values() for s in saved_before(i.manifest) if s > last and s not in listed}
         if gone:  # saved before a checkpoint listed now, yet not listed: deleted, unless this listing missed it
             again = _committed(run)  # committed before the one that names it: a second listing holds it, if kept
@@ -141,10 +155,12 @@ def _next_step(
     return bool(ended), step, info
 
 
-def _restored(job: EvaluationJob, step: int, info: Any) -> Any:
+def _restored(job: EvaluationJob, step: int, info: Any) -> tuple[Any, str | None]:
     """Restore the checkpoint of ``step``: ``info`` (``None``: not listed here), else the best store's of that step.
 
-    Returns what was restored here, or ``None`` when a process could restore neither (deleted or damaged there).
+    Returns what was restored here, or ``None`` when a process could restore neither (deleted or damaged there), and
+    why it could not be read here if it is damaged (the file and the check, as the store says it), else ``None``.
+    The run's folder is the training job's: a damaged checkpoint is reported, never moved.
     """
     from ember._multiprocess import any_process
     from ember.checkpoint import CorruptCheckpointError, open_store
@@ -156,18 +172,36 @@ def _restored(job: EvaluationJob, step: int, info: Any) -> Any:
         if best.is_dir():
             yield from (i for i in open_store(best).checkpoints() if i.step == step)
 
-    read = None
+    read, damage = None, None
     for copy in copies():
         try:
             job.restore(copy)
-        except (FileNotFoundError, CorruptCheckpointError):
+        except FileNotFoundError:
+            continue
+        except CorruptCheckpointError as e:
+            damage = damage or str(e)
             continue
         read = copy
         break
-    return None if any_process(read is None) else read
+    if read is None and damage is None:  # never listed: a folder whose files do not check out is damaged
+        damage = _damage(job.run / "checkpoints" / "latest" / f"step_{step:08d}")
+    return (None if any_process(read is None) else read), damage
 
 
-def _watched(folder: Path) -> dict[str, list[int]]:
+def _damage(path: Path) -> str | None:
+    """What is wrong with the checkpoint folder ``path`` (the store's words), or ``None`` if it is not there."""
+    from ember.checkpoint import open_store
+
+    if not path.is_dir():
+        return None
+    try:
+        open_store(path.parent).verify(path, full=True)
+    except (OSError, ValueError) as e:  # CorruptCheckpointError, or no checkpoint of the store's kind
+        return str(e)
+    return None
+
+
+def _watched(folder: Path) -> dict[str, Any]:
     """What a watcher evaluated (and missed) before, from its ``watch.json``; nothing for a new one."""
     path = folder / "watch.json"
     if not path.exists():
@@ -179,7 +213,11 @@ def _watched(folder: Path) -> dict[str, list[int]]:
     lists = isinstance(state, dict) and all(isinstance(state.get(k), list) for k in ("evaluated", "missed"))
     if not lists or not all(type(s) is int for k in ("evaluated", "missed") for s in state[k]):
         raise ValueError(f"{path} is not a watcher's state ({{'evaluated': [...], 'missed': [...]}}); move it aside.")
-    return {"evaluated": list(state["evaluated"]), "missed": list(state["missed"])}
+    damaged = state.get("damaged", {})
+    if not isinstance(damaged, dict):
+        raise ValueError(f"{path} is not a watcher's state ('damaged' must map steps to reasons); move it aside.")
+    found: dict[str, Any] = {"evaluated": list(state["evaluated"]), "missed": list(state["missed"])}
+    return {**found, "damaged": dict(damaged)} if damaged else found
 
 
 def unread_by(run: Path, names: Sequence[str]) -> Callable[[int], bool]:
@@ -225,15 +263,18 @@ def _committed(run: Path) -> dict[int, Any]:
     return {info.step: info for info in open_store(folder).checkpoints()} if folder.is_dir() else {}
 
 
-def _run_ended(run: Path) -> bool:
-    """Whether the training run has ended for good: a ``summary.json`` that no signal stopped."""
+def _final_step(run: Path) -> int | None:
+    """The last iteration of the training run if it has ended for good (a ``summary.json`` no signal stopped)."""
     from ember.cli._run_record import stopped_by_signal
 
     path = run / "summary.json"
     if not path.exists():
-        return False
+        return None
     try:
         summary = json.loads(path.read_text())
     except ValueError:  # being written
-        return False
-    return not stopped_by_signal(summary)
+        return None
+    if stopped_by_signal(summary):
+        return None
+    final = summary.get("iterations")
+    return final if type(final) is int else -1
