@@ -42,6 +42,17 @@ def refusal(folder, pid, host, what="run"):
     )
 
 
+def refused_while(folder, start, stop):
+    """The refusal of a launch made while another writer (``start`` starts it, ``stop`` ends it) acts on ``folder``."""
+    start()
+    try:
+        with pytest.raises(RunHeldError) as caught:
+            hold(folder, "run", silence=30, say=lambda _: None)
+    finally:
+        stop()
+    return str(caught.value)
+
+
 def test_a_live_holder_on_this_machine_refuses_a_second_launch_naming_it(tmp_path):
     holder_file(tmp_path)
     with pytest.raises(RunHeldError) as caught:
@@ -99,14 +110,9 @@ def test_a_holder_elsewhere_that_beats_refuses_the_launch(tmp_path):
             (tmp_path / FILENAME).write_text(json.dumps(record))
 
     beating = threading.Thread(target=beat)
-    beating.start()
-    try:
-        with pytest.raises(RunHeldError) as caught:
-            hold(tmp_path, "run", silence=30, say=lambda _: None)
-    finally:
-        stop.set()
-        beating.join()
-    assert str(caught.value) == refusal(tmp_path, 4242, "gpu-7")
+    assert refused_while(tmp_path, beating.start, lambda: (stop.set(), beating.join())) == refusal(
+        tmp_path, 4242, "gpu-7"
+    )
 
 
 def test_a_damaged_holder_file_is_watched_and_taken_when_nothing_repairs_it(tmp_path):
@@ -124,13 +130,7 @@ def test_a_damaged_holder_file_a_live_holder_rewrites_refuses_the_launch(tmp_pat
     (tmp_path / FILENAME).write_text("{")
     repaired = {"host": "gpu-7", "pid": 4242, "since": "2026-12-02 10:00:00 UTC", "token": "theirs", "beat": 1}
     timer = threading.Timer(0.3, lambda: (tmp_path / FILENAME).write_text(json.dumps(repaired)))
-    timer.start()
-    try:
-        with pytest.raises(RunHeldError) as caught:
-            hold(tmp_path, "run", silence=30, say=lambda _: None)
-    finally:
-        timer.cancel()
-    assert str(caught.value) == refusal(tmp_path, 4242, "gpu-7")
+    assert refused_while(tmp_path, timer.start, timer.cancel) == refusal(tmp_path, 4242, "gpu-7")
 
 
 def test_the_holder_beats_and_gives_back_only_its_own_file(tmp_path):
@@ -214,3 +214,26 @@ def test_a_folder_the_hold_made_goes_with_it_if_nothing_was_written_there(tmp_pa
     with hold(tmp_path, "run"):  # a folder that was there stays, empty or not
         pass
     assert tmp_path.exists()
+
+
+def test_a_beat_that_cannot_be_written_is_missed_and_the_next_one_writes(tmp_path, monkeypatch):
+    """A full disk at one beat: the holder keeps beating (no dead thread), and a deleted file is written again."""
+    import errno
+
+    write, failed = _run_holder._write, []
+
+    def full_once(root, record):
+        if not failed:
+            failed.append(record["beat"])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(root, record)
+
+    with hold(tmp_path, "run", beat=0.05) as holder:
+        monkeypatch.setattr(_run_holder, "_write", full_once)
+        (tmp_path / FILENAME).unlink()  # deleted by hand: the next beat writes it again
+        deadline = time.monotonic() + 30
+        while not (tmp_path / FILENAME).exists() or json.loads((tmp_path / FILENAME).read_text())["beat"] < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert json.loads((tmp_path / FILENAME).read_text())["token"] == holder.record["token"]
+    assert failed == [1]

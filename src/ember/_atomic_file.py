@@ -19,6 +19,24 @@ def owner() -> str:
     return f"{re.sub(r'[^A-Za-z0-9_]', '_', socket.gethostname())}.{os.getpid()}"
 
 
+def running(pid: int) -> bool:
+    """Whether a process ``pid`` of this machine (and PID namespace) is running: a writer whose work may be in flight.
+
+    Examples:
+        >>> import os
+        >>> from ember._atomic_file import running
+        >>> running(os.getpid())
+        True
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def temporary_name(name: str, writer: str | None = None, unique: int | None = None) -> str:
     """The name of a temporary folder for writing ``name``, owned by ``writer`` (this process by default).
 

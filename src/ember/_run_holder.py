@@ -32,7 +32,7 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
-from ember._atomic_file import replace_file
+from ember._atomic_file import replace_file, running
 from ember._multiprocess import REQUEUE_STATUS, exchange
 from ember.errors import RunHeldError
 
@@ -65,11 +65,13 @@ class Holder:
         False
     """
 
-    def __init__(self, folder: Path, record: dict[str, Any], *, beat: float, made: bool = False) -> None:
+    def __init__(self, folder: Path, record: dict[str, Any], *, beat: float | None, made: bool = False) -> None:
         self.folder, self.record, self._made = folder, record, made
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(beat,), name="ember-held-by", daemon=True)
-        self._thread.start()
+        self._thread = None  # no beats: another process than 0 of a multi-process run, which process 0 holds for
+        if beat is not None:
+            self._thread = threading.Thread(target=self._beat, args=(beat,), name="ember-held-by", daemon=True)
+            self._thread.start()
 
     def _beat(self, every: float) -> None:
         while not self._stop.wait(every):
@@ -78,10 +80,13 @@ class Holder:
                 if isinstance(found, dict) and found.get("token") != self.record["token"] and not self._stop.is_set():
                     _fenced(self.folder, found)
                 self.record["beat"] += 1
-                _write(self.folder, self.record)
+                with contextlib.suppress(OSError):  # a full disk: this beat is missed, the next one tries again
+                    _write(self.folder, self.record)
 
     def release(self) -> None:
         """Stop beating; remove ``held-by.json`` if it still names this launch, and the folder if it made it empty."""
+        if self._thread is None:
+            return
         self._stop.set()
         self._thread.join()
         with _guard(self.folder):
@@ -149,17 +154,7 @@ def hold(
         problem = json.loads(exchange(f"held-by:{root.resolve()}", json.dumps(problem))[0])
     if problem is not None:
         raise RunHeldError(problem)
-    return Holder(root, me, beat=beat, made=made) if jax.process_index() == 0 else _NotHolding(root, me)
-
-
-class _NotHolding(Holder):
-    """Another process than 0 of a multi-process run: process 0 holds the folder for it."""
-
-    def __init__(self, folder: Path, record: dict[str, Any]) -> None:
-        self.folder, self.record = folder, record
-
-    def release(self) -> None:
-        """Nothing to give back."""
+    return Holder(root, me, beat=beat if jax.process_index() == 0 else None, made=made)
 
 
 def _take(root: Path, me: dict[str, Any], what: str, silence: float, say: Callable[[str], object]) -> None:
@@ -230,12 +225,8 @@ def _alive(found: dict[str, Any]) -> bool | None:
     pid = found.get("pid")
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not running(pid):
         return False
-    except PermissionError:  # another user's: alive
-        pass
     started = _started(pid)
     return started is None or found.get("started") in (None, started)  # a pid reused since is another process
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ember._atomic_file import TMP_PREFIX, fsync_path, owner, temporary_name
+from ember._atomic_file import TMP_PREFIX, fsync_path, owner, running, temporary_name
 
 REPLACING_SUFFIX = ".replacing"  # a checkpoint committed beside the one of the same name it replaces
 
@@ -40,18 +40,8 @@ def abandoned(root: Path) -> Iterator[Path]:
             old = time.time() - path.stat().st_mtime > STALE_AFTER
         except FileNotFoundError:
             continue  # gone already: its writer committed or removed it
-        if old or (host == here and not _running(pid)):
+        if old or (host == here and not running(pid)):
             yield path
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def temporary_dir(root: Path, name: str) -> Path:

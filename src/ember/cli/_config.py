@@ -296,3 +296,41 @@ def importable(folder: str | os.PathLike[str]) -> None:
 
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
+
+
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # trainer.max_epochs: a key, not a file name
+
+
+def config_from(items: Sequence[str], command: str) -> Config:
+    """The config a command line of ``ember COMMAND`` names: at most one file, then ``KEY=VALUE`` overrides.
+
+    Examples:
+        >>> from ember.cli._config import config_from
+        >>> config_from(["trainer.max_epochs=3"], "train").trainer.max_epochs
+        3
+    """
+    files = [item for item in items if "=" not in item]
+    for item in files:
+        if not Path(item).exists() and _DOTTED.fullmatch(item):
+            raise ConfigError(
+                f"{item!r} is not a config file; an override takes a value: {item}=VALUE (such as "
+                "trainer.max_epochs=3)."
+            )
+    if len(files) > 1:
+        raise ValueError(f"ember {command} takes one config file, got {files}; overrides are KEY=VALUE.")
+    source = source_of(files)
+    if source is not None:  # a model given as "mymodels:Net" may sit beside the config file
+        importable(source)
+    return load_config(files[0] if files else None, [item for item in items if "=" in item])
+
+
+def source_of(items: Sequence[str]) -> Path | None:
+    """The folder of the config file on a command line (the one it recorded, for a run folder's config).
+
+    Examples:
+        >>> from ember.cli._config import source_of
+        >>> print(source_of(["trainer.max_epochs=3"]))
+        None
+    """
+    files = [item for item in items if "=" not in item and Path(item).is_file()]
+    return config_source(files[0]) if files else None

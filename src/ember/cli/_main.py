@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ember.cli._config import ConfigError
+from ember.cli._config import ConfigError, config_from, source_of
 from ember.cli._distributed import end_together, start_distributed
 from ember.cli._early_signals import StoppedBeforeTraining, noting_signals
 from ember.errors import RunHeldError
@@ -163,7 +162,7 @@ def _add_run_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    config = _config_from(args.config, "train")
+    config = config_from(args.config, "train")
     if args.output:
         config.output = args.output
     if not args.distributed and _answered_without_training(config):
@@ -173,7 +172,7 @@ def _train(args: argparse.Namespace) -> int:
 
         if args.distributed:
             start_distributed()
-        status = _status(train(config, source=_source_of(args.config)))
+        status = _status(train(config, source=source_of(args.config)))
     if args.distributed:
         end_together(status)
     return status
@@ -182,7 +181,7 @@ def _train(args: argparse.Namespace) -> int:
 def _lr_find(args: argparse.Namespace) -> int:
     from ember.cli._lr_find import find_learning_rate
 
-    config = _config_from(args.config, "lr-find")
+    config = config_from(args.config, "lr-find")
     result = find_learning_rate(
         config, start_lr=args.start, end_lr=args.end, num_iter=args.num_iter, output=args.output
     )
@@ -197,7 +196,7 @@ def _lr_find(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from ember.cli._plan import plan_run
 
-    config = _config_from(args.config, "plan")
+    config = config_from(args.config, "plan")
     print(plan_run(config, memory=args.memory, max_batch=args.max_batch, multiple_of=args.multiple_of))
     return 0
 
@@ -213,20 +212,20 @@ def _resume(args: argparse.Namespace) -> int:
     saved = Path(args.run_dir) / "config.yaml"
     if not saved.exists():
         raise FileNotFoundError(f"{args.run_dir} has no config.yaml; is it a run folder of ember train?")
-    config = _config_from([str(saved)], "resume")
+    config = config_from([str(saved)], "resume")
     config.output = args.run_dir  # this folder, wherever the command runs: not the saved (relative) output
     if _answered_without_training(config):
         return 0
     with noting_signals():
         from ember.cli._train import train  # JAX from here on
 
-        return _status(train(config, source=_source_of([str(saved)])))
+        return _status(train(config, source=source_of([str(saved)])))
 
 
 def _verify_resume(args: argparse.Namespace) -> int:
     from ember.cli._verify_resume import verify_resume
 
-    _config_from(args.config, "verify-resume")  # a mistake in it is said now, not by three runs
+    config_from(args.config, "verify-resume")  # a mistake in it is said now, not by three runs
     try:
         verdict = verify_resume(args.config, steps=args.steps, workdir=args.workdir, keep=args.keep)
     except RuntimeError as e:
@@ -359,33 +358,3 @@ def _status(summary: dict[str, Any]) -> int:
 
     stopped = summary.get("stopped") or ""
     return 1 if stopped == "skipped updates" else SIGNAL_STATUS.get(stopped, 0)
-
-
-_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # trainer.max_epochs: a key, not a file name
-
-
-def _config_from(items: Sequence[str], command: str) -> Any:
-    """The config a command line names: at most one file, then ``KEY=VALUE`` overrides."""
-    from ember.cli._config import importable, load_config
-
-    files = [item for item in items if "=" not in item]
-    for item in files:
-        if not Path(item).exists() and _DOTTED.fullmatch(item):
-            raise ConfigError(
-                f"{item!r} is not a config file; an override takes a value: {item}=VALUE (such as "
-                "trainer.max_epochs=3)."
-            )
-    if len(files) > 1:
-        raise ValueError(f"ember {command} takes one config file, got {files}; overrides are KEY=VALUE.")
-    source = _source_of(files)
-    if source is not None:  # a model given as "mymodels:Net" may sit beside the config file
-        importable(source)
-    return load_config(files[0] if files else None, [item for item in items if "=" in item])
-
-
-def _source_of(items: Sequence[str]) -> Path | None:
-    """The folder of the config file on a command line (the one it recorded, for a run folder's config)."""
-    from ember.cli._config import config_source
-
-    files = [item for item in items if "=" not in item and Path(item).is_file()]
-    return config_source(files[0]) if files else None

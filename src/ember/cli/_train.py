@@ -80,13 +80,12 @@ def _held(cfg: Config, run_dir: Path, source: str | Path | None, console: Consol
     handlers = attach_handlers(cfg, engines, run_dir, console)
     try:
         info = _resumed(handlers, run_dir, new_layout, console)
-        stop_if_signalled()  # ... as the checkpoint was read
+        stop_if_signalled()  # ... as the checkpoint was read: the last safe point before Preemption takes them over
         if info is not None and finished(engines.trainer, cfg):
             previous = _already_complete(handlers, run_dir, console)
             if previous is not None:  # the record of the run stays as the run left it
                 return previous
         else:
-            stop_if_signalled()  # the last safe point before Preemption takes the signals over
             _run(cfg, engines, handlers.writer, info, relaunched=engines.relaunched)
     except BaseException as error:  # the trackers record the run as failed (killed: Ctrl-C) with every record kept
         _close_failed(handlers.writer, error)

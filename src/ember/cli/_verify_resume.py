@@ -142,11 +142,10 @@ def default_steps(epoch: int | None) -> int:
 def _epoch_length(items: Sequence[str]) -> int | None:
     """The iterations of an epoch of the config of ``items`` (``data.epoch_length``, or its data's ``len()``)."""
     from ember.cli._classifier import learning_rates
-    from ember.cli._config import load_config
+    from ember.cli._config import config_from
     from ember.cli._registry import build_data
 
-    files = [item for item in items if "=" not in item]
-    cfg = load_config(files[0] if files else None, [item for item in items if "=" in item])
+    cfg = config_from(items, "verify-resume")
     if cfg.data.epoch_length is not None:
         return cfg.data.epoch_length
     cfg.trainer.max_iters = cfg.trainer.max_iters or 1  # the length is the data's; no schedule needs it here
