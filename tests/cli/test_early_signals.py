@@ -107,3 +107,29 @@ def test_a_stop_in_the_first_seconds_ends_with_one_line_and_the_resumable_status
         )
         assert done.returncode == 0, done.stderr[-3000:]
         assert "Done: 1 epochs, 21 iterations" in done.stdout
+
+
+def test_a_signal_after_the_last_safe_point_is_preemptions_it_stops_before_the_first_batch(
+    tmp_path, monkeypatch, capsys
+):
+    """SIGTERM noted between the last safe point and the run's start: handed to Preemption, which saves step 0."""
+    from ember.cli import _train, main
+
+    run_from_here = _train._run
+
+    def signalled_then_run(*args, **kwargs):  # as a SIGTERM landing just after the checkpoint was read
+        os.kill(os.getpid(), signal.SIGTERM)
+        return run_from_here(*args, **kwargs)
+
+    monkeypatch.setattr(_train, "_run", signalled_then_run)
+    run = tmp_path / "run"
+    args = ["train", "model.name=mlp", "trainer.max_epochs=1", "handlers.writers=[jsonl]", "handlers.progress=false"]
+    assert main([*args, f"--output={run}"]) == 143
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "Stopped at iteration 0 (SIGTERM), the checkpoint saved; run the same command to resume. Best val accuracy "
+        f"none yet (no evaluation finished). Run folder: {run}"
+    )
+    assert sorted(p.name for p in (run / "checkpoints" / "latest").iterdir()) == ["step_00000000"]
+    monkeypatch.setattr(_train, "_run", run_from_here)
+    assert main([*args, f"--output={run}"]) == 0
+    assert "Done: 1 epochs, 22 iterations" in capsys.readouterr().out

@@ -204,3 +204,64 @@ def test_the_first_line_names_the_guards_spike_factor_and_its_rollback():
         "precision float32. Updates with a non-finite loss or gradients, or a spike past 4 times their average, are "
         "skipped, rolled back after 3 in a row."
     )
+
+
+SIGNALLED = [  # the validation data signals the process midway through a chosen pass (signalling_data.py)
+    "model.name=mlp",
+    "data.name=grain",
+    "data.path=tests.cli.signalling_data:make",
+    "trainer.max_epochs=2",
+    "handlers.progress=false",
+    "handlers.early_stopping=null",
+    "handlers.writers=[jsonl]",
+    "handlers.log_every=10",
+    "evaluations.it.every_epochs=null",  # a named evaluation every 10 iterations, on the validation data
+    "evaluations.it.every_iters=10",
+]
+
+
+def evaluation_lines(out):
+    return [line for line in out.splitlines() if line.startswith("epoch ")]
+
+
+def jsonl_records(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "time"} for line in lines]
+
+
+def test_sigterm_in_an_evaluation_by_iterations_and_again_in_its_make_up_stops_each_launch_and_loses_nothing(tmp_path):
+    """SIGTERM in the evaluation at iteration 10, then in the relaunch's make-up of it: 143 and one line each time.
+
+    The second launch trains nothing (stopped before its first batch, the evaluation still owed); the third makes
+    the evaluation up and finishes: every evaluation's console line and record is the uninterrupted run's, each once.
+    One difference, documented: at step 10 the made-up evaluation's record follows the trainer's own (written
+    before the stop), where the uninterrupted run evaluates first.
+    """
+    straight = ember_train_signalled(["--output", str(tmp_path / "straight"), *SIGNALLED])
+    assert straight[0] == 0, straight[2][-3000:]
+    run_dir = tmp_path / "run"
+    args, at_first_pass = ["--output", str(run_dir), *SIGNALLED], {"EMBER_TEST_SIGNAL_AT_PASS": "1"}
+    stop = (
+        "Stopped at iteration 10 (SIGTERM), the checkpoint saved; run the same command to resume. Best val accuracy "
+        f"none yet (no evaluation finished). Run folder: {run_dir}"
+    )
+    status, out, err = ember_train_signalled(args, env=at_first_pass)
+    assert status == 143, err[-3000:]
+    assert (evaluation_lines(out), out.splitlines()[-1]) == ([], stop)
+    status, out, err = ember_train_signalled(args, env=at_first_pass)  # the relaunch's first pass: the make-up
+    assert status == 143, err[-3000:]
+    assert out.splitlines()[-2:] == [f"Resuming {run_dir} from step_00000010 (iteration 10).", stop]
+    assert json.loads((run_dir / "summary.json").read_text())["stopped"] == "SIGTERM"
+    status, out, err = ember_train_signalled(args)
+    assert status == 0, err[-3000:]
+    assert evaluation_lines(out) == evaluation_lines(straight[1])
+    named = [re.match(r"epoch +\d+  iteration +(\d+)  (\w+) accuracy", line).groups() for line in evaluation_lines(out)]
+    assert named == [("10", "it"), ("20", "it"), ("21", "val"), ("30", "it"), ("40", "it"), ("42", "val")]
+    expected, records = jsonl_records(tmp_path / "straight"), jsonl_records(run_dir)
+    at_10 = [i for i, r in enumerate(expected) if r.get("step") == 10]
+    assert [sorted(expected[i]) for i in at_10] == [
+        ["it/accuracy", "it/loss", "step"],
+        *[["step", f"train/{n}"] for n in ("loss", "lr")],
+    ]
+    expected.insert(at_10[-1], expected.pop(at_10[0]))  # the evaluation's record after the trainer's, at step 10
+    assert records == expected

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.subprocesses import ROOT, ember_train_signalled
-from tests.writers.wandb_reader import exit_codes, history, read_records
+from tests.writers.wandb_reader import config_and_summary, exit_codes, history, read_records
 
 RUN = [
     "model.name=mlp",
@@ -118,6 +118,50 @@ def test_a_killed_and_relaunched_run_is_one_mlflow_run_with_each_step_once_and_t
     assert metrics == expected  # the values too: the resumed run is exact
     assert artifacts == ["config.yaml", "summary.json"]  # not the checkpoints
     assert json.loads((run_dir / "run.json").read_text())["trackers"]["mlflow"]
+
+
+def test_a_run_stopped_by_sigterm_and_relaunched_has_the_uninterrupted_runs_params_and_results_in_each_tracker(
+    tmp_path, tracking
+):
+    """Every tracker's record of a stopped and relaunched run is the uninterrupted run's (its folder's path aside).
+
+    Stopped in epoch 3 (after epoch 2's validation, none after): MLflow's params and metrics, W&B's config and
+    summary, the JSONL's one hparams record.
+    """
+    env = {**tracking, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    args = [*RUN, "handlers.writers=[jsonl,mlflow,wandb]", "trainer.eval_every=2"]
+    straight = ember_train_signalled(["--output", str(tmp_path / "uninterrupted"), *args], env=env)
+    assert straight[0] == 0, straight[2][-3000:]
+    run_dir = tmp_path / "stopped"
+    stopped = ember_train_signalled(["--output", str(run_dir), *args], signal.SIGTERM, "epoch   2 ", env=env)
+    assert stopped[0] == 143, stopped[2][-3000:]
+    done = ember_train_signalled(["--output", str(run_dir), *args], env=env)
+    assert done[0] == 0, done[2][-3000:]
+
+    params, tags = mlflow_params(tracking)
+    assert params["stopped"] == {**params["uninterrupted"], "output": str(run_dir)}
+    assert [t for t in tags["stopped"] if t.startswith("ember.")] == []  # no setting changed between launches
+    runs = {name: (status, metrics) for name, status, metrics, _ in mlflow_runs(tracking)}
+    assert runs["stopped"] == runs["uninterrupted"]
+    (config, summary), (expected_config, expected_summary) = map(
+        config_and_summary, (run_dir, tmp_path / "uninterrupted")
+    )
+    assert config == {**expected_config, "output": str(run_dir)}
+    final = sorted(k for k in summary if not k.startswith("_"))
+    assert final == ["train/loss", "train/lr", "val/accuracy", "val/loss"]
+    assert {k: summary[k] for k in final} == {k: expected_summary[k] for k in final}
+    hparams = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "hparams" in line]
+    assert [h["metrics"]["val/accuracy"] for h in hparams] == [summary["val/accuracy"]]
+
+
+def mlflow_params(tracking):
+    """``({run name: params}, {run name: tags})`` of the ``ember`` experiment's runs."""
+    from mlflow.tracking import MlflowClient
+
+    with _sqlalchemy_quiet():
+        client = MlflowClient(tracking_uri=tracking["MLFLOW_TRACKING_URI"])
+        runs = client.search_runs([client.get_experiment_by_name("ember").experiment_id])
+        return {r.info.run_name: r.data.params for r in runs}, {r.info.run_name: r.data.tags for r in runs}
 
 
 def test_a_run_that_raises_is_failed_in_mlflow_with_its_records_kept(tmp_path, tracking, monkeypatch):

@@ -180,7 +180,9 @@ def preempted_run(tmp_path, signal_at: int | None, schedule=Events.EPOCH_COMPLET
             return iter([float(trainer.state.iteration)] * 4)
 
     evaluations.add("val", evaluator, Data(), schedule)
-    Preemption(saver).attach(trainer, [evaluator])
+    preemption = Preemption(saver)
+    preemption.attach(trainer, [evaluator])
+    trainer.preemption = preemption  # for the test to read what it saved
     if signal_at is not None:
 
         def preempt() -> None:
@@ -224,3 +226,31 @@ def test_an_evaluation_cut_short_by_a_preemption_is_made_up_once_by_the_resumed_
     assert again["val"].owed is None
     assert records(tmp_path / "preempted" / "metrics.jsonl") == records(tmp_path / "straight" / "metrics.jsonl")
     assert [r["step"] for r in records(tmp_path / "straight" / "metrics.jsonl")] == [s for s, _ in before + made_up]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "event"),
+    [
+        (Events.EPOCH_COMPLETED, "epoch_completed"),  # made up at the EPOCH_COMPLETED the resumed run fires again
+        (Events.ITERATION_COMPLETED(every=2), "iteration_completed"),  # made up at the resumed run's STARTED
+    ],
+)
+def test_a_second_sigterm_during_the_made_up_evaluation_stops_untrained_and_the_next_run_makes_it_up(
+    tmp_path, schedule, event
+):
+    """The relaunch is stopped again as it makes the evaluation up: saved at the same step, nothing trained, owed."""
+    straight, _, _ = preempted_run(tmp_path / "straight", None, schedule)
+    straight.run([0, 0], max_epochs=3)
+    first, _, saver = preempted_run(tmp_path / "preempted", 4, schedule)
+    assert first.run([0, 0], max_epochs=3).iteration == 4
+    second, evaluations, saver = preempted_run(tmp_path / "preempted", 4, schedule)  # the signal in the make-up
+    saver.load_objects({"trainer": second}, saver.store.latest())
+    assert second.run([0, 0]).iteration == 4  # not one iteration trained
+    assert second.preemption.saved.step == 4
+    assert (evaluations["val"].history, evaluations["val"].owed) == ([], (4, event))
+    assert [c.path.name for c in saver.store.checkpoints()] == ["step_00000004"]  # the same one, its states rewritten
+    third, again, saver = preempted_run(tmp_path / "preempted", None, schedule)
+    saver.load_objects({"trainer": third}, saver.store.latest())
+    assert third.run([0, 0]).iteration == 6
+    assert again["val"].history == [(4, {"mean": 4.0}), (6, {"mean": 6.0})]
+    assert records(tmp_path / "preempted" / "metrics.jsonl") == records(tmp_path / "straight" / "metrics.jsonl")

@@ -202,3 +202,25 @@ def test_lost_time_is_the_earlier_runs_productive_time_per_step_it_ran_not_per_i
     dead, relaunch = read_records(tmp_path)
     assert (dead["ended"], relaunch["first_iteration"], relaunch["lost_steps"]) == ("killed", 15, 5)
     assert relaunch["lost"] == 2.5
+
+
+def test_compilation_saved_counts_each_hit_at_zero_or_more_never_below(tmp_path):
+    """JAX estimates the time a cache hit saved as compile time minus load time: below 0 when loading was slower."""
+    import jax
+
+    from ember.handlers import GoodputLedger
+
+    trainer = Engine(lambda e, b: b)
+    GoodputLedger(tmp_path).attach(trainer)
+
+    @trainer.on(Events.ITERATION_COMPLETED)
+    def hits(engine):
+        jax.monitoring.record_event("/jax/compilation_cache/cache_hits")
+        saved = {1: 1.5, 2: -0.75, 3: 0.25}[engine.state.iteration]
+        jax.monitoring.record_event_duration_secs("/jax/compilation_cache/compile_time_saved_sec", saved)
+
+    trainer.run([0, 1, 2])
+    record = read_records(tmp_path)[-1]
+    assert (record["cache_hits"], record["cache_saved"]) == (3, 1.75)
+    last = goodput_table(tmp_path).splitlines()[-1]
+    assert last == "persistent compilation cache: 3 hits, 1.8 s of compilation saved"

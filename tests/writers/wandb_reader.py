@@ -92,3 +92,20 @@ def exit_codes(run_dir: str | Path) -> list[int]:
         for r in read_records(path)
         if r.WhichOneof("record_type") == "exit"
     ]
+
+
+def config_and_summary(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run's config and summary as W&B merges them: every offline launch's updates under ``run_dir``, in order."""
+    config: dict[str, Any] = {}
+    summary: dict[str, Any] = {}
+    for path in offline_files(run_dir):
+        for record in read_records(path):
+            kind = record.WhichOneof("record_type")
+            items, into = {
+                "run": (record.run.config.update, config),
+                "config": (record.config.update, config),
+                "summary": (record.summary.update, summary),
+            }.get(kind, ((), config))
+            for i in items:
+                into[i.key or ".".join(i.nested_key)] = json.loads(i.value_json)
+    return config, summary

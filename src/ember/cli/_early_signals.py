@@ -4,7 +4,8 @@ A ``KeyboardInterrupt`` raised wherever the signal lands (inside an import, or a
 collection, where Python only prints "Exception ignored") can abort the process or be lost, and the run then trains
 to its end. So ``ember train`` notes the signal instead (`noting_signals`) and stops at the next safe point
 (`stop_if_signalled`), with one line and the resumable status (130, 143). Once training runs, ``Preemption`` takes
-the signals over (it saves, then stops). A second Ctrl-C while the first waits stops at once.
+the signals over (it saves, then stops), and one noted after the last safe point is handed to it (`hand_over`). A
+second Ctrl-C while the first waits stops at once.
 """
 
 from __future__ import annotations
@@ -70,3 +71,31 @@ def stop_if_signalled() -> None:
         signum = _noted[0]
         _noted.clear()
         raise StoppedBeforeTraining(signum)
+
+
+def hand_over(preemption: Any, trainer: Any) -> None:
+    """At ``trainer``'s STARTED, once ``preemption`` catches the signals: one noted since the last safe point is its.
+
+    ``preemption`` then saves and stops before the first batch, as for a signal of its own.
+
+    Examples:
+        >>> import tempfile
+        >>> from ember import Engine
+        >>> from ember.cli._early_signals import hand_over
+        >>> from ember.handlers import Checkpoint, Preemption
+        >>> trainer = Engine(lambda e, b: b)
+        >>> preemption = Preemption(Checkpoint({"trainer": trainer}, tempfile.mkdtemp()))
+        >>> _ = preemption.attach(trainer)
+        >>> hand_over(preemption, trainer)
+        >>> _noted.append(signal.SIGTERM)  # as a SIGTERM between the last safe point and the run's start
+        >>> trainer.run([1, 2]).iteration, preemption.saved.step, preemption.requested == signal.SIGTERM
+        (0, 0, True)
+    """
+    from ember.engine import Events  # here: this module is imported before JAX, whose import it guards
+
+    def take(_: Any) -> None:
+        if _noted and preemption.requested is None:
+            preemption.requested = _noted[0]
+        _noted.clear()
+
+    trainer.add_priority_handler(Events.STARTED, take)  # after Preemption's own (attached first), before the rest

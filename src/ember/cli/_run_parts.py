@@ -17,6 +17,7 @@ import jax
 from ember import Engine, Events
 from ember.cli._classifier import build_trainer, learning_rates, predict
 from ember.cli._config import Config, dump_config
+from ember.cli._early_signals import hand_over
 from ember.cli._evaluations.sections import Extra, build_evaluations, classifier_evaluator
 from ember.cli._registry import build_data, build_model, check_labels
 from ember.cli._run_checkpoints import attach_checkpoints, shared_run_id
@@ -158,19 +159,28 @@ def attach_handlers(cfg: Config, engines: Engines, run_dir: Path, console: Conso
     best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, scored, run_id, writer, carried)
     preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
     preemption.attach(trainer, engines.evaluators)
+    hand_over(preemption, trainer)  # a signal noted after the last safe point before training: Preemption's
     skip_limit = max(engines.steps_per_epoch or SKIP_LIMIT, (cfg.trainer.rollback_after or 0) + 1)
     nan_guard = TerminateOnNan(nan_check(guarded, skip_limit))  # a skip is the guard's; an epoch of skips, a stop
     nan_guard.attach(trainer)
     _attach_survival(cfg, trainer, engines.evaluators, run_dir, (latest, best), console)
-    if "console" not in h.writers:  # the console writer prints the evaluation's numbers itself
-        evaluator.add_event_handler(
-            Events.COMPLETED,
-            lambda e: console.say(
-                f"epoch {trainer.state.epoch:3d}  iteration {trainer.state.iteration:5d}  "
-                f"val accuracy {e.state.metrics['accuracy']:.4f}  val loss {e.state.metrics['loss']:.4f}"
-            ),
-        )
+    if "console" not in h.writers:  # the console writer prints the evaluations' numbers itself
+        for name in ("val", *engines.extra):
+            engines.evaluator_of(name).add_event_handler(Events.COMPLETED, _said(name, trainer, console))
     return Handlers(writer, best, latest, preemption, stopper, nan_guard, skip_limit, last)
+
+
+def _said(name: str, trainer: Engine, console: Console) -> Callable[[Engine], None]:
+    """What prints an evaluation's line: ``epoch   2  iteration    44  val accuracy 0.9375  val loss 0.2210``."""
+
+    def say(evaluator: Engine) -> None:
+        metrics = evaluator.state.metrics
+        console.say(
+            f"epoch {trainer.state.epoch:3d}  iteration {trainer.state.iteration:5d}  "
+            f"{name} accuracy {metrics['accuracy']:.4f}  {name} loss {metrics['loss']:.4f}"
+        )
+
+    return say
 
 
 def _attach_tensorboard_tabs(

@@ -97,7 +97,8 @@ class Evaluate:
         event = trainer.last_event_name
         self.evaluator.run(self.data)
         if self.evaluator.should_terminate == "skip_completed":  # cut short (a preemption): owed, recorded nowhere
-            self.owed = (trainer.state.iteration, str(getattr(event, "value", event)))
+            if self.owed is None or self.owed[0] != trainer.state.iteration:  # a make-up cut short stays as owed
+                self.owed = (trainer.state.iteration, str(getattr(event, "value", event)))
             return
         self.owed = None
         self._evaluated_at = trainer.state.iteration

@@ -72,6 +72,7 @@ class Saving:
         saved = self.saved if self.to.steps_once and self.saved is not None and self.saved.step == step else None
         collected = collect() if saved is not None else None
         if saved is not None and collected is not None and saved.metrics == metrics and saved.holds(collected[1]):
+            self.seed(to_save)  # the step resumed from, saved again (a stop before training): the ledger knows it
             states, trees = collected
             mine = own() if own is not None else None
             if saved.states != _with(states, mine):

@@ -155,8 +155,8 @@ class GoodputLedger:
             self._cache["hits"] += 1
 
     def _on_duration(self, event: str, duration: float) -> None:
-        if event == "/jax/compilation_cache/compile_time_saved_sec":
-            self._cache["saved"] += duration
+        if event == "/jax/compilation_cache/compile_time_saved_sec":  # JAX's estimate: below 0 when a load was slow
+            self._cache["saved"] += max(0.0, duration)
 
     # -- the record ----------------------------------------------------------------------------------
 

@@ -27,7 +27,9 @@ class Preemption:
     the evaluator stops at its next iteration without firing COMPLETED (so no handler acts on a partial
     evaluation), and the trainer saves and stops right after it; the checkpoint records that epoch's
     EPOCH_COMPLETED as still owed, so the resumed run evaluates that epoch again, whole, and everything
-    continues exactly. `saved` holds the checkpoint taken.
+    continues exactly. A signal that arrives before the first iteration of a run (during a STARTED handler: the
+    evaluation a resumed run makes up first) is acted on before the first batch is read: nothing is trained, and
+    the checkpoint is the run's position, the evaluation still owed. `saved` holds the checkpoint taken.
     The previous signal handlers come back when the run ends. In a multi-process run the processes agree
     (a small collective): a signal delivered to any one process makes all of them save and stop at the
     same iteration. They agree every ``check_every`` iterations (10 by default; a single process looks at
@@ -75,19 +77,33 @@ class Preemption:
         self.saved: CheckpointInfo | None = None
         self._cut_short = False  # an evaluation was stopped early by the signal
         self._previous: dict[int, Any] = {}
+        self._first: RemovableEventHandle | None = None  # the boundary before the run's first batch
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.requested = signum
 
-    def _install(self) -> None:
+    def _install(self, trainer: Engine) -> None:
+        """First at the trainer's STARTED: catch the signals, and look for one before the first batch is read."""
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("Preemption catches signals, which Python only delivers to the main thread.")
         self.requested, self.saved, self._cut_short = None, None, False
         self._interval = check_interval(self.check_every)
         for s in self.signals:
             self._previous[s] = signal.signal(s, self._on_signal)
+        self._first = trainer.add_event_handler(Events.GET_BATCH_STARTED, self._before_first_batch)
+
+    def _before_first_batch(self, trainer: Engine) -> None:
+        """Once per run, after every STARTED handler (an evaluation made up): a signal then stops the run untrained."""
+        self._drop_first()
+        self._stop_if_requested(trainer)
+
+    def _drop_first(self) -> None:
+        if self._first is not None:
+            self._first.remove()
+            self._first = None
 
     def _restore(self, *_: Any) -> None:
+        self._drop_first()
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         self._previous.clear()
@@ -97,9 +113,11 @@ class Preemption:
         return engine.last_event_name is Events.EPOCH_COMPLETED or engine.state.iteration % self._interval == 0
 
     def _trainer_boundary(self, trainer: Engine) -> None:
-        if self.saved is not None or not self._due(trainer):
-            return
-        if any_process(self.requested is not None):  # all processes save and stop together
+        if self._due(trainer):
+            self._stop_if_requested(trainer)
+
+    def _stop_if_requested(self, trainer: Engine) -> None:
+        if self.saved is None and any_process(self.requested is not None):  # all processes save and stop together
             if self._cut_short and trainer.last_event_name is Events.EPOCH_COMPLETED:
                 trainer.mark_epoch_incomplete()  # the resumed run fires it again: the evaluation runs whole
             self.saved = self.checkpoint.save_now(trainer)
@@ -132,7 +150,7 @@ class Preemption:
             1
         """
         with collect_handles() as made:
-            trainer.add_event_handler(Events.STARTED, self._install)
+            trainer.add_priority_handler(Events.STARTED, self._install)  # before an evaluation made up at STARTED
             trainer.add_event_handler(Events.ITERATION_COMPLETED | Events.EPOCH_COMPLETED, self._trainer_boundary)
             trainer.add_event_handler(Events.COMPLETED | Events.EXCEPTION_RAISED, self._restore)
             for evaluator in evaluators:
