@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 
+from ember import Events
 from ember._ledger_file import read_records
 from ember.cli import train
 from tests.subprocesses import ROOT, ember_train_signalled
@@ -265,3 +266,46 @@ def test_sigterm_in_an_evaluation_by_iterations_and_again_in_its_make_up_stops_e
     ]
     expected.insert(at_10[-1], expected.pop(at_10[0]))  # the evaluation's record after the trainer's, at step 10
     assert records == expected
+
+
+def test_a_sigterm_at_the_runs_last_iteration_leaves_the_last_evaluation_and_the_record_to_the_relaunch(
+    tmp_path, monkeypatch, capsys
+):
+    """Stopped at iteration 44 of 44, before the epoch's end: the relaunch validates, and writes the run's hparams.
+
+    Before, the relaunch took the run for complete ("nothing to do", exit 143 again, forever): no last validation,
+    no hparams record, ``"stopped": "SIGTERM"`` for good.
+    """
+    from ember.cli import _train
+
+    def config(name):
+        writers = {"writers": ["jsonl"], "progress": False, "early_stopping": None}
+        return {
+            "model": {"name": "mlp"},
+            "trainer": {"max_epochs": 2},
+            "handlers": writers,
+            "output": str(tmp_path / name),
+        }
+
+    straight = train(config("straight"))
+    attach = _train.attach_handlers
+
+    def signalled_at_the_end(cfg, engines, run_dir, console):
+        handlers = attach(cfg, engines, run_dir, console)
+        last = Events.ITERATION_COMPLETED(once=cfg.trainer.max_epochs * engines.steps_per_epoch)
+        engines.trainer.add_event_handler(last, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        return handlers
+
+    monkeypatch.setattr(_train, "attach_handlers", signalled_at_the_end)
+    stopped = train(config("run"))
+    assert (stopped["iterations"], stopped["stopped"]) == (44, "SIGTERM")
+    monkeypatch.setattr(_train, "attach_handlers", attach)
+    capsys.readouterr()
+    done = train(config("run"))
+    out = capsys.readouterr().out
+    assert f"Resuming {tmp_path / 'run'} from step_00000044 (iteration 44).\nepoch   2  iteration    44  val " in out
+    assert {k: v for k, v in done.items() if k not in ("run_dir", "seconds")} == {
+        **{k: v for k, v in straight.items() if k not in ("run_dir", "seconds")},
+        "resumed_from": 44,
+    }
+    assert jsonl_records(tmp_path / "run") == jsonl_records(tmp_path / "straight")  # hparams once, at the end

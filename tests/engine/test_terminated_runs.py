@@ -59,6 +59,33 @@ def test_a_stop_that_is_not_final_is_resumed_by_a_relaunch():
     assert fresh.run(range(10)).iteration == 50
 
 
+@pytest.mark.parametrize("limit", [{"max_epochs": 2}, {"max_iters": 4}])
+def test_a_stop_at_the_run_s_last_iteration_leaves_its_epoch_end_and_completion_to_the_relaunch(limit):
+    """Stopped (not final) at the last iteration, before its EPOCH_COMPLETED: the relaunch fires what the run owes."""
+
+    def engine_seeing(seen):
+        engine = Engine(lambda e, b: b)
+        for event in (Events.EPOCH_COMPLETED, Events.COMPLETED):
+            engine.add_event_handler(event, lambda e, name=event.value: seen.append((name, e.state.iteration)))
+        return engine
+
+    straight = []
+    engine_seeing(straight).run([1, 2], **limit)
+    first = []
+    stopped = engine_seeing(first)
+    stopped.add_event_handler(Events.ITERATION_COMPLETED(once=4), lambda e: e.terminate(final=False))
+    stopped.run([1, 2], **limit)
+    saved = stopped.state_dict()
+    assert saved == {"epoch_length": 2, "iteration": 4, **limit, "epoch_completed": False}
+    second = []
+    relaunched = engine_seeing(second)
+    relaunched.load_state_dict(saved)
+    assert relaunched.run([1, 2]).iteration == 4
+    assert straight == [("epoch_completed", 2), ("epoch_completed", 4), ("completed", 4)]
+    assert first == [("epoch_completed", 2), ("completed", 4)]  # the stop's own end: the writers flush
+    assert second == [("epoch_completed", 4), ("completed", 4)]  # before: nothing, "already complete" (max_iters)
+
+
 def test_a_trainer_stopped_early_and_resumed_from_its_checkpoint_trains_no_further(tmp_path):
     """The checkpoints page's relaunch (resume(), then run()) after EarlyStopping stopped the run at epoch 4."""
     scores = [0.5, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6]

@@ -130,6 +130,8 @@ def finished(trainer: Any, cfg: Config) -> bool:
     st = trainer.state
     if trainer.should_terminate:  # loaded from a run a handler ended (early stopping, a NaN): complete
         return True
+    if trainer.state_dict().get("epoch_completed") is False:  # stopped at an epoch's last iteration: its end is owed
+        return False
     if cfg.trainer.max_iters is not None:
         return st.iteration >= cfg.trainer.max_iters
     return st.epoch_length is not None and st.iteration >= st.epoch_length * cfg.trainer.max_epochs

@@ -51,15 +51,15 @@ class Progress:
         return self.epoch_open and length is not None and self.epoch_pos >= length
 
     def done(self, state: State) -> bool:
-        """Whether the run has reached its end (``max_iters``, or ``max_epochs`` with every EPOCH_COMPLETED fired)."""
+        """Whether the run has reached its end (``max_iters``, or ``max_epochs``) with every EPOCH_COMPLETED fired."""
+        if self.completion_pending(state):
+            return False  # the epoch still owes its EPOCH_COMPLETED (a stop at its last iteration)
         if state.max_iters is not None and state.iteration >= state.max_iters:
             return True
         if state.max_epochs is None:
             return False
         if state.epoch - self.epoch_open >= state.max_epochs:
             return True
-        if self.completion_pending(state):
-            return False  # the epoch still owes its EPOCH_COMPLETED
         return state.epoch_length is not None and state.iteration >= state.epoch_length * state.max_epochs
 
     def place(self, state: State, *, epoch_completed: bool | None) -> None:
