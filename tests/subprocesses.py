@@ -14,6 +14,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: What a test's subprocess imports from: this checkout's ``src`` (not an ember installed from another one) and its
+#: root (``tests``).
+PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+
 
 def run_python(
     args: Sequence[str],
@@ -28,7 +32,7 @@ def run_python(
     ``env`` adds to the current environment; ``cwd`` is the repository's root unless given. The run is bounded by
     ``timeout`` seconds; its exit status is the caller's to check (``assert done.returncode == 0, done.stderr``).
     """
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    environment = {**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})}
     command = [*prefix, sys.executable, *args]
     # its own process group: whatever it started (a launcher's workers, Grain's) ends with it, even on a timeout
     with subprocess.Popen(
@@ -79,7 +83,7 @@ def ember_train_signalled(
     proc = subprocess.Popen(
         [sys.executable, "-m", "ember.cli", command, *args],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

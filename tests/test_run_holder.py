@@ -15,7 +15,7 @@ import pytest
 from ember import _run_holder
 from ember._run_holder import FILENAME, hold
 from ember.errors import RunHeldError
-from tests.subprocesses import ROOT
+from tests.subprocesses import PYTHONPATH
 
 
 def holder_file(folder, **changes):
@@ -158,7 +158,7 @@ time.sleep(60)
 def test_a_holder_taken_over_while_silent_says_so_and_exits_75_at_its_next_beat(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-c", FENCED, str(tmp_path)],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -14,6 +14,10 @@ CATEGORIES = ("startup", "compilation", "productive", "data", "checkpoint", "eva
 #: The ledger's file in a run folder.
 FILENAME = "goodput.jsonl"
 
+#: The environment variable a process ``ember launch --max-restarts`` restarted finds its restart in, as JSON; the
+#: ledger records it (``restart``).
+RESTART_VARIABLE = "EMBER_RESTART"
+
 
 def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Each run's last record in ``run_dir/goodput.jsonl``, oldest run first (``[]`` without the file).

@@ -9,11 +9,40 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from ember._ledger_file import read_records
+from ember.cli import goodput_table
+from ember.cli._verify_resume import Verdict, _compare_checkpoints, _compare_records
 from tests.distributed.launch import free_port
 from tests.subprocesses import end_group, run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["handlers.progress=false", "trainer.max_epochs=2"]
+#: One simulated device per process; a process lost is declared so in 15 s, a busy machine misses no heartbeat.
+ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu", "EMBER_HEARTBEAT_TIMEOUT": "15"}
+
+#: ``ember ARGS``, but process 1 of the first launch SIGKILLs itself after iteration 30 (ember verify-resume's kill):
+#: a restart by ember launch (EMBER_RESTART set) runs whole.
+_KILL_ONCE = """
+import os, sys
+if os.environ["EMBER_PROCESS_ID"] == "1" and "EMBER_RESTART" not in os.environ:
+    os.environ["EMBER_KILL_AT_ITERATION"] = "30"
+from ember.cli._main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The default config (2 epochs) trained by ``ember launch -n 2``, as a user runs it: its folder and its lines."""
+    run = tmp_path_factory.mktemp("straight") / "two"
+    train = [sys.executable, "-m", "ember.cli", "train", "--distributed", "--output", str(run), *ARGS]
+    launched = run_python(
+        ["-m", "ember.cli", "launch", "-n", "2", "--", *train], env={**ENV, "EMBER_HEARTBEAT_TIMEOUT": "30"}
+    )
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    return run, launched
 
 
 def start(
@@ -28,9 +57,7 @@ def start(
             "EMBER_COORDINATOR": f"localhost:{port}",
             "EMBER_NUM_PROCESSES": str(processes),
             "EMBER_PROCESS_ID": str(pid),
-            "EMBER_HEARTBEAT_TIMEOUT": "15",  # a lost process is declared so in seconds; a busy machine misses none
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-            "JAX_PLATFORMS": "cpu",
+            **ENV,
         }
         given = command or ["train", "--distributed", "--output", str(run), *args]
         with open(run.with_suffix(f".{pid}.out"), "w") as out, open(run.with_suffix(f".{pid}.err"), "w") as err:
@@ -81,21 +108,13 @@ def epoch_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("epoch ")]
 
 
-def test_two_processes_train_the_default_config_as_one_process_on_two_devices(tmp_path):
+def test_two_processes_train_the_default_config_as_one_process_on_two_devices(tmp_path, straight):
     """The main job on 2 processes prints 1 process x 2 devices' epoch lines, from process 0 only; relaunch: done."""
     one = tmp_path / "one"
     devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     reference = run_python(["-m", "ember.cli", "train", "--output", str(one), *ARGS], env=devices)
     assert reference.returncode == 0, reference.stderr[-3000:]
-    run = tmp_path / "two"
-    env = {
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-        "JAX_PLATFORMS": "cpu",
-        "EMBER_HEARTBEAT_TIMEOUT": "30",  # nobody is lost here: room for a busy machine
-    }
-    train = [sys.executable, "-m", "ember.cli", "train", "--distributed", "--output", str(run), *ARGS]
-    launched = run_python(["-m", "ember.cli", "launch", "-n", "2", "--", *train], env=env)  # as a user runs it
-    assert launched.returncode == 0, launched.stderr[-3000:]
+    run, launched = straight
     lines = launched.stdout.splitlines()
     screen = lines + launched.stderr.splitlines()  # the run's own lines only: no blank ones, none of the runtime's
     assert [line for line in screen if line.strip() in ("[0]", "[1]")] == []
@@ -122,3 +141,40 @@ def test_a_killed_process_ends_the_other_with_status_75_and_the_relaunch_resumes
     assert finish(start(run, args=args)) == [0, 0], output(run, 0, "err")[-3000:]
     assert "Resuming " in output(run, 0)
     assert "Done: 3 epochs, 66 iterations" in output(run, 0)
+
+
+def test_ember_launch_restarts_a_run_whose_process_was_killed_and_it_ends_as_an_uninterrupted_run(tmp_path, straight):
+    """Process 1 SIGKILLed after iteration 30, --max-restarts 2: one restart line; the run completes as it would have.
+
+    Its checkpoint and records equal the straight run's bit for bit; the ledger counts the restart and the steps
+    trained again; a relaunch of the finished run answers at once.
+    """
+    run = tmp_path / "run"
+    train = [sys.executable, "-c", _KILL_ONCE, "train", "--distributed", "--output", str(run), *ARGS]
+    launch = ["-m", "ember.cli", "launch", "-n", "2", "--max-restarts", "2", "--", *train]
+    launched = run_python(launch, env=ENV, timeout=500)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    said = [line for line in launched.stderr.splitlines() if line.startswith("ember launch: ")]
+    assert said == ["ember launch: process 1 was lost (SIGKILL); restart 1 of 2."]
+    assert any(line.startswith("[0] Resuming ") for line in launched.stdout.splitlines())
+    assert any(line.startswith("[0] Done: 2 epochs, 44 iterations") for line in launched.stdout.splitlines())
+    verdict = Verdict()
+    _compare_checkpoints(straight[0], run, verdict, rtol=0.0)
+    _compare_records(straight[0], run, verdict, rtol=0.0)
+    assert verdict.exact, verdict.lines
+    killed, restarted = read_records(run)
+    resumed = restarted["first_iteration"]
+    assert (killed["first_iteration"], killed["last_iteration"] >= resumed, resumed in (22, 30)) == (0, True, True)
+    assert restarted["lost_steps"] == killed["last_iteration"] - resumed
+    assert (restarted["ended"], restarted["last_iteration"]) == ("completed", 44)
+    restart = restarted["restart"]
+    assert (restart["number"], restart["of"], restart["cause"]) == (1, 2, "process 1 was lost (SIGKILL)")
+    assert restart["waited"] > 0
+    table = goodput_table(run).splitlines()
+    assert table[-1].startswith("restarts: 1 by ember launch, ")
+    assert table[-4].endswith(f"; restart 1 of 2 after process 1 was lost (SIGKILL), {restart['waited']:.1f} s later")
+    again = run_python(launch, env=ENV, timeout=120)  # a finished run: every process answers, none starts JAX's service
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines()[0] == f"[0] {run}: this run is already complete; nothing to do."
+    assert [line for line in again.stdout.splitlines() if line.startswith("[1] ")] == []
+    assert [line for line in again.stderr.splitlines() if line.startswith("ember launch: ")] == []

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.subprocesses import ROOT, end_group
+from tests.subprocesses import PYTHONPATH, end_group
 
 ARGS = ["model.name=mlp", "trainer.max_epochs=1", "handlers.writers=[jsonl]", "data.name=grain"]
 ARGS += ["data.path=tests.cli.gated_data:make"]  # the first pass waits at its tenth batch until the gate opens
@@ -50,7 +50,7 @@ def stopped_early(run, delay, how):
     proc = subprocess.Popen(
         [sys.executable, "-c", _IN_TERMINAL, os.ttyname(slave), sys.executable, "-m", "ember.cli", "train", *ARGS,
          f"--output={run}"],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "EMBER_TEST_GATE": str(run.parent / "gate")},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, "EMBER_TEST_GATE": str(run.parent / "gate")},
     )  # fmt: skip
     written = []  # the slave stays open here until the process ends: a read of the master fails while none has it
 
@@ -99,7 +99,7 @@ def test_a_stop_in_the_first_seconds_ends_with_one_line_and_the_resumable_status
     if delay == 2.0:  # the same command trains the run to its end
         done = subprocess.run(
             [sys.executable, "-m", "ember.cli", "train", *ARGS, "handlers.progress=false", f"--output={run}"],
-            env={**os.environ, "PYTHONPATH": str(ROOT), "EMBER_TEST_GATE": str(tmp_path / "gate")},
+            env={**os.environ, "PYTHONPATH": PYTHONPATH, "EMBER_TEST_GATE": str(tmp_path / "gate")},
             capture_output=True,
             text=True,
             timeout=240,

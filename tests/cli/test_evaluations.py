@@ -15,7 +15,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from ember.cli import ConfigError, load_config, main, train
-from tests.subprocesses import ROOT, ember_train_signalled, end_group, run_python
+from tests.subprocesses import PYTHONPATH, ember_train_signalled, end_group, run_python
 
 
 def config(tmp_path, **evaluations):
@@ -290,7 +290,7 @@ def test_a_watcher_beside_a_live_run_killed_and_relaunched_evaluates_every_check
     state = run / "eval" / "w" / "watch.json"
     training = subprocess.Popen(
         [sys.executable, "-m", "ember.cli", "train", *args],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "EMBER_TEST_GATE": str(state)},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, "EMBER_TEST_GATE": str(state)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

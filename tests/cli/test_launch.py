@@ -1,6 +1,8 @@
 """`ember launch -n N COMMAND`: N local processes with the coordinator set, output prefixed, signals forwarded."""
 
 import io
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -9,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from ember.cli import main
 from ember.cli._launch import GRACE, launch
-from tests.subprocesses import alive
+from tests.subprocesses import PYTHONPATH, alive
 
 CHILD = """
-import os, signal, sys, time
+import json, os, signal, sys, time
 index = int(os.environ["EMBER_PROCESS_ID"])
 mode = sys.argv[1]
 def stop(sig, frame):  # no buffered print in a handler: it may interrupt one (its flush holds stdout's lock)
@@ -43,6 +46,25 @@ elif mode.startswith("lose"):  # "lose1": process 1 is SIGKILLed once the other 
         os.kill(os.getpid(), signal.SIGKILL)
     open(ready, "w").close()
     time.sleep(600)
+elif mode == "restart":  # process 1 ends 75 in the first launch, once process 0 is ready; a restart says which it is
+    ready = sys.argv[2]
+    if "EMBER_RESTART" in os.environ:
+        given = json.loads(os.environ["EMBER_RESTART"])
+        print(given["number"], given["of"], given["cause"], os.environ["EMBER_COORDINATOR"])
+        sys.exit(0)
+    if index == 1:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sys.exit(75)
+    print("first", os.environ["EMBER_COORDINATOR"], flush=True)
+    open(ready, "w").close()
+    time.sleep(600)
+elif mode == "requeue":  # process 1 ends 75 in every launch, at once
+    print("launched", os.environ.get("EMBER_RESTART", "{}"), flush=True)
+    if index == 1:
+        sys.exit(75)
+    time.sleep(600)
 elif mode in ("wait", "pid"):
     print(f"ready {os.getpid()}", flush=True)
     time.sleep(600)
@@ -63,14 +85,49 @@ elif mode == "deaf":  # process 0 ignores SIGTERM; process 1 fails once it is re
 """
 
 
-def run_launcher(mode: str, *args: str, **kwargs):
+def run_launcher(mode: str, *args: str, launcher: tuple[str, ...] = (), **kwargs):
+    """``ember launch -n 2 LAUNCHER -- python -c CHILD MODE ARGS``, its output piped."""
     return subprocess.Popen(
-        [sys.executable, "-m", "ember.cli", "launch", "-n", "2", "--", sys.executable, "-c", CHILD, mode, *args],
+        [
+            sys.executable,
+            "-m",
+            "ember.cli",
+            "launch",
+            "-n",
+            "2",
+            *launcher,
+            "--",
+            sys.executable,
+            "-c",
+            CHILD,
+            mode,
+            *args,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
         **kwargs,
     )
+
+
+def launcher_lines(err: str) -> list[str]:
+    """The launcher's own lines in its standard error."""
+    return [line for line in err.splitlines() if line.startswith("ember launch: ")]
+
+
+def signalled(done: subprocess.Popen[str], sig: int) -> tuple[str, str]:
+    """Send the launcher ``sig``; its output once it has ended (within 60 s, else the test fails naming what runs)."""
+    try:
+        done.send_signal(sig)
+        try:
+            return done.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # say which process did not end, and what it had pending
+            raise AssertionError(f"the launcher still runs after 60 s: {processes_under(done.pid)}") from None
+    finally:  # reaped whatever happens: a launcher left running would fail a later test with its ResourceWarning
+        if done.poll() is None:
+            done.kill()
+            done.communicate(timeout=30)
 
 
 def processes_under(pid: int) -> dict[int, list[str]]:
@@ -128,37 +185,27 @@ def test_a_lost_process_whichever_it_is_ends_the_run_with_the_requeue_status_nam
 def test_sigterm_and_sigint_are_forwarded_to_every_process(sig):
     """The launcher's signal reaches both processes once each; they end cleanly, and so does the launcher."""
     done = run_launcher("wait")
-    try:
-        ready = [done.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
-        assert all(" ready " in line for line in ready), ready
-        done.send_signal(sig)
-        try:
-            out, err = done.communicate(timeout=60)
-        except subprocess.TimeoutExpired:  # say which process did not end, and what it had pending
-            raise AssertionError(f"the launcher still runs after 60 s: {processes_under(done.pid)}") from None
-    finally:  # reaped whatever happens: a launcher left running would fail a later test with its ResourceWarning
-        if done.poll() is None:
-            done.kill()
-            done.communicate(timeout=30)
+    ready = [done.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
+    out, err = signalled(done, sig)
+    assert all(" ready " in line for line in ready), ready
     assert done.returncode == 0, err
     assert sorted(out.splitlines()) == [f"[0] got signal {int(sig)}", f"[1] got signal {int(sig)}"]
 
 
-def test_sigterm_forwarded_to_processes_without_a_handler_ends_the_launch_143_and_none_was_lost():
-    """Processes that SIGTERM ends as the system does: the launcher exits 128 + 15, as a shell; no "was lost" line."""
-    done = run_launcher("plain")
-    try:
-        ready = [done.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
-        assert all(" ready " in line for line in ready), ready
-        done.send_signal(signal.SIGTERM)
-        out, err = done.communicate(timeout=60)
-    finally:
-        if done.poll() is None:
-            done.kill()
-            done.communicate(timeout=30)
+@pytest.mark.parametrize("launcher", [(), ("--max-restarts", "2")])
+def test_sigterm_forwarded_to_processes_without_a_handler_ends_the_launch_143_and_none_was_lost(launcher):
+    """Processes that SIGTERM ends as the system does: the launcher exits 128 + 15, as a shell; no "was lost" line.
+
+    With restarts allowed too: 143 is resumable, but the launcher was told to stop: no restart, no process left.
+    """
+    done = run_launcher("plain", launcher=launcher)
+    ready = [done.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
+    out, err = signalled(done, signal.SIGTERM)
+    assert all(" ready " in line for line in ready), ready
     assert done.returncode == 143, err
     assert "was lost" not in err
-    assert out == ""
+    assert (out, launcher_lines(err)) == ("", [])
+    assert [pid for pid in (int(line.split()[-1]) for line in ready) if alive(pid)] == []
 
 
 def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_and_the_first_failure_is_the_status(
@@ -194,3 +241,118 @@ def test_bad_arguments_are_named():
         launch(0, ["true"])
     with pytest.raises(ValueError, match=r"`command` is empty: name the program to run"):
         launch(2, [])
+
+
+def test_a_run_that_ends_resumable_is_restarted_each_process_told_which_restart_it_is(tmp_path):
+    """Process 1 exits 75: one line, every process launched again with a new coordinator, told restart 1 of 2."""
+    done = run_launcher("restart", str(tmp_path / "ready"), launcher=("--max-restarts", "2"))
+    out, err = done.communicate(timeout=GRACE + 60)
+    assert done.returncode == 0, err
+    assert launcher_lines(err) == ["ember launch: process 1 ended with status 75; restart 1 of 2."]
+    lines = out.splitlines()
+    first = next(line for line in lines if line.startswith("[0] first ")).split()[-1]
+    address = lines[-1].split()[-1]
+    assert address != first  # a fresh coordinator port: the old one may linger
+    cause = "process 1 ended with status 75"
+    assert sorted(lines) == sorted(
+        [
+            f"[0] first {first}",
+            f"[0] got signal {int(signal.SIGTERM)}",
+            f"[0] 1 2 {cause} {address}",
+            f"[1] 1 2 {cause} {address}",
+        ]
+    )
+
+
+def test_restarts_spent_end_the_launch_with_the_last_status_and_a_summary_after_the_backoff():
+    """Process 1 exits 75 in every launch: 2 restarts 0.5 s apart, then the summary and exit 75; 3 launches."""
+    started = time.monotonic()
+    done = run_launcher("requeue", launcher=("--max-restarts", "2", "--backoff", "0.5"))
+    out, err = done.communicate(timeout=GRACE + 60)
+    assert done.returncode == 75, err
+    cause = "process 1 ended with status 75"
+    assert launcher_lines(err) == [
+        f"ember launch: {cause}; restart 1 of 2 in 0.5 s.",
+        f"ember launch: {cause}; restart 2 of 2 in 0.5 s.",
+        f"ember launch: 2 restarts spent; the launches ended: {cause}; {cause}; {cause}. Exit 75: run the same command "
+        "again to resume from the last checkpoint.",
+    ]
+    launched = sorted(
+        json.loads(line.split(" ", 2)[2]).get("number", 0) for line in out.splitlines() if "launched" in line
+    )
+    assert launched == [0, 0, 1, 1, 2, 2]
+    assert time.monotonic() - started >= 1.0  # the two backoffs
+
+
+def test_a_status_not_restarted_on_ends_the_launch_at_once(tmp_path):
+    """Exit 3 with the default --restart-on (75,143): no restart. 75 with --restart-on 3: none either."""
+    done = run_launcher("fail", str(tmp_path / "ready"), launcher=("--max-restarts", "2"))
+    _, err = done.communicate(timeout=GRACE + 60)
+    assert (done.returncode, launcher_lines(err)) == (3, [])
+    done = run_launcher("requeue", launcher=("--max-restarts", "2", "--restart-on", "3"))
+    out, err = done.communicate(timeout=GRACE + 60)
+    assert (done.returncode, launcher_lines(err)) == (75, [])
+    assert len([line for line in out.splitlines() if "launched" in line]) == 2  # one launch
+
+
+def test_restart_on_another_status_restarts_on_it(tmp_path):
+    """--restart-on 3: a process that exits 3 is restarted, then the restart spent names it."""
+    done = run_launcher("fail", str(tmp_path / "ready"), launcher=("--max-restarts", "1", "--restart-on", "3"))
+    _, err = done.communicate(timeout=2 * GRACE + 60)
+    assert done.returncode == 3, err
+    assert launcher_lines(err) == [
+        "ember launch: process 1 ended with status 3; restart 1 of 1.",
+        "ember launch: 1 restart spent; the launches ended: process 1 ended with status 3; process 1 ended with "
+        "status 3. Exit 3: run the same command again to resume from the last checkpoint.",
+    ]
+
+
+def test_a_lost_process_with_restarts_is_named_in_the_restart_line(tmp_path):
+    """Process 1 SIGKILLed each launch, one restart: it is named lost in the restart line and in the summary."""
+    done = run_launcher("lose1", str(tmp_path / "ready"), launcher=("--max-restarts", "1"))
+    _, err = done.communicate(timeout=2 * GRACE + 60)
+    assert done.returncode == 75, err
+    lost = "process 1 was lost (SIGKILL)"
+    assert launcher_lines(err) == [
+        f"ember launch: {lost}; restart 1 of 1.",
+        f"ember launch: 1 restart spent; the launches ended: {lost}; {lost}. Exit 75: run the same command again "
+        "to resume from the last checkpoint.",
+    ]
+
+
+def test_sigterm_during_the_backoff_stops_before_the_restart():
+    """A signal while the launcher waits to restart: no restart, exit 143 at once, not after the 60 s backoff."""
+    done = run_launcher("requeue", launcher=("--max-restarts", "2", "--backoff", "60"))
+    line = done.stderr.readline()  # type: ignore[union-attr]
+    started = time.monotonic()
+    out, err = signalled(done, signal.SIGTERM)
+    assert line == "ember launch: process 1 ended with status 75; restart 1 of 2 in 60 s.\n"
+    assert done.returncode == 143, err
+    assert time.monotonic() - started < 30
+    assert launcher_lines(err) == ["ember launch: stopped before restart 1; run the same command again to resume."]
+    assert len([line for line in out.splitlines() if "launched" in line]) == 2  # no second launch
+
+
+def test_bad_restart_settings_are_named(capsys):
+    """A negative count, a status that is not one, a negative backoff: each names the option and the value."""
+    with pytest.raises(
+        ValueError, match=r"`max_restarts` \(--max-restarts\) must be a number of restarts >= 0, got -1\."
+    ):
+        launch(2, ["true"], max_restarts=-1)
+    with pytest.raises(
+        ValueError, match=r"`restart_on` \(--restart-on\) must be exit statuses from 1 to 255, got \('75',\)"
+    ):
+        launch(2, ["true"], restart_on=("75",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`backoff` \(--backoff\) must be a number of seconds >= 0, got -1\.0\."):
+        launch(2, ["true"], backoff=-1.0)
+    with pytest.raises(SystemExit) as refused:
+        main(["launch", "-n", "2", "--restart-on", "75,x", "--", "true"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "ember launch: error: argument --restart-on: expected exit statuses from 1 to 255 separated by commas, got "
+        "'75,x'"
+    )
+    assert main(["launch", "-n", "2", "--max-restarts", "-1", "--", "true"]) == 2
+    assert capsys.readouterr().err == (
+        "ember: error: `max_restarts` (--max-restarts) must be a number of restarts >= 0, got -1.\n"
+    )

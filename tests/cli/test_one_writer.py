@@ -18,7 +18,7 @@ import time
 import pytest
 
 from ember.cli import load_config, train
-from tests.subprocesses import ROOT, end_group
+from tests.subprocesses import PYTHONPATH, end_group
 
 ARGS = ["model.name=mlp", "data.name=grain", "data.path=tests.cli.gated_data:make", "trainer.max_epochs=1"]
 ARGS += ["handlers.progress=false", "handlers.writers=[jsonl]"]
@@ -28,7 +28,7 @@ def start(command, gate, *, launcher=()):
     """``ember COMMAND`` in a fresh process (in a process group of its own) whose data waits for ``gate``."""
     return subprocess.Popen(
         [*launcher, sys.executable, "-m", "ember.cli", *command],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "EMBER_TEST_GATE": str(gate)},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, "EMBER_TEST_GATE": str(gate)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -11,7 +11,7 @@ import sys
 from ember import Events
 from ember._ledger_file import read_records
 from ember.cli import train
-from tests.subprocesses import ROOT, ember_train_signalled
+from tests.subprocesses import PYTHONPATH, ROOT, ember_train_signalled
 
 LONG_RUN = [
     "handlers.progress=false",
@@ -106,7 +106,7 @@ def test_a_stalled_run_exits_75_with_its_stacks_in_the_run_folder_and_the_relaun
         f"output: {tmp_path / 'run'}\n"
     )
     command = [sys.executable, "-m", "ember.cli", "train", str(tmp_path / "config.yaml"), "model.name=mlp"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     first = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=100, check=False)
     assert first.returncode == 75, first.stderr[-3000:]
     assert (
@@ -129,7 +129,7 @@ def test_the_persistent_compilation_cache_is_on_and_a_second_run_shows_its_hits(
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env = {k: v for k, v in env.items() if k != "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"}  # JAX's default: 1 s
-    env |= {"PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "user-cache")}
+    env |= {"PYTHONPATH": PYTHONPATH, "XDG_CACHE_HOME": str(tmp_path / "user-cache")}
     args = ["model.name=mlp", "trainer.max_epochs=1", "handlers.progress=false", "handlers.writers=[jsonl]"]
     runs = {}
     for name in ("temporary", "b"):

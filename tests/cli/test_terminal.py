@@ -12,7 +12,7 @@ import sys
 import termios
 import time
 
-from tests.subprocesses import ROOT
+from tests.subprocesses import PYTHONPATH, ROOT
 
 BAR = re.compile(r"Epoch \[(\d)/2\]: \[(\d+)/22\] +(\d+)%\|")  # Ignite's bar: "Epoch [1/2]: [22/22] 100%|"
 
@@ -24,7 +24,7 @@ def in_a_terminal(args, timeout=240.0, interrupt_at=None):
     """
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ember.cli", *args], cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave
     )
@@ -91,7 +91,7 @@ def test_a_batch_log_gets_one_line_an_epoch_and_no_bar_frames(tmp_path):
         done = subprocess.run(
             [sys.executable, "-m", "ember.cli", "train", "--output", str(tmp_path / "run"), "trainer.max_epochs=2"],
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": PYTHONPATH},
             stdout=out,
             stderr=subprocess.STDOUT,
             timeout=240,

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.subprocesses import ROOT, ember_train_signalled
+from tests.subprocesses import PYTHONPATH, ROOT, ember_train_signalled
 from tests.writers.wandb_reader import config_and_summary, exit_codes, history, read_records
 
 RUN = [
@@ -213,7 +213,7 @@ def sigkill_once_wandb_holds(run_dir, env, step):
     proc = subprocess.Popen(
         [sys.executable, "-m", "ember.cli", "train", "--output", str(run_dir), *WANDB_RUN],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -19,6 +19,7 @@ from ember.errors import RecordError
 from ember.handlers import Checkpoint, Preemption, load_objects
 from ember.training import TrainState, create_trainer
 from tests.data.grain_parts import BadRecord, Jitter, normalise
+from tests.subprocesses import PYTHONPATH
 from tests.training.models import LinenNet, batches, classification_loss
 
 ARRAYS = {
@@ -163,8 +164,7 @@ def test_an_unfinished_iterator_does_not_hold_up_interpreter_exit(tmp_path, sour
                 print("left with workers running", flush=True)
         """)
     )
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "src")])}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "left with workers running\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.subprocesses import alive
+from tests.subprocesses import PYTHONPATH, alive
 
 SCRIPT = Path(__file__).with_name("grain_workers_script.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("mode", ["run", "loop", "keep"])
 def test_a_run_that_ends_leaves_no_shared_memory_and_prints_nothing_of_it(mode):
     """An engine's run, a loop left open, a kept last batch: no resource_tracker warning, no error at exit."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     done = subprocess.run(
         [sys.executable, str(SCRIPT), mode], capture_output=True, text=True, env=env, timeout=300, check=False
     )
@@ -30,7 +30,7 @@ def test_a_run_that_ends_leaves_no_shared_memory_and_prints_nothing_of_it(mode):
 
 def test_the_workers_end_when_the_main_process_is_killed():
     """SIGKILL of the main process mid-run: its output pipe closes and every child it had is gone within 30 s."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), "kill"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
     )

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.subprocesses import ROOT
+from tests.subprocesses import PYTHONPATH, ROOT
 
 SCRIPT = Path(__file__).with_name("tiered_kill_script.py")
 ITERATIONS = 160
 
 
 def launch(folder: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
     return subprocess.Popen(
         [sys.executable, str(SCRIPT), str(folder)],
         cwd=ROOT,

@@ -224,3 +224,49 @@ def test_compilation_saved_counts_each_hit_at_zero_or_more_never_below(tmp_path)
     assert (record["cache_hits"], record["cache_saved"]) == (3, 1.75)
     last = goodput_table(tmp_path).splitlines()[-1]
     assert last == "persistent compilation cache: 3 hits, 1.8 s of compilation saved"
+
+
+def test_a_process_ember_launch_restarted_records_its_restart_in_its_first_run_only(tmp_path, monkeypatch):
+    """EMBER_RESTART (restart 1 of 2, the failure 4 s before the process started): the first run's record keeps it.
+
+    The table names it and sums the wait; a second run() in the process, or a malformed variable, records none.
+    """
+    import time
+
+    from ember.cli._launch import restart_environment
+    from ember.handlers import GoodputLedger
+
+    clock = Clock()
+    clock.now = 100.0
+    born = time.time()  # the process "started" at clock 100: now
+    variable = restart_environment(1, 2, "process 1 was lost (SIGKILL)", born - 4.0)
+    monkeypatch.setenv("EMBER_RESTART", variable["EMBER_RESTART"])
+    trainer = Engine(lambda e, b: b)
+    GoodputLedger(tmp_path, clock=clock, started=100.0).attach(trainer)
+    trainer.run(range(3))
+    first = read_records(tmp_path)[-1]
+    assert {k: first["restart"][k] for k in ("number", "of", "cause")} == {
+        "number": 1,
+        "of": 2,
+        "cause": "process 1 was lost (SIGKILL)",
+    }
+    assert first["restart"]["waited"] == pytest.approx(4.0, abs=1.0)
+    trainer.run(range(3), max_epochs=2)  # a later run() in the same process: not a restart
+    assert "restart" not in read_records(tmp_path)[-1]
+    table = goodput_table(tmp_path)
+    assert re.search(
+        r"  1\. iterations 0-3, [\d.]+ s, completed; restart 1 of 2 after process 1 was lost \(SIGKILL\), [34]\.\d s "
+        r"later\n",
+        table,
+    )
+    assert re.search(
+        r"\nrestarts: 1 by ember launch, [34]\.\d s from the failures to the relaunched processes' start \(not in the "
+        r"wall time above\)$",
+        table,
+    )
+    monkeypatch.setenv("EMBER_RESTART", '{"number": "one"}')
+    other = tmp_path / "other"
+    GoodputLedger(other, clock=clock, started=100.0).attach(trainer := Engine(lambda e, b: b))
+    trainer.run(range(2))
+    assert "restart" not in read_records(other)[-1]
+    assert "restarts:" not in goodput_table(other)

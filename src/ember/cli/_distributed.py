@@ -62,6 +62,26 @@ def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any
     return kwargs
 
 
+#: Where a process finds its index before ``jax.distributed`` starts: ember's launcher, Slurm, Open MPI.
+_PROCESS_INDEX = ("EMBER_PROCESS_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+
+
+def first_process(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is the run's first (process 0), from its environment, before ``jax.distributed`` starts.
+
+    Read from ``EMBER_PROCESS_ID`` (``ember launch``), ``SLURM_PROCID`` or ``OMPI_COMM_WORLD_RANK``; without any,
+    ``True`` (a process alone). ``ember train --distributed`` answers a finished run with it: every process ends at
+    once, process 0 says why.
+
+    Examples:
+        >>> from ember.cli._distributed import first_process
+        >>> first_process({"EMBER_PROCESS_ID": "1"}), first_process({"SLURM_PROCID": "0"}), first_process({})
+        (False, True, True)
+    """
+    env = os.environ if environ is None else environ
+    return next((env[name].strip() == "0" for name in _PROCESS_INDEX if name in env), True)
+
+
 def end_together(status: int = 0) -> None:
     """End every process of the run together, once all have finished it, with ``status``; in one process, return.
 

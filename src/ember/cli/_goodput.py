@@ -16,6 +16,15 @@ def goodput_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return read_records(run_dir)
 
 
+def _restarted(record: dict[str, Any]) -> str:
+    """What a run's line adds when ``ember launch`` restarted it: which restart, after what, how long after."""
+    restart = record.get("restart")
+    if not isinstance(restart, dict):
+        return ""
+    number, of, cause = restart.get("number"), restart.get("of"), restart.get("cause")
+    return f"; restart {number} of {of} after {cause}, {float(restart.get('waited', 0.0)):.1f} s later"
+
+
 def goodput_table(run_dir: str | os.PathLike[str]) -> str:
     """The table ``ember goodput RUN_DIR`` prints: seconds and shares per category, the goodput, each run.
 
@@ -42,6 +51,7 @@ def goodput_table(run_dir: str | os.PathLike[str]) -> str:
         lost = f", {r['lost_steps']} steps trained again" if r.get("lost_steps") else ""
         lines.append(
             f"  {i}. iterations {r['first_iteration']}-{r['last_iteration']}, {r['wall']:.1f} s, {r['ended']}{lost}"
+            f"{_restarted(r)}"
         )
     hits, saved = sum(r.get("cache_hits", 0) for r in records), sum(r.get("cache_saved", 0.0) for r in records)
     lines.append(
@@ -49,4 +59,11 @@ def goodput_table(run_dir: str | os.PathLike[str]) -> str:
         "of every run)"
     )
     lines.append(f"persistent compilation cache: {hits} hits, {saved:.1f} s of compilation saved")
+    restarts = [r["restart"] for r in records if isinstance(r.get("restart"), dict)]
+    if restarts:
+        waited = sum(max(0.0, float(r.get("waited", 0.0))) for r in restarts)
+        lines.append(
+            f"restarts: {len(restarts)} by ember launch, {waited:.1f} s from the failures to the relaunched processes' "
+            "start (not in the wall time above)"
+        )
     return "\n".join([f"{run_dir}: {len(records)} run{'s' if len(records) != 1 else ''}", *lines])

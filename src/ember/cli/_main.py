@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ember.cli._config import ConfigError, config_from, source_of
-from ember.cli._distributed import end_together, start_distributed
+from ember.cli._distributed import end_together, first_process, start_distributed
 from ember.cli._early_signals import StoppedBeforeTraining, noting_signals
+from ember.cli._launch import RESUMABLE, statuses
 from ember.errors import RunHeldError
 
 
@@ -131,6 +132,22 @@ def _add_run_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p_launch.add_argument("-n", "--nproc", type=int, required=True, help="how many processes")
     p_launch.add_argument("--port", type=int, help="the coordinator's port on localhost (default: a free one)")
+    p_launch.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="relaunch every process when the run ends resumable (--restart-on), up to this many times (default 0)",
+    )
+    p_launch.add_argument(
+        "--restart-on",
+        type=statuses,
+        default=RESUMABLE,
+        metavar="STATUSES",
+        help="the exit statuses that are restarted, separated by commas (default 75,143: a process lost, preempted)",
+    )
+    p_launch.add_argument(
+        "--backoff", type=float, default=0.0, help="seconds between a run's end and its restart (default 0)"
+    )
     p_launch.add_argument("program", nargs=argparse.REMAINDER, metavar="[--] COMMAND ...")
     p_resume = sub.add_parser(
         "resume", parents=[common], help="continue the run in RUN_DIR with the config saved there"
@@ -165,8 +182,8 @@ def _train(args: argparse.Namespace) -> int:
     config = config_from(args.config, "train")
     if args.output:
         config.output = args.output
-    if not args.distributed and _answered_without_training(config):
-        return 0
+    if _answered_without_training(config, say=not args.distributed or first_process()):
+        return 0  # every process of a finished run answers at once, without starting jax.distributed
     with noting_signals():  # a Ctrl-C or SIGTERM before training starts: one line, and the run resumes later
         from ember.cli._train import train  # JAX from here on
 
@@ -205,7 +222,14 @@ def _launch(args: argparse.Namespace) -> int:
     from ember.cli._launch import launch
 
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    return launch(args.nproc, program, port=args.port)
+    return launch(
+        args.nproc,
+        program,
+        port=args.port,
+        max_restarts=args.max_restarts,
+        restart_on=args.restart_on,
+        backoff=args.backoff,
+    )
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -337,13 +361,15 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
-def _answered_without_training(config: Any) -> bool:
-    """Say so and return ``True`` when ``config``'s run folder holds that run finished; JAX is not imported for it."""
+def _answered_without_training(config: Any, say: bool = True) -> bool:
+    """Return ``True`` when ``config``'s run folder holds that run finished, saying so if ``say``; JAX not imported."""
     from ember.cli._run_record import closing_line, finished_run
 
     summary = finished_run(Path(config.output), config)
     if summary is None:
         return False
+    if not say:
+        return True
     print(f"{config.output}: this run is already complete; nothing to do.")
     print(closing_line(summary))
     return True

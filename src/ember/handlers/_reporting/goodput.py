@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ember._ledger_file import CATEGORIES, FILENAME, read_records
+from ember._ledger_file import CATEGORIES, FILENAME, RESTART_VARIABLE, read_records
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._checkpointing.checkpoint import Checkpoint, checkpoints_given
 
@@ -26,6 +26,20 @@ def _process_start(clock: Callable[[], float]) -> float:
     return clock() - max(0.0, age)
 
 
+def _restart(started: float) -> dict[str, Any] | None:
+    """The restart this process is, from ``ember launch --max-restarts`` (``RESTART_VARIABLE``), or ``None``.
+
+    ``started`` is when the process started, by ``time.time()``: ``waited`` is the seconds from the failure the
+    launcher saw to then.
+    """
+    try:
+        given = json.loads(os.environ[RESTART_VARIABLE])
+        cause, failed_at = str(given["cause"]), float(given["failed_at"])
+        return {"number": int(given["number"]), "of": int(given["of"]), "cause": cause, "waited": started - failed_at}
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 class GoodputLedger:
     """Splits a run's wall time into categories and appends them to ``run_dir/goodput.jsonl``, across relaunches.
 
@@ -39,8 +53,10 @@ class GoodputLedger:
     of cumulative numbers, again every ``flush_every`` seconds, with each checkpoint of the attached ``checkpoints``
     and when it ends, so a run killed without warning leaves its numbers up to its last write, and at least up to
     the checkpoint its relaunch resumes from: the relaunch counts the steps trained again exactly as those past that
-    write. `ember goodput RUN_DIR` prints the table over the run's whole life; a launch whose record never said it
-    ended, followed by another, shows as ``killed``.
+    write. A process ``ember launch --max-restarts`` restarted records which restart it is, what ended the launch
+    before, and the seconds from that failure to its own start (``restart``; not in the wall time). `ember goodput
+    RUN_DIR` prints the table over the run's whole life; a launch whose record never said it ended, followed by
+    another, shows as ``killed``.
 
     Args:
         run_dir: the run folder (``goodput.jsonl`` is appended to there).
@@ -92,6 +108,7 @@ class GoodputLedger:
         self._iteration = 0
         self._steps = 0
         self._lost_steps = 0
+        self._restart: dict[str, Any] | None = None
         self._blocked_at_start = 0.0
         self._ended = "running"
 
@@ -103,6 +120,8 @@ class GoodputLedger:
         self._runs += 1
         self._begin = self._process_start if self._runs == 1 else now  # a later run() in this process: from now
         self._t["startup"] = now - self._begin
+        if self._runs == 1:  # the process's first run is the restart; a later run() in it is not
+            self._restart = _restart(time.time() - (now - self._process_start))
         self._first_iteration = self._iteration = engine.state.iteration
         self._blocked_at_start = self._blocked()
         earlier = [r for r in read_records(self.path.parent) if r.get("last_iteration") is not None]
@@ -186,6 +205,7 @@ class GoodputLedger:
             "steps": self._steps,
             "lost_steps": self._lost_steps,
             "ended": self._ended,
+            **({"restart": self._restart} if self._restart else {}),
         }
 
     def _write(self) -> None:
