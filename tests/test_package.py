@@ -55,12 +55,14 @@ def test_public_exceptions_live_in_errors_and_subclass_their_builtins():
     assert ember.checkpoint.CorruptCheckpointError is ember.errors.CorruptCheckpointError
     assert ember.cli.ConfigError is ember.errors.ConfigError
     assert ember.handlers.NonFiniteError is ember.errors.NonFiniteError
+    assert ember.handlers.ProcessesMissing is ember.errors.ProcessesMissing
     bases = {name: getattr(ember.errors, name).__bases__ for name in ember.errors.__all__}
     assert bases == {
         "ConfigError": (ValueError,),
         "CorruptCheckpointError": (ValueError,),
         "NonFiniteError": (FloatingPointError,),
         "NotComputableError": (RuntimeError,),
+        "ProcessesMissing": (TimeoutError,),
         "RecordError": (ValueError,),
         "RunHeldError": (RuntimeError,),
     }

@@ -14,17 +14,51 @@ In a single process both are plain local answers and import nothing but JAX.
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from ember.errors import ProcessesMissing
 
 #: The exit status of a multi-process run that lost a process: EX_TEMPFAIL, "try again" (relaunch every process and
 #: the run resumes from its last checkpoint). `ProcessWatchdog` ends the survivors with it; `ember launch` exits
 #: with it whichever process was lost.
 REQUEUE_STATUS = 75
 
-#: How long [`exchange`][ember._multiprocess.exchange] waits for the slowest process by default, in seconds.
-EXCHANGE_TIMEOUT = 1800.0
+#: How long the processes wait for each other where they meet outside the compiled step (a checkpoint's commit, the
+#: run's end), in seconds, unless ``EMBER_WAIT_TIMEOUT`` says otherwise: room for a slow shared file system.
+WAIT_TIMEOUT = 1800.0
+
+
+def wait_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds the processes wait for each other where they meet outside the compiled step: ``EMBER_WAIT_TIMEOUT``.
+
+    `WAIT_TIMEOUT` (1800) by default: a checkpoint's commit waits for the slowest process's write. A process that
+    stops (killed, SIGSTOP) is named sooner, by the coordination service's heartbeat timeout; this bounds the wait
+    for one that is alive but stuck.
+
+    Examples:
+        >>> from ember._multiprocess import wait_timeout
+        >>> wait_timeout({}), wait_timeout({"EMBER_WAIT_TIMEOUT": "90"})
+        (1800.0, 90.0)
+        >>> wait_timeout({"EMBER_WAIT_TIMEOUT": "0"})
+        Traceback (most recent call last):
+        ...
+        ValueError: EMBER_WAIT_TIMEOUT must be a positive number of seconds, got '0'.
+    """
+    given = (os.environ if environ is None else environ).get("EMBER_WAIT_TIMEOUT")
+    if given is None:
+        return WAIT_TIMEOUT
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"EMBER_WAIT_TIMEOUT must be a positive number of seconds, got {given!r}.")
+    return seconds
 
 
 def any_process(flag: bool) -> bool:
@@ -97,17 +131,17 @@ _rounds: dict[str, int] = {}  # the next round of each name, in this process
 _published: dict[str, list[str]] = {}  # this process's keys of each name not yet deleted, oldest first
 
 
-def exchange(name: str, value: str, *, timeout: float = EXCHANGE_TIMEOUT) -> list[str]:
+def exchange(name: str, value: str, *, timeout: float | None = None) -> list[str]:
     """Publish ``value`` under ``name`` and return every process's value for it, by process index.
 
     Every call with the same ``name`` is a new round: every process must make the same calls with that name in the
     same order (as they save the same checkpoints into one folder; a name holding the folder's path keeps two folders'
-    rounds apart). It waits at most ``timeout`` seconds for each other process. A process deletes its own key of a round
-    once every process has published a later round of that name (so has read it), and a long run does not fill the
-    coordination service.
+    rounds apart). It waits at most ``timeout`` seconds in all (`wait_timeout` by default) for the other processes.
+    A process deletes its own key of a round once every process has published a later round of that name (so has
+    read it), and a long run does not fill the coordination service.
 
     Raises:
-        TimeoutError: a process did not publish its value within ``timeout`` (it died, or hangs).
+        ProcessesMissing: processes did not publish their value in time (stalled, stuck or lost): it names them all.
 
     Examples:
         >>> from ember._multiprocess import exchange
@@ -119,19 +153,23 @@ def exchange(name: str, value: str, *, timeout: float = EXCHANGE_TIMEOUT) -> lis
         return [value]
     import jax
 
+    timeout = wait_timeout() if timeout is None else timeout
+    deadline = time.monotonic() + timeout
     n = _rounds.get(name, 0)
     _rounds[name] = n + 1
     key = f"ember/{name}/{n}"
     mine = f"{key}/{jax.process_index()}"
     client.key_value_set(mine, value)
-    values = []
+    values: list[str] = []
+    missing: list[int] = []
     for p in range(jax.process_count()):
+        left = max(0.001, deadline - time.monotonic())  # past the deadline: only whether it is there now
         try:
-            values.append(client.blocking_key_value_get(f"{key}/{p}", int(timeout * 1000)))
-        except Exception as e:  # the runtime's error for a deadline: DEADLINE_EXCEEDED
-            raise TimeoutError(
-                f"Process {p} did not answer round {n} of {name!r} within {timeout:g} s ({type(e).__name__}: {e})."
-            ) from None
+            values.append(client.blocking_key_value_get(f"{key}/{p}", int(left * 1000)))
+        except Exception:  # the runtime's error for a deadline: DEADLINE_EXCEEDED
+            missing.append(p)
+    if missing:
+        raise ProcessesMissing(missing, name, timeout)
     published = _published.setdefault(name, [])
     published.append(mine)
     while len(published) > 2:  # every process has published the round after it, so has read it

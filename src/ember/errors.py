@@ -82,11 +82,35 @@ class RunHeldError(RuntimeError):
     """
 
 
+class ProcessesMissing(TimeoutError):
+    """Processes of the run did not reach a point where all meet within the wait timeout (stalled, stuck or lost).
+
+    ``missing`` lists them; the message names them, the point and the timeout (``EMBER_WAIT_TIMEOUT``).
+    [`ProcessWatchdog`][ember.handlers.ProcessWatchdog] and ``ember train --distributed`` end the process with
+    status 75 on it, as for a lost process: relaunch every process.
+
+    Examples:
+        >>> from ember.handlers import ProcessesMissing
+        >>> error = ProcessesMissing([1], "commit", 5.0)
+        >>> str(error)
+        "process 1 did not reach 'commit' within 5 s (EMBER_WAIT_TIMEOUT): stalled, stuck or lost"
+        >>> error.missing, error.why
+        ([1], "did not reach 'commit' within 5 s (EMBER_WAIT_TIMEOUT)")
+    """
+
+    def __init__(self, missing: list[int], point: str, timeout: float) -> None:
+        who = f"process{'es' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+        self.missing, self.point = missing, point
+        self.why = f"did not reach {point!r} within {timeout:g} s (EMBER_WAIT_TIMEOUT)"
+        super().__init__(f"{who} {self.why}: stalled, stuck or lost")
+
+
 __all__ = [
     "ConfigError",
     "CorruptCheckpointError",
     "NonFiniteError",
     "NotComputableError",
+    "ProcessesMissing",
     "RecordError",
     "RunHeldError",
 ]

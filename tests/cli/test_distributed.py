@@ -14,8 +14,9 @@ import pytest
 from ember._ledger_file import read_records
 from ember.cli import goodput_table
 from ember.cli._verify_resume import Verdict, _compare_checkpoints, _compare_records
+from tests.cli.test_launch import processes_under
 from tests.distributed.launch import free_port
-from tests.subprocesses import end_group, run_python
+from tests.subprocesses import PYTHONPATH, end_group, run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["handlers.progress=false", "trainer.max_epochs=2"]
@@ -178,3 +179,119 @@ def test_ember_launch_restarts_a_run_whose_process_was_killed_and_it_ends_as_an_
     assert again.stdout.splitlines()[0] == f"[0] {run}: this run is already complete; nothing to do."
     assert [line for line in again.stdout.splitlines() if line.startswith("[1] ")] == []
     assert [line for line in again.stderr.splitlines() if line.startswith("ember launch: ")] == []
+
+
+def _stopped_once(run: Path, which: int, launcher: tuple[str, ...] = (), resume_after: float | None = None):
+    """``ember launch -n 2 LAUNCHER -- ember train --distributed`` (3 epochs), process ``which`` SIGSTOPped once.
+
+    Stopped once the first epoch's checkpoint is on disk (SIGCONT after ``resume_after`` seconds, if given); every
+    wait bounded.
+
+    Returns the launcher's status, its output and error, and the seconds from the stop to the launcher's end.
+    """
+    args = ["handlers.progress=false", "trainer.max_epochs=3"]
+    train = [sys.executable, "-m", "ember.cli", "train", "--distributed", "--output", str(run), *args]
+    command = [sys.executable, "-m", "ember.cli", "launch", "-n", "2", *launcher, "--", *train]
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, **ENV}
+    out_file, err_file = run.with_suffix(".out"), run.with_suffix(".err")
+    with open(out_file, "w") as out, open(err_file, "w") as err:
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list((run / "checkpoints" / "latest").glob("step_00000022")):
+            assert proc.poll() is None, err_file.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint of the first epoch within 240 s"
+            time.sleep(0.1)
+        target = next(
+            pid
+            for pid in processes_under(proc.pid)
+            if f"EMBER_PROCESS_ID={which}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        )
+        os.kill(target, signal.SIGSTOP)
+        stopped = time.monotonic()
+        if resume_after is not None:
+            time.sleep(resume_after)
+            os.kill(target, signal.SIGCONT)
+        status = proc.wait(timeout=400)
+        took = time.monotonic() - stopped
+    finally:
+        end_group(proc.pid)
+        proc.wait(timeout=30)
+    return status, out_file.read_text(), err_file.read_text(), took
+
+
+def _ember_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line[4:].startswith("ember: ") or line.startswith("ember launch: ")]
+
+
+def test_a_stalled_coordinator_is_named_by_the_survivor_within_a_third_of_the_heartbeat_timeout(tmp_path):
+    """Process 0 (which hosts the coordination service) SIGSTOPped: process 1 names it in ember's words, exit 75.
+
+    Before the runtime's heartbeat abort (client.h, naming no process); the launcher wakes process 0 to end it.
+    """
+    status, _, err, took = _stopped_once(tmp_path / "run", 0)
+    assert status == 75, err[-3000:]
+    assert _ember_lines(err)[0] == (
+        "[1] ember: process 0 of this 2-process run was lost (the coordination service on process 0 did not answer "
+        "within 5 s: process 0 stalled or was lost). Process 1 stops here with exit status 75: the last complete "
+        f"checkpoint is {tmp_path / 'run'}/checkpoints/latest/step_00000022 (step 22); relaunching resumes from it. "
+        "Relaunch every process."
+    ), err[-3000:]
+    assert "Terminating process because the JAX distributed service" not in err
+    assert took < 15 + 30  # the heartbeat timeout, and room for a busy machine: not the launcher's 30 s grace on top
+
+
+def test_a_stalled_process_is_named_and_with_a_restart_the_run_completes(tmp_path):
+    """Process 1 SIGSTOPped: its heartbeats stop, process 0 names it and exits 75; the run completes restarted.
+
+    The launcher wakes process 1 to end it, restarts both, and the run resumes from a committed checkpoint.
+    """
+    status, out, err, _ = _stopped_once(tmp_path / "run", 1, launcher=("--max-restarts", "1"))
+    assert status == 0, err[-3000:]
+    said = _ember_lines(err)
+    assert said[0].startswith(
+        "[0] ember: process 1 of this 2-process run was lost (it stopped answering the coordination service). "
+        "Process 0 stops here with exit status 75: the last complete checkpoint is "
+    ), said
+    assert said[-1] == "ember launch: process 0 ended with status 75; restart 1 of 1.", said
+    assert "Done: 3 epochs, 66 iterations" in out
+
+
+def test_a_process_stopped_and_continued_within_the_heartbeat_timeout_lets_the_run_go_on(tmp_path):
+    """SIGSTOP, then SIGCONT 4 s later (the heartbeat timeout is 15 s): nobody is named, the run completes."""
+    status, out, err, _ = _stopped_once(tmp_path / "run", 1, resume_after=4.0)
+    assert status == 0, err[-3000:]
+    assert _ember_lines(err) == []
+    assert "Done: 3 epochs, 66 iterations" in out
+
+
+#: ``ember ARGS``, but process 1 sleeps 60 s before the run's end meets the others: alive (its heartbeats go on),
+#: stuck.
+_STUCK_AT_THE_END = """
+import os, sys, time
+if os.environ["EMBER_PROCESS_ID"] == "1":
+    from ember.cli import _train
+    concluded = _train._concluded
+    _train._concluded = lambda *args, **kwargs: (time.sleep(60), concluded(*args, **kwargs))[1]
+from ember.cli._main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_process_stuck_where_the_processes_meet_is_named_after_ember_wait_timeout(tmp_path):
+    """Process 1 alive but stuck before the run's end (EMBER_WAIT_TIMEOUT=5): process 0 names it and exits 75."""
+    run = tmp_path / "run"
+    train = [sys.executable, "-c", _STUCK_AT_THE_END, "train", "--distributed", "--output", str(run)]
+    started = time.monotonic()
+    launched = run_python(
+        ["-m", "ember.cli", "launch", "-n", "2", "--", *train, "handlers.progress=false", "trainer.max_epochs=1"],
+        env={**ENV, "EMBER_WAIT_TIMEOUT": "5"},
+        timeout=300,
+    )
+    assert launched.returncode == 75, launched.stderr[-3000:]
+    assert _ember_lines(launched.stderr) == [
+        "[0] ember: process 1 did not reach 'ember train: checkpoints written' within 5 s (EMBER_WAIT_TIMEOUT): "
+        "stalled, stuck or lost. Process 0 stops here with exit status 75: relaunch every process; the run resumes "
+        "from its last complete checkpoint."
+    ]
+    assert time.monotonic() - started < 60  # not the 60 s process 1 sleeps: the launcher ended it

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
+
+from ember.errors import ProcessesMissing
 
 #: Seconds without a heartbeat after which the coordination service declares a process lost (``ember train
 #: --distributed``; ``EMBER_HEARTBEAT_TIMEOUT`` overrides it).
 HEARTBEAT_TIMEOUT = 30
-
-#: Seconds ``end_together`` waits for the other processes of a run to finish.
-END_TIMEOUT = 600.0
 
 
 def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -35,6 +34,8 @@ def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any
     """
     import jax
 
+    from ember._multiprocess import wait_timeout
+
     env = os.environ if environ is None else environ
     names = ("EMBER_COORDINATOR", "EMBER_NUM_PROCESSES", "EMBER_PROCESS_ID")
     given = [n for n in names if n in env]
@@ -54,12 +55,30 @@ def start_distributed(environ: Mapping[str, str] | None = None) -> dict[str, Any
                 "EMBER_NUM_PROCESSES and EMBER_PROCESS_ID must be ints, got "
                 f"{env['EMBER_NUM_PROCESSES']!r} and {env['EMBER_PROCESS_ID']!r}."
             ) from None
+    heartbeat = heartbeat_timeout(env)
+    wait_timeout(env)  # a bad EMBER_WAIT_TIMEOUT is said now, not at the run's first checkpoint
+    jax.config.update("jax_enable_recoverability", True)
+    jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=heartbeat)
+    return kwargs
+
+
+def heartbeat_timeout(environ: Mapping[str, str] | None = None) -> int:
+    """The coordination service's heartbeat timeout for ``ember train --distributed``, in seconds.
+
+    ``EMBER_HEARTBEAT_TIMEOUT``, or `HEARTBEAT_TIMEOUT`: a process silent that long (killed, or stalled: SIGSTOP,
+    swapped out) is declared lost, and the others end with status 75 naming it. Their watchdog gives the service on
+    process 0 a third of it to answer before it names process 0.
+
+    Examples:
+        >>> from ember.cli._distributed import heartbeat_timeout
+        >>> heartbeat_timeout({}), heartbeat_timeout({"EMBER_HEARTBEAT_TIMEOUT": "15"})
+        (30, 15)
+    """
+    env = os.environ if environ is None else environ
     heartbeat = env.get("EMBER_HEARTBEAT_TIMEOUT", str(HEARTBEAT_TIMEOUT))
     if not heartbeat.isdigit() or int(heartbeat) < 1:
         raise ValueError(f"EMBER_HEARTBEAT_TIMEOUT must be a positive number of seconds, got {heartbeat!r}.")
-    jax.config.update("jax_enable_recoverability", True)
-    jax.distributed.initialize(**kwargs, heartbeat_timeout_seconds=int(heartbeat))
-    return kwargs
+    return int(heartbeat)
 
 
 #: Where a process finds its index before ``jax.distributed`` starts: ember's launcher, Slurm, Open MPI.
@@ -87,8 +106,9 @@ def end_together(status: int = 0) -> None:
 
     With JAX's recoverability on, the runtime no longer holds the processes together at exit, and its shutdown
     races with the CPU collectives' own calls to the coordination service (process 0 was seen aborting there). So
-    each process waits at the coordination service's barrier (at most ``END_TIMEOUT`` seconds), flushes its output,
-    and ends without the runtime's shutdown call; process 0, which hosts the service, ends last.
+    each process waits for the others through the coordination service (at most ``EMBER_WAIT_TIMEOUT`` seconds:
+    `missing_processes` ends it naming those that did not come), flushes its output, and ends without the runtime's
+    shutdown call; process 0, which hosts the service, ends last.
 
     Examples:
         >>> from ember.cli._distributed import end_together
@@ -98,14 +118,45 @@ def end_together(status: int = 0) -> None:
 
     import jax
 
-    from ember._multiprocess import coordination_client
+    from ember._multiprocess import coordination_client, exchange
 
-    client = coordination_client()
-    if client is None:
+    if coordination_client() is None:
         return
-    client.wait_at_barrier("ember: end of the run", int(END_TIMEOUT * 1000))
+    try:
+        exchange("ember: end of the run", str(status))
+    except ProcessesMissing as e:
+        missing_processes(e)
     sys.stdout.flush()
     sys.stderr.flush()
     if jax.process_index() == 0:
         time.sleep(1.0)  # the others are gone before the service is
     os._exit(status)
+
+
+def missing_processes(error: ProcessesMissing) -> NoReturn:
+    """End this process with status 75 (relaunch every process), naming the processes ``error`` says did not come.
+
+    Examples:
+        >>> from unittest import mock
+        >>> from ember.errors import ProcessesMissing
+        >>> from ember.cli._distributed import missing_processes
+        >>> with mock.patch("os._exit", side_effect=SystemExit) as ended, mock.patch("sys.stderr", sys.stdout):
+        ...     missing_processes(ProcessesMissing([1], "ember: end of the run", 5.0))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        SystemExit
+        >>> ended.call_args.args
+        (75,)
+    """
+    import jax
+
+    from ember._multiprocess import REQUEUE_STATUS
+
+    print(
+        f"ember: {error}. Process {jax.process_index()} stops here with exit status {REQUEUE_STATUS}: relaunch every "
+        "process; the run resumes from its last complete checkpoint.",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    os._exit(REQUEUE_STATUS)

@@ -333,11 +333,16 @@ def _wait(procs: list[subprocess.Popen[str]], stopping: list[int]) -> _End:
 
 
 def _signal_running(procs: list[subprocess.Popen[str]], sig: int) -> None:
-    """Send ``sig`` to every process of ``procs`` still running (one that ends meanwhile is passed over)."""
+    """Send ``sig`` to every process of ``procs`` still running (one that ends meanwhile is passed over).
+
+    Then SIGCONT: a stopped process (SIGSTOP, a debugger, a stalled machine) acts on the signal now, not after
+    the grace, when it would be killed.
+    """
     for proc in procs:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(sig)
+                proc.send_signal(signal.SIGCONT)
 
 
 def _ended(index: int, code: int, stopping: list[int]) -> _End:

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from ember.cli._config import ConfigError, config_from, source_of
-from ember.cli._distributed import end_together, first_process, start_distributed
+from ember.cli._distributed import end_together, first_process, missing_processes, start_distributed
 from ember.cli._early_signals import StoppedBeforeTraining, noting_signals
 from ember.cli._launch import RESUMABLE, statuses
-from ember.errors import RunHeldError
+from ember.errors import ProcessesMissing, RunHeldError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,7 +189,10 @@ def _train(args: argparse.Namespace) -> int:
 
         if args.distributed:
             start_distributed()
-        status = _status(train(config, source=source_of(args.config)))
+        try:
+            status = _status(train(config, source=source_of(args.config)))
+        except ProcessesMissing as e:  # a wait outside the trainer's run (its end) ran out: name them, exit 75
+            missing_processes(e)
     if args.distributed:
         end_together(status)
     return status

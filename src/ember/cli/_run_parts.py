@@ -17,6 +17,7 @@ import jax
 from ember import Engine, Events
 from ember.cli._classifier import build_trainer, learning_rates, predict
 from ember.cli._config import Config, dump_config
+from ember.cli._distributed import heartbeat_timeout
 from ember.cli._early_signals import hand_over
 from ember.cli._evaluations.sections import Extra, build_evaluations, classifier_evaluator
 from ember.cli._registry import build_data, build_model, check_labels
@@ -246,7 +247,7 @@ def _attach_survival(
             save_timeout=stall.save_timeout,
         ).attach(trainer, evaluators=evaluators, checkpoints=checkpoints)
     if jax.process_count() > 1:  # a lost process ends the others at once, naming the checkpoint to resume from
-        ProcessWatchdog(latest).attach(trainer)
+        ProcessWatchdog(latest, answer_within=heartbeat_timeout() / 3).attach(trainer)
     if os.environ.get(KILL_AT):  # ember verify-resume's real SIGKILL, once that iteration is done
         at = int(os.environ[KILL_AT])
         trainer.add_event_handler(Events.ITERATION_COMPLETED(once=at), lambda: os.kill(os.getpid(), signal.SIGKILL))

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import jax
-from jax.experimental import multihost_utils
 
+from ember._multiprocess import exchange
 from ember._run_holder import hold
 from ember.cli._config import Config, config_source, importable, load_config
 from ember.cli._early_signals import stop_if_signalled
@@ -154,7 +154,7 @@ def _concluded(
     trainer, best = engines.trainer, handlers.best
     close_stores(best, handlers.latest)  # their writer threads end with the run (a notebook runs many)
     if jax.process_count() > 1:  # process 0 has written every checkpoint: all read the same best
-        multihost_utils.sync_global_devices("ember train: checkpoints written")
+        exchange("ember train: checkpoints written", "")  # bounded: a process that does not come is named
     scored = f"{cfg.handlers.checkpoint.best_on}_accuracy"  # the best checkpoints' score: val's, or an evaluation's
     best_info = best.store.best(scored) if best.store is not None else None
     stopper, nan_guard, skip_limit = handlers.stopper, handlers.nan_guard, handlers.skip_limit

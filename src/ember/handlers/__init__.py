@@ -1,5 +1,6 @@
 """Stock handlers: what a run reports and decides."""
 
+from ember.errors import ProcessesMissing
 from ember.handlers._checkpointing.checkpoint import Checkpoint, CheckpointEvents
 from ember.handlers._checkpointing.loading import load_objects
 from ember.handlers._checkpointing.model_checkpoint import ModelCheckpoint
@@ -59,6 +60,7 @@ __all__ = [
     "ParamStats",
     "Preemption",
     "ProcessWatchdog",
+    "ProcessesMissing",
     "Profiler",
     "ProgressBar",
     "Rollback",

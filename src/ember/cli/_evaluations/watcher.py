@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ember._run_holder import hold
+from ember.cli._distributed import heartbeat_timeout
 from ember.cli._evaluations.job import EvaluationJob
 from ember.cli._evaluations.saved_steps import saved_before
 from ember.cli._schema import WATCHER_NAME
@@ -66,7 +67,8 @@ def _watch(job: EvaluationJob, name: str, folder: Path, poll: float, stream: Tex
     state = _watched(folder)
     record = None  # made at the first evaluation, once the training job has made its tracker runs
     listed: dict[int, Any] = {}  # on process 0: committed when listed, not yet evaluated (deleted since: missed)
-    with ProcessWatchdog().watching():  # a lost process ends the others (status 75), not a hang
+    # a lost or stalled process ends the others (status 75), not a hang
+    with ProcessWatchdog(answer_within=heartbeat_timeout() / 3).watching():
         while True:
             ended, step, info = _next_step(job.run, name, state, listed)
             if step is None:

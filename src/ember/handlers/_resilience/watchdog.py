@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Generator
 from typing import Any
 
 from ember._multiprocess import REQUEUE_STATUS, coordination_client
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
+from ember.errors import ProcessesMissing
 from ember.handlers._checkpointing.checkpoint import Checkpoint
 from ember.handlers._resilience.watch import Watch
 
@@ -35,6 +37,9 @@ class ProcessWatchdog:
 
     - a collective fails because a peer's connection closed (XLA:CPU's Gloo does this at once): at the
       trainer's EXCEPTION_RAISED;
+    - a wait where the processes meet outside the compiled step (a checkpoint's commit) runs out
+      (`ProcessesMissing`, after ``EMBER_WAIT_TIMEOUT`` seconds): at EXCEPTION_RAISED, naming the processes that
+      did not arrive;
     - a thread asks JAX's coordination service every ``poll_every`` seconds which processes are alive;
       the service declares a process lost after ``heartbeat_timeout_seconds`` (an argument of
       ``jax.distributed.initialize``; 100 s by default). This path needs
@@ -42,9 +47,13 @@ class ProcessWatchdog:
       without it the runtime aborts every survivor at that moment, before anything else can act.
 
     So a survivor ends within about ``heartbeat_timeout_seconds + poll_every`` seconds, or at once when a
-    collective fails. If process 0 (which hosts the coordination service) is the one lost, the runtime
-    ends the survivors at once with its own message; no watchdog can act first. In a single-process run
-    the watchdog does nothing.
+    collective fails; a process that stalls (SIGSTOP, swapped out) stops its heartbeats and is named the same way.
+    Process 0 hosts the coordination service: when it is killed, a question to the service fails at once; when it
+    stalls, a question hangs, and a service that has not answered a lookup (a second thread asks every
+    ``poll_every`` seconds) within ``answer_within`` seconds names process 0
+    (the runtime would end the survivors with its own message, naming no process, once their heartbeats to the
+    service time out: keep ``answer_within`` well below ``heartbeat_timeout_seconds``). In a single-process run the
+    watchdog does nothing.
 
     Args:
         checkpoint: the [`Checkpoint`][ember.handlers.Checkpoint] whose last complete checkpoint the message names;
@@ -52,6 +61,8 @@ class ProcessWatchdog:
         poll_every: seconds between two questions to the coordination service.
         confirm_within: after a failed collective, how long to wait (with recoverability on) for the
             service to say which process was lost; the message says "another process" if it has not.
+        answer_within: seconds the coordination service gets to answer one question before process 0 (its host)
+            is named stalled or lost.
         exit: how the process ends (``os._exit``, which skips the runtime's shutdown barrier, which would
             wait for the lost process); tests pass their own.
 
@@ -72,6 +83,7 @@ class ProcessWatchdog:
         *,
         poll_every: float = 1.0,
         confirm_within: float = 30.0,
+        answer_within: float = 10.0,
         exit: Callable[[int], Any] = os._exit,
     ) -> None:
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
@@ -88,8 +100,12 @@ class ProcessWatchdog:
         if isinstance(confirm_within, bool) or not isinstance(confirm_within, int | float) or confirm_within < 0:
             raise ValueError(f"`confirm_within` must be a number of seconds >= 0, got {confirm_within!r}.")
         self.checkpoint, self.poll_every, self._exit = checkpoint, float(poll_every), exit
-        self.confirm_within = float(confirm_within)
+        if isinstance(answer_within, bool) or not isinstance(answer_within, int | float) or answer_within <= 0:
+            raise ValueError(f"`answer_within` must be a positive number of seconds, got {answer_within!r}.")
+        self.confirm_within, self.answer_within = float(confirm_within), float(answer_within)
         self.watch = Watch("ember-process-watchdog", self.poll_every, self._check)
+        self.pinging = Watch("ember-process-watchdog-ping", self.poll_every, self._ping)
+        self._ending = threading.Lock()
 
     def lost(self) -> list[int]:
         """The processes the coordination service no longer counts as alive (``[]`` in a single process).
@@ -103,7 +119,7 @@ class ProcessWatchdog:
 
         everyone = list(range(jax.process_count()))
         try:
-            alive = client.get_live_nodes(everyone)
+            alive = client.get_live_nodes(everyone)  # it waits for every live process to ask: a stalled one, until lost
         except Exception as e:  # the service itself is gone with process 0
             raise RuntimeError(f"the coordination service on process 0 cannot be reached ({e})") from None
         return [p for p in everyone if p not in alive]
@@ -114,7 +130,9 @@ class ProcessWatchdog:
 
         who = f"process {', '.join(map(str, lost))}" if lost else "another process"
         where = "no checkpoint is committed in its folder; relaunching starts from the beginning"
-        info = self._committed()
+        # a save commits through the coordination service: with process 0 gone none will, and the runtime may end this
+        # process any moment now (its heartbeats to the service fail): no grace then
+        info = self._committed(0.0 if lost and 0 in lost else SAVE_GRACE)
         if self.checkpoint is None:  # a job that keeps its own state (an evaluation job's watch.json)
             where = "relaunching resumes from what it recorded"
         elif info is not None:
@@ -124,18 +142,20 @@ class ProcessWatchdog:
             f"{jax.process_index()} stops here with exit status {EXIT_CODE}: {where}. Relaunch every process."
         )
 
-    def _committed(self) -> Any:
-        """The newest checkpoint on disk, once a save in flight has had ``SAVE_GRACE`` seconds to land."""
+    def _committed(self, grace: float) -> Any:
+        """The newest checkpoint on disk, once a save in flight has had ``grace`` seconds to land."""
         if self.checkpoint is None or self.checkpoint.store is None:
             return None
         with contextlib.suppress(Exception):  # a save that needs the lost process never finishes; one that fails, fails
-            self.checkpoint.store.wait(timeout=SAVE_GRACE)
+            self.checkpoint.store.wait(timeout=grace)
         try:
             return self.checkpoint.latest_committed()
         except OSError:  # the folder cannot be read: say so rather than name nothing
             return None
 
     def _end(self, lost: list[int] | None, why: str) -> None:
+        if not self._ending.acquire(blocking=False):
+            return  # the other watch is ending the process
         print(self.message(lost, why), file=sys.stderr, flush=True)
         sys.stdout.flush()
         self._exit(EXIT_CODE)
@@ -148,18 +168,53 @@ class ProcessWatchdog:
             self._end([0], str(e))
             return True
         if lost:
-            self._end(lost, "it stopped answering the coordination service")
+            import jax
+
+            me = jax.process_index()  # declared lost itself: this process stalled past the heartbeat timeout
+            why = "it stopped answering the coordination service"
+            self._end([me] if me in lost else lost, f"{why}: this process stalled" if me in lost else why)
         return bool(lost)
+
+    def _ping(self) -> bool:
+        """On the ping's thread: end this process if the service (on process 0) does not answer in time.
+
+        A lookup, which a live service answers at once: `lost` cannot tell a stalled process 0, as it waits for a
+        stalled process as for a slow one. ``answer_within`` seconds without an answer name process 0.
+        """
+        client = coordination_client()
+        if client is None:
+            return True
+        answered = threading.Event()
+
+        def ask() -> None:
+            with contextlib.suppress(Exception):  # "not found" is an answer; a service gone is `lost`'s to say
+                client.key_value_try_get("ember/watchdog-ping")
+            answered.set()
+
+        threading.Thread(target=ask, name="ember-process-watchdog-question", daemon=True).start()
+        if answered.wait(self.answer_within):
+            return False
+        self._end(
+            [0],
+            f"the coordination service on process 0 did not answer within {self.answer_within:g} s: process 0 stalled "
+            "or was lost",
+        )
+        return True
 
     def _start(self) -> None:
         if coordination_client() is not None:
             self.watch.start()
+            self.pinging.start()
 
     def _finish(self) -> None:
         self.watch.stop()
+        self.pinging.stop()
 
     def _failed(self, _engine: Engine | None, error: BaseException) -> None:
         self._finish()
+        if isinstance(error, ProcessesMissing):  # a wait where the processes meet ran out: they are named
+            self._end(error.missing, f"it {error.why}")
+            return
         text = str(error)
         if coordination_client() is None or not any(sign in text for sign in _PEER_GONE):
             return  # an ordinary error: it propagates as usual
