@@ -5,7 +5,8 @@ trainer's own compiled step (the same function, the same ``TrainState`` pytree, 
 bare ``for`` loop; ember's trainer runs it with its engine and its process function, with no handlers, and
 with a typical set (a running average of the loss, an epoch-wise ``Average``, both updated inside the step,
 and a progress bar that refreshes every 100 steps), and with two named evaluations (``Evaluations``) that are not
-due in the run. The handler row is measured against a hand loop calling its own compiled step, which carries the two
+due in the run, and with the typical set plus a ``StragglerReport`` as each process of a multi-process run has it.
+The handler row is measured against a hand loop calling its own compiled step, which carries the two
 metrics' states, so both sides do the same device work. The difference
 is ember's added microseconds per step. When PyTorch Ignite is importable (not a dependency: ``pip install torch
 pytorch-ignite``), its ``Engine`` drives the same compiled step and state with no handlers, a row of its own against
@@ -30,7 +31,7 @@ import optax
 from _runs import attach_metrics, interleaved
 
 from ember import Engine, Events
-from ember.handlers import Evaluations, ProgressBar
+from ember.handlers import Evaluations, ProgressBar, StragglerReport
 from ember.training import TrainState, create_trainer
 
 
@@ -38,9 +39,26 @@ def loss_fn(model: Any, batch: Any) -> Any:
     return jnp.mean((model(batch["x"]) - batch["y"]) ** 2)
 
 
-def make_trainer(handlers: bool, evaluations: bool = False) -> Any:
+def with_straggler_report(trainer: Any) -> None:
+    """A `StragglerReport` attached as on each process of a multi-process run, windows of 100 (one process: none).
+
+    Its timing handlers on every step and its comparison every window, the exchange answered here (the coordination
+    service's round trip, once a window, is left out).
+    """
+    from unittest import mock
+
+    from ember.handlers._reporting import stragglers
+
+    stragglers.exchange = lambda name, value: [value, value]  # type: ignore[assignment]
+    with mock.patch.object(jax, "process_count", return_value=2):
+        StragglerReport(every=100).attach(trainer)
+
+
+def make_trainer(handlers: bool, evaluations: bool = False, stragglers: bool = False) -> Any:
     state = TrainState.create(lambda p, x: x @ p, jnp.zeros(3), optax.sgd(1e-3))
     trainer = create_trainer(state, loss_fn)
+    if stragglers:
+        with_straggler_report(trainer)
     if evaluations:  # two evaluations that are never due in the run: what they cost until they are
         named = Evaluations(trainer)
         named.add("val", Engine(lambda e, b: b), [0], Events.ITERATION_COMPLETED(every=10**9))
@@ -51,8 +69,10 @@ def make_trainer(handlers: bool, evaluations: bool = False) -> Any:
     return trainer
 
 
-def ember_side(data: list[Any], handlers: bool, evaluations: bool = False) -> Callable[[], float]:
-    trainer = make_trainer(handlers, evaluations)
+def ember_side(
+    data: list[Any], handlers: bool, evaluations: bool = False, stragglers: bool = False
+) -> Callable[[], float]:
+    trainer = make_trainer(handlers, evaluations, stragglers)
     trainer.run(data[:2], max_epochs=1)  # compile
 
     def run() -> float:
@@ -131,13 +151,17 @@ def main(argv: list[str] | None = None) -> None:
     ignite = ignite_side(data)
     if ignite is not None:
         sides[f"Ignite {__import__('ignite').__version__}"] = ignite
-    sides |= {"hand loop, metrics": hand_side(data, True), "ember + handlers": ember_side(data, True)}
+    sides |= {
+        "hand loop, metrics": hand_side(data, True),
+        "ember + handlers": ember_side(data, True),
+        "ember + handlers + stragglers": ember_side(data, True, stragglers=True),
+    }
     times = interleaved(sides, args.repeats)
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {args.steps} steps, {args.repeats} repeats")
     reference = None
     for name, values in times.items():
         best, median = 1e6 * min(values), 1e6 * statistics.median(values)
-        line = f"{name:20s} {best:7.1f} us/step (best)  {median:7.1f} (median)"
+        line = f"{name:30s} {best:7.1f} us/step (best)  {median:7.1f} (median)"
         if name.startswith("hand"):
             reference = (best, median)
         else:

@@ -78,6 +78,7 @@ NOT_RUN = {
     ("concepts/distributed.md", 0): "several processes",
     ("concepts/distributed.md", 1): "several processes",
     ("concepts/distributed.md", 2): "several processes",
+    ("concepts/distributed.md", 3): "several processes",
     ("concepts/scale.md", 4): "8 simulated devices: examples/survive_at_scale.py is this program",
     ("migrating/ignite.md", 0): "PyTorch Ignite's side",
     ("migrating/lightning.md", 0): "the Lightning-style side",

@@ -173,7 +173,8 @@ def test_ember_launch_restarts_a_run_whose_process_was_killed_and_it_ends_as_an_
     assert restart["waited"] > 0
     table = goodput_table(run).splitlines()
     assert table[-1].startswith("restarts: 1 by ember launch, ")
-    assert table[-4].endswith(f"; restart 1 of 2 after process 1 was lost (SIGKILL), {restart['waited']:.1f} s later")
+    second = next(line for line in table if line.startswith("  2. iterations "))
+    assert second.endswith(f"; restart 1 of 2 after process 1 was lost (SIGKILL), {restart['waited']:.1f} s later")
     again = run_python(launch, env=ENV, timeout=120)  # a finished run: every process answers, none starts JAX's service
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.splitlines()[0] == f"[0] {run}: this run is already complete; nothing to do."
@@ -295,3 +296,46 @@ def test_a_process_stuck_where_the_processes_meet_is_named_after_ember_wait_time
         "from its last complete checkpoint."
     ]
     assert time.monotonic() - started < 60  # not the 60 s process 1 sleeps: the launcher ended it
+
+
+#: ``ember ARGS``, but process 1's data arrives 50 ms late, batch after batch: a slow pipeline on one host.
+_SLOW_DATA = """
+import os, sys, time
+if os.environ["EMBER_PROCESS_ID"] == "1":
+    from ember.data import _array_dataset
+    fetch = _array_dataset._Pass.__next__
+    _array_dataset._Pass.__next__ = lambda self: (time.sleep(0.05), fetch(self))[1]
+from ember.cli._main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_process_with_slow_data_is_named_by_the_straggler_report_and_an_even_run_names_no_one(tmp_path, straight):
+    """Process 1's batches 50 ms late, windows of 5, patience 2: process 0 names it once and writes it the slowest.
+
+    Named at iteration 15: the first window holds the step's compilation, a tenth of which is more than the lag. The
+    straight run (windows at the epochs' ends) names no one.
+    """
+    run = tmp_path / "run"
+    args = ["handlers.progress=false", "trainer.max_epochs=1", "handlers.stragglers.every=5"]
+    train = [sys.executable, "-c", _SLOW_DATA, "train", "--distributed", "--output", str(run), *args]
+    launched = run_python(
+        ["-m", "ember.cli", "launch", "-n", "2", "--", *train, "handlers.stragglers.patience=2"], env=ENV, timeout=300
+    )
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    lags = [line for line in launched.stdout.splitlines() if " lags: " in line]
+    assert len(lags) == 1, launched.stdout[-3000:]
+    assert lags[0].startswith(
+        "[0] ember: process 1 lags: for 2 windows of 5 iterations in a row (to iteration 15) its time outside the step "
+        "was "
+    )
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    slowest = [(r["step"], r["stragglers/slowest"]) for r in records if "stragglers/slowest" in r]
+    assert slowest == [(5, 1), (10, 1), (15, 1), (20, 1), (22, 1)]
+    ledger = read_records(run)[-1]["stragglers"]
+    assert (ledger["windows"], ledger["named"]) == (5, [1])
+    assert ledger["outside_step"]["1"] > 0.04 > ledger["outside_step"]["0"]
+    even, launched_even = straight
+    assert [line for line in launched_even.stdout.splitlines() if " lags: " in line] == []
+    written = [json.loads(line) for line in (even / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in written if "stragglers/slowest" in r] == [22, 44]

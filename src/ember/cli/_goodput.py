@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,24 @@ def _restarted(record: dict[str, Any]) -> str:
         return ""
     number, of, cause = restart.get("number"), restart.get("of"), restart.get("cause")
     return f"; restart {number} of {of} after {cause}, {float(restart.get('waited', 0.0)):.1f} s later"
+
+
+def _spread(records: list[dict[str, Any]]) -> list[str]:
+    """The processes' step times and data waits over the runs that compared them (``StragglerReport``), per step."""
+    seen = [r["stragglers"] for r in records if isinstance(r.get("stragglers"), dict)]
+    if not seen:
+        return []
+    lines = ["processes (ms per step, every run that compared them):"]
+    for what, key in (("step", "step_time"), ("outside it", "outside_step")):
+        each = [(float(t), p) for s in seen for p, t in s.get(key, {}).items()]
+        if each:
+            slowest, who = max(each)
+            median = statistics.median(t for t, _ in each)
+            lines.append(f"  {what:<10} median {median * 1e3:.2f}, slowest {slowest * 1e3:.2f} (process {who})")
+    named = sorted({int(p) for s in seen for p in s.get("named", [])})
+    if named:
+        lines.append(f"  lagging: process {', '.join(map(str, named))}")
+    return lines
 
 
 def goodput_table(run_dir: str | os.PathLike[str]) -> str:
@@ -59,6 +78,7 @@ def goodput_table(run_dir: str | os.PathLike[str]) -> str:
         "of every run)"
     )
     lines.append(f"persistent compilation cache: {hits} hits, {saved:.1f} s of compilation saved")
+    lines += _spread(records)
     restarts = [r["restart"] for r in records if isinstance(r.get("restart"), dict)]
     if restarts:
         waited = sum(max(0.0, float(r.get("waited", 0.0))) for r in restarts)

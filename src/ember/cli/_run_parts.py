@@ -38,6 +38,7 @@ from ember.handlers import (
     RollbackOnDivergence,
     ScalarLogger,
     StallWatchdog,
+    StragglerReport,
     TerminateOnNan,
     WeightsHistHandler,
 )
@@ -164,7 +165,7 @@ def attach_handlers(cfg: Config, engines: Engines, run_dir: Path, console: Conso
     skip_limit = max(engines.steps_per_epoch or SKIP_LIMIT, (cfg.trainer.rollback_after or 0) + 1)
     nan_guard = TerminateOnNan(nan_check(guarded, skip_limit))  # a skip is the guard's; an epoch of skips, a stop
     nan_guard.attach(trainer)
-    _attach_survival(cfg, trainer, engines.evaluators, run_dir, (latest, best), console)
+    _attach_survival(cfg, trainer, engines.evaluators, run_dir, (latest, best), console, writer)
     if "console" not in h.writers:  # the console writer prints the evaluations' numbers itself
         for name in ("val", *engines.extra):
             engines.evaluator_of(name).add_event_handler(Events.COMPLETED, _said(name, trainer, console))
@@ -229,15 +230,23 @@ def _attach_survival(
     run_dir: Path,
     checkpoints: tuple[Checkpoint, Checkpoint],
     console: Any,
+    writer: AsyncWriter,
 ) -> None:
-    """Rollbacks, the goodput ledger, the stall and process watchdogs, and verify-resume's kill, as configured."""
+    """Rollbacks, stragglers, the goodput ledger, the stall and process watchdogs, verify-resume's kill: as set."""
     latest = checkpoints[0]
     if cfg.trainer.skip_nonfinite and cfg.trainer.rollback_after is not None:
         rollback = RollbackOnDivergence(latest, after=cfg.trainer.rollback_after)
         rollback.attach(trainer)
         trainer.add_event_handler(Events.ITERATION_COMPLETED, _announcer(rollback, console.say))
+    stragglers = cfg.handlers.stragglers
+    report = None  # which process holds the others back (nothing attached in one process)
+    if stragglers is not None:
+        report = StragglerReport(
+            writer, every=stragglers.every, factor=stragglers.factor, patience=stragglers.patience, say=console.say
+        )
+        report.attach(trainer)
     if console.primary:  # where the wall time went, across every relaunch: goodput.jsonl, `ember goodput RUN_DIR`
-        GoodputLedger(run_dir).attach(trainer, evaluators=evaluators, checkpoints=checkpoints)
+        GoodputLedger(run_dir).attach(trainer, evaluators=evaluators, checkpoints=checkpoints, stragglers=report)
     stall = cfg.handlers.stall
     if stall is not None:  # a hang ends the run with every thread's stack in the run folder, exit status 75
         StallWatchdog(

@@ -141,6 +141,16 @@ class StallConfig:
 
 
 @dataclass
+class StragglersConfig:
+    """Name the process of a multi-process run that holds the others back (``StragglerReport``; one process: none)."""
+
+    every: Positive = 100  # iterations in a window (and each epoch's end)
+    #: how many times the others' median time outside the step makes a process lag
+    factor: Annotated[float, Rule("a number above 1", lambda v: v > 1)] = 2.0
+    patience: Positive = 3  # windows in a row a process must lag to be named
+
+
+@dataclass
 class HandlersConfig:
     """What runs beside training."""
 
@@ -158,6 +168,8 @@ class HandlersConfig:
     hparams: bool = True
     #: a StallWatchdog (``{}`` for its defaults); ``null``: none.
     stall: StallConfig | None = None
+    #: the processes' step times and data waits compared, a laggard named (``stragglers/...``); ``null``: none.
+    stragglers: StragglersConfig | None = field(default_factory=StragglersConfig)
 
 
 @dataclass

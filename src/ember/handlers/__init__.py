@@ -27,6 +27,7 @@ from ember.handlers._reporting.lr_monitor import LRMonitor
 from ember.handlers._reporting.model_statistics import GradientSpikeMonitor, ParamStats, count_parameters
 from ember.handlers._reporting.profiler import Profiler
 from ember.handlers._reporting.progress import ProgressBar
+from ember.handlers._reporting.stragglers import StragglerReport
 from ember.handlers._reporting.throughput import Throughput
 from ember.handlers._resilience.preemption import Preemption
 from ember.handlers._resilience.rollback import Rollback, RollbackOnDivergence
@@ -68,6 +69,7 @@ __all__ = [
     "SaveHandler",
     "ScalarLogger",
     "StallWatchdog",
+    "StragglerReport",
     "TerminateOnNan",
     "Throughput",
     "TimeLimit",

@@ -13,6 +13,7 @@ from typing import Any
 from ember._ledger_file import CATEGORIES, FILENAME, RESTART_VARIABLE, read_records
 from ember.engine import Engine, Events, RemovableEventHandle, collect_handles
 from ember.handlers._checkpointing.checkpoint import Checkpoint, checkpoints_given
+from ember.handlers._reporting.stragglers import StragglerReport
 
 
 def _process_start(clock: Callable[[], float]) -> float:
@@ -96,6 +97,7 @@ class GoodputLedger:
         self._process_start = started if started is not None else _process_start(clock)
         self._checkpoints: list[Checkpoint] = []
         self._cache = {"hits": 0, "saved": 0.0}
+        self._stragglers: StragglerReport | None = None
         self._runs = 0
         self._eval_mark = self._blocked_at_eval = self._blocked_at_mark = 0.0
         self._reset()
@@ -206,7 +208,13 @@ class GoodputLedger:
             "lost_steps": self._lost_steps,
             "ended": self._ended,
             **({"restart": self._restart} if self._restart else {}),
+            **({"stragglers": spread} if (spread := self._spread()) else {}),
         }
+
+    def _spread(self) -> dict[str, Any] | None:
+        """The straggler report's summary, once it has compared a window."""
+        report = self._stragglers
+        return report.summary() if report is not None and report.summary()["windows"] else None
 
     def _write(self) -> None:
         self._last_flush = self.clock()
@@ -215,9 +223,16 @@ class GoodputLedger:
             f.write(json.dumps(self.record()) + "\n")
 
     def attach(
-        self, trainer: Engine, evaluators: Sequence[Engine] = (), checkpoints: Sequence[Checkpoint] = ()
+        self,
+        trainer: Engine,
+        evaluators: Sequence[Engine] = (),
+        checkpoints: Sequence[Checkpoint] = (),
+        stragglers: StragglerReport | None = None,
     ) -> RemovableEventHandle:
         """Measure ``trainer``'s runs; ``evaluators``' runs count as evaluation, ``checkpoints``' saves as checkpoint.
+
+        With ``stragglers``, each record also keeps its `summary` (the processes' step times and data waits, who
+        lagged), and ``ember goodput`` shows the spread.
 
         Examples:
             >>> import tempfile
@@ -226,6 +241,7 @@ class GoodputLedger:
             >>> handle = GoodputLedger(tempfile.mkdtemp()).attach(Engine(lambda e, b: b))
         """
         self._checkpoints = checkpoints_given(checkpoints)
+        self._stragglers = stragglers
         _listen(self)
         listening = [True]
 
