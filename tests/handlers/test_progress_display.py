@@ -147,15 +147,37 @@ NOTEBOOK = [
     "from ember import Engine\nfrom ember.handlers import ProgressBar\n"
     "engine = Engine(lambda e, b: {'loss': b})\nhandle = ProgressBar(1).attach(engine, output_keys=['loss'])",
     "_ = engine.run([0.5, 0.25, 0.125], max_epochs=2)",
+    "log = open('bar.log', 'w')\nother = Engine(lambda e, b: {'loss': b})\n"
+    "_ = ProgressBar(1, stream=log).attach(other, output_keys=['loss'])\n_ = other.run([0.5], max_epochs=1)\n"
+    "log.close()",
 ]
 
 
-def test_a_notebook_gets_the_widget_and_no_text_frames():
-    """A notebook run through a real Jupyter kernel (nbclient): the bars are widgets, nothing is drawn as text."""
+def test_a_notebook_gets_the_widget_and_no_text_frames(tmp_path):
+    """A notebook run through a real Jupyter kernel (nbclient): the bars are widgets, nothing is drawn as text.
+
+    A bar given a file of its own there writes lines into it, not a widget: the widget is for the notebook's output.
+    """
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in NOTEBOOK])
-    NotebookClient(notebook, timeout=120, kernel_name="python3", startup_timeout=120).execute()
+    client = NotebookClient(notebook, timeout=120, kernel_name="python3", startup_timeout=120)
+    client.execute(cwd=str(tmp_path))
     outputs = notebook.cells[2].outputs
     widgets = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert len(widgets) == 2  # one bar an epoch
     assert [o for o in outputs if o.output_type == "stream"] == []  # no text frames, no warnings
     assert [o for o in outputs if o.output_type == "error"] == []
+    assert notebook.cells[3].outputs == []  # the bar with a file: no widget, nothing in the notebook
+    assert re.fullmatch(r"Iteration: \[1/1\] 00:0\d, loss=0.5\n", (tmp_path / "bar.log").read_text())
+
+
+def test_a_plain_ipython_shell_is_not_a_notebook():
+    """IPython's own terminal shell, really started: not a kernel, so a bar there draws as on a terminal."""
+    from IPython.terminal.interactiveshell import TerminalInteractiveShell
+
+    from ember.handlers._reporting.display import in_a_notebook
+
+    TerminalInteractiveShell.instance()
+    try:
+        assert in_a_notebook() is False
+    finally:
+        TerminalInteractiveShell.clear_instance()

@@ -4,13 +4,13 @@ import jax
 import pytest
 
 from ember.training import DataParallel, Pmap, SingleDevice, default_placement
-from tests.subprocesses import eight_device_results
+from tests.subprocesses import SharedResults, eight_device_results
 
 SCRIPT = Path(__file__).with_name("multidevice_script.py")
 
 
 @pytest.fixture(scope="module")
-def eight_devices() -> dict:
+def eight_devices() -> SharedResults:
     """The results of the multi-device script, run once with 8 simulated CPU devices."""
     return eight_device_results(SCRIPT)
 

@@ -11,13 +11,13 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from ember.training import Sharded, TrainState, fsdp
-from tests.subprocesses import eight_device_results
+from tests.subprocesses import SharedResults, eight_device_results
 
 SCRIPT = Path(__file__).with_name("sharded_script.py")
 
 
 @pytest.fixture(scope="module")
-def eight_devices() -> dict:
+def eight_devices() -> SharedResults:
     """The results of the sharded script, run once with 8 simulated CPU devices."""
     return eight_device_results(SCRIPT)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -329,7 +330,8 @@ class ProgressBar:
         self._attributes = _attribute_names(state_attributes)
         moves = self._moves(event_name, closing_event_name)
         shown = shown_as(self.display, self.stream)  # a widget that cannot be drawn is said here, at attach
-        if shown == "lines" and self.display == "auto" and in_a_notebook():
+        own = self.stream in (None, sys.stdout, sys.stderr)  # the notebook's output, not a file of the user's
+        if shown == "lines" and self.display == "auto" and own and in_a_notebook():
             warnings.warn(
                 "ProgressBar: this notebook has no ipywidgets, so progress is one line an epoch; for a bar, "
                 "install ember's `notebook` extra (pip install ipywidgets) and restart the kernel.",
