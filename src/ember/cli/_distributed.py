@@ -67,7 +67,7 @@ def heartbeat_timeout(environ: Mapping[str, str] | None = None) -> int:
 
     ``EMBER_HEARTBEAT_TIMEOUT``, or `HEARTBEAT_TIMEOUT`: a process silent that long (killed, or stalled: SIGSTOP,
     swapped out) is declared lost, and the others end with status 75 naming it. Their watchdog gives the service on
-    process 0 a third of it to answer before it names process 0.
+    process 0 half of it to answer before they name process 0 (the runtime would end them at about 0.85 of it).
 
     Examples:
         >>> from ember.cli._distributed import heartbeat_timeout

@@ -256,7 +256,7 @@ def _attach_survival(
             save_timeout=stall.save_timeout,
         ).attach(trainer, evaluators=evaluators, checkpoints=checkpoints)
     if jax.process_count() > 1:  # a lost process ends the others at once, naming the checkpoint to resume from
-        ProcessWatchdog(latest, answer_within=heartbeat_timeout() / 3).attach(trainer)
+        ProcessWatchdog(latest, answer_within=heartbeat_timeout() / 2).attach(trainer)
     if os.environ.get(KILL_AT):  # ember verify-resume's real SIGKILL, once that iteration is done
         at = int(os.environ[KILL_AT])
         trainer.add_event_handler(Events.ITERATION_COMPLETED(once=at), lambda: os.kill(os.getpid(), signal.SIGKILL))

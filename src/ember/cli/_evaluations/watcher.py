@@ -68,7 +68,7 @@ def _watch(job: EvaluationJob, name: str, folder: Path, poll: float, stream: Tex
     record = None  # made at the first evaluation, once the training job has made its tracker runs
     listed: dict[int, Any] = {}  # on process 0: committed when listed, not yet evaluated (deleted since: missed)
     # a lost or stalled process ends the others (status 75), not a hang
-    with ProcessWatchdog(answer_within=heartbeat_timeout() / 3).watching():
+    with ProcessWatchdog(answer_within=heartbeat_timeout() / 2).watching():
         while True:
             ended, step, info = _next_step(job.run, name, state, listed)
             if step is None:
