@@ -183,14 +183,14 @@ def test_ember_launch_restarts_a_run_whose_process_was_killed_and_it_ends_as_an_
 
 
 def _stopped_once(run: Path, which: int, launcher: tuple[str, ...] = (), resume_after: float | None = None):
-    """``ember launch -n 2 LAUNCHER -- ember train --distributed`` (3 epochs), process ``which`` SIGSTOPped once.
+    """``ember launch -n 2 LAUNCHER -- ember train --distributed`` (2 epochs), process ``which`` SIGSTOPped once.
 
     Stopped once the first epoch's checkpoint is on disk (SIGCONT after ``resume_after`` seconds, if given); every
     wait bounded.
 
     Returns the launcher's status, its output and error, and the seconds from the stop to the launcher's end.
     """
-    args = ["handlers.progress=false", "trainer.max_epochs=3"]
+    args = ["handlers.progress=false", "trainer.max_epochs=2"]
     train = [sys.executable, "-m", "ember.cli", "train", "--distributed", "--output", str(run), *args]
     command = [sys.executable, "-m", "ember.cli", "launch", "-n", "2", *launcher, "--", *train]
     env = {**os.environ, "PYTHONPATH": PYTHONPATH, **ENV}
@@ -255,7 +255,7 @@ def test_a_stalled_process_is_named_and_with_a_restart_the_run_completes(tmp_pat
         "Process 0 stops here with exit status 75: the last complete checkpoint is "
     ), said
     assert said[-1] == "ember launch: process 0 ended with status 75; restart 1 of 1.", said
-    assert "Done: 3 epochs, 66 iterations" in out
+    assert "Done: 2 epochs, 44 iterations" in out
 
 
 def test_a_process_stopped_and_continued_within_the_heartbeat_timeout_lets_the_run_go_on(tmp_path):
@@ -263,7 +263,7 @@ def test_a_process_stopped_and_continued_within_the_heartbeat_timeout_lets_the_r
     status, out, err, _ = _stopped_once(tmp_path / "run", 1, resume_after=4.0)
     assert status == 0, err[-3000:]
     assert _ember_lines(err) == []
-    assert "Done: 3 epochs, 66 iterations" in out
+    assert "Done: 2 epochs, 44 iterations" in out
 
 
 #: ``ember ARGS``, but process 1 sleeps 60 s before the run's end meets the others: alive (its heartbeats go on),
