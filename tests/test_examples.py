@@ -101,9 +101,16 @@ def test_iterate_loop_breaks_out_and_reports_every_50_iterations():
 
 
 def test_a_killed_run_resumes_to_the_uninterrupted_result():
+    """Killed once its checkpoint of iteration 20 is on disk, the run resumes and ends equal to an uninterrupted one.
+
+    It resumes from that checkpoint, or from a later one that landed before the SIGKILL did (the child trains on
+    meanwhile: 25 on a loaded machine).
+    """
     lines = _output("kill_and_resume.py").splitlines()
     assert "killed the child with SIGKILL (exit status -9)" in lines
-    assert lines[-2].startswith("child: resumed at iteration 20 ... ")
+    resumed = re.fullmatch(r"child: resumed at iteration (\d+) \.\.\. checkpoint at 80 on disk", lines[-2])
+    assert resumed is not None, lines[-2]
+    assert int(resumed[1]) in (20, 25, 30), lines[-2]
     assert lines[-1] == "resumed run equals the uninterrupted run bit for bit: True"
 
 
