@@ -334,7 +334,8 @@ def test_a_process_with_slow_data_is_named_by_the_straggler_report_and_an_even_r
     assert slowest == [(5, 1), (10, 1), (15, 1), (20, 1), (22, 1)]
     ledger = read_records(run)[-1]["stragglers"]
     assert (ledger["windows"], ledger["named"]) == (5, [1])
-    assert ledger["outside_step"]["1"] > 0.04 > ledger["outside_step"]["0"]
+    # process 1's 50 ms a batch, over what both spend outside the step (the epoch's validation, a handler's sync)
+    assert ledger["outside_step"]["1"] - ledger["outside_step"]["0"] > 0.03, ledger
     even, launched_even = straight
     assert [line for line in launched_even.stdout.splitlines() if " lags: " in line] == []
     written = [json.loads(line) for line in (even / "metrics.jsonl").read_text().splitlines()]
