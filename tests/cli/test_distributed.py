@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -273,29 +274,33 @@ import os, sys, time
 if os.environ["EMBER_PROCESS_ID"] == "1":
     from ember.cli import _train
     concluded = _train._concluded
-    _train._concluded = lambda *args, **kwargs: (time.sleep(60), concluded(*args, **kwargs))[1]
+    _train._concluded = lambda *args, **kwargs: (time.sleep(120), concluded(*args, **kwargs))[1]
 from ember.cli._main import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
 def test_a_process_stuck_where_the_processes_meet_is_named_after_ember_wait_timeout(tmp_path):
-    """Process 1 alive but stuck before the run's end (EMBER_WAIT_TIMEOUT=5): process 0 names it and exits 75."""
+    """Process 1 alive but stuck before the run's end (EMBER_WAIT_TIMEOUT=20): process 0 names it and exits 75.
+
+    20 s, not less: every exchange of the run waits that long (a checkpoint's commit, the stragglers' window), and a
+    loaded machine can keep two processes apart for seconds where they meet.
+    """
     run = tmp_path / "run"
     train = [sys.executable, "-c", _STUCK_AT_THE_END, "train", "--distributed", "--output", str(run)]
     started = time.monotonic()
     launched = run_python(
         ["-m", "ember.cli", "launch", "-n", "2", "--", *train, "handlers.progress=false", "trainer.max_epochs=1"],
-        env={**ENV, "EMBER_WAIT_TIMEOUT": "5"},
+        env={**ENV, "EMBER_WAIT_TIMEOUT": "20"},
         timeout=300,
     )
     assert launched.returncode == 75, launched.stderr[-3000:]
     assert _ember_lines(launched.stderr) == [
-        "[0] ember: process 1 did not reach 'ember train: checkpoints written' within 5 s (EMBER_WAIT_TIMEOUT): "
+        "[0] ember: process 1 did not reach 'ember train: checkpoints written' within 20 s (EMBER_WAIT_TIMEOUT): "
         "stalled, stuck or lost. Process 0 stops here with exit status 75: relaunch every process; the run resumes "
         "from its last complete checkpoint."
     ]
-    assert time.monotonic() - started < 60  # not the 60 s process 1 sleeps: the launcher ended it
+    assert time.monotonic() - started < 120  # not the 120 s process 1 sleeps: the launcher ended it
 
 
 #: ``ember ARGS``, but process 1's data arrives 50 ms late, batch after batch: a slow pipeline on one host.
@@ -313,8 +318,7 @@ sys.exit(main(sys.argv[1:]))
 def test_a_process_with_slow_data_is_named_by_the_straggler_report_and_an_even_run_names_no_one(tmp_path, straight):
     """Process 1's batches 50 ms late, windows of 5, patience 2: process 0 names it once and writes it the slowest.
 
-    Named at iteration 15: the first window holds the step's compilation, a tenth of which is more than the lag. The
-    straight run (windows at the epochs' ends) names no one.
+    The straight run (windows at the epochs' ends) names no one.
     """
     run = tmp_path / "run"
     args = ["handlers.progress=false", "trainer.max_epochs=1", "handlers.stragglers.every=5"]
@@ -325,13 +329,17 @@ def test_a_process_with_slow_data_is_named_by_the_straggler_report_and_an_even_r
     assert launched.returncode == 0, launched.stderr[-3000:]
     lags = [line for line in launched.stdout.splitlines() if " lags: " in line]
     assert len(lags) == 1, launched.stdout[-3000:]
-    assert lags[0].startswith(
-        "[0] ember: process 1 lags: for 2 windows of 5 iterations in a row (to iteration 15) its time outside the step "
-        "was "
-    )
+    # at 15, or at 10 when the step was compiled before (the suite's compilation cache): a tenth of a compilation in
+    # the first window is more than the lag
+    assert re.match(
+        r"\[0\] ember: process 1 lags: for 2 windows of 5 iterations in a row \(to iteration (10|15)\) its time "
+        r"outside the step was ",
+        lags[0],
+    ), lags
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     slowest = [(r["step"], r["stragglers/slowest"]) for r in records if "stragglers/slowest" in r]
-    assert slowest == [(5, 1), (10, 1), (15, 1), (20, 1), (22, 1)]
+    assert [step for step, _ in slowest] == [5, 10, 15, 20, 22]
+    assert [who for step, who in slowest if step > 5] == [1, 1, 1, 1]  # the first window holds the compilation
     ledger = read_records(run)[-1]["stragglers"]
     assert (ledger["windows"], ledger["named"]) == (5, [1])
     # process 1's 50 ms a batch, over what both spend outside the step (the epoch's validation, a handler's sync)
