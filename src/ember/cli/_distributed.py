@@ -152,11 +152,10 @@ def missing_processes(error: ProcessesMissing) -> NoReturn:
 
     from ember._multiprocess import REQUEUE_STATUS
 
-    print(
+    sys.stderr.write(  # one write: a traceback printed meanwhile stays off its line
         f"ember: {error}. Process {jax.process_index()} stops here with exit status {REQUEUE_STATUS}: relaunch every "
-        "process; the run resumes from its last complete checkpoint.",
-        file=sys.stderr,
-        flush=True,
+        "process; the run resumes from its last complete checkpoint.\n"
     )
+    sys.stderr.flush()
     sys.stdout.flush()
     os._exit(REQUEUE_STATUS)

@@ -156,7 +156,8 @@ class ProcessWatchdog:
     def _end(self, lost: list[int] | None, why: str) -> None:
         if not self._ending.acquire(blocking=False):
             return  # the other watch is ending the process
-        print(self.message(lost, why), file=sys.stderr, flush=True)
+        sys.stderr.write(self.message(lost, why) + "\n")  # one write: a traceback printed meanwhile stays off its line
+        sys.stderr.flush()
         sys.stdout.flush()
         self._exit(EXIT_CODE)
 
