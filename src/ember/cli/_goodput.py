@@ -27,7 +27,7 @@ def _restarted(record: dict[str, Any]) -> str:
 
 
 def _spread(records: list[dict[str, Any]]) -> list[str]:
-    """The processes' step times and data waits over the runs that compared them (``StragglerReport``), per step."""
+    """Per step, the processes' step times and times outside it, over the runs that compared them (StragglerReport)."""
     seen = [r["stragglers"] for r in records if isinstance(r.get("stragglers"), dict)]
     if not seen:
         return []

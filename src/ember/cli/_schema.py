@@ -168,7 +168,7 @@ class HandlersConfig:
     hparams: bool = True
     #: a StallWatchdog (``{}`` for its defaults); ``null``: none.
     stall: StallConfig | None = None
-    #: the processes' step times and data waits compared, a laggard named (``stragglers/...``); ``null``: none.
+    #: the processes' step times and times outside it compared, a laggard named (``stragglers/...``); ``null``: none.
     stragglers: StragglersConfig | None = field(default_factory=StragglersConfig)
 
 

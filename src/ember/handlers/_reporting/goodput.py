@@ -214,7 +214,8 @@ class GoodputLedger:
     def _spread(self) -> dict[str, Any] | None:
         """The straggler report's summary, once it has compared a window."""
         report = self._stragglers
-        return report.summary() if report is not None and report.summary()["windows"] else None
+        summary = report.summary() if report is not None else None
+        return summary if summary and summary["windows"] else None
 
     def _write(self) -> None:
         self._last_flush = self.clock()
@@ -231,7 +232,7 @@ class GoodputLedger:
     ) -> RemovableEventHandle:
         """Measure ``trainer``'s runs; ``evaluators``' runs count as evaluation, ``checkpoints``' saves as checkpoint.
 
-        With ``stragglers``, each record also keeps its `summary` (the processes' step times and data waits, who
+        With ``stragglers``, each record also keeps its `summary` (the processes' step times and times outside it, who
         lagged), and ``ember goodput`` shows the spread.
 
         Examples:

@@ -70,7 +70,7 @@ class StragglerReport:
         self.clock = clock
         self._lagging: dict[int, int] = {}  # windows in a row each process has lagged
         self._named: list[int] = []
-        self._totals: dict[str, list[float]] = {}  # per process: steps, step time, data wait (over the windows)
+        self._totals: dict[str, list[float]] = {}  # per process: steps, step time, time outside it
         self._windows = 0
         self._open()
 
@@ -128,7 +128,7 @@ class StragglerReport:
             )
 
     def summary(self) -> dict[str, Any]:
-        """The spread over every window so far: each process's step time and data wait per step, and who lagged.
+        """The spread over every window so far: each process's step time and time outside it per step, who lagged.
 
         ``step_time`` and ``outside_step`` map each process (as text, as JSON keeps it) to its seconds per step;
         ``named`` lists the processes named as lagging. The goodput ledger keeps it in its record.
