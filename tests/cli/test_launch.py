@@ -60,10 +60,16 @@ elif mode == "restart":  # process 1 ends 75 in the first launch, once process 0
     print("first", os.environ["EMBER_COORDINATOR"], flush=True)
     open(ready, "w").close()
     time.sleep(600)
-elif mode == "requeue":  # process 1 ends 75 in every launch, at once
-    print("launched", os.environ.get("EMBER_RESTART", "{}"), flush=True)
+elif mode == "requeue":  # process 1 ends 75 in every launch, once process 0 of that launch has said it launched
+    restart = os.environ.get("EMBER_RESTART", "{}")
+    print("launched", restart, flush=True)
+    ready = f"{sys.argv[2]}.{json.loads(restart).get('number', 0)}"
     if index == 1:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
         sys.exit(75)
+    open(ready, "w").close()
     time.sleep(600)
 elif mode in ("wait", "pid"):
     print(f"ready {os.getpid()}", flush=True)
@@ -264,10 +270,10 @@ def test_a_run_that_ends_resumable_is_restarted_each_process_told_which_restart_
     )
 
 
-def test_restarts_spent_end_the_launch_with_the_last_status_and_a_summary_after_the_backoff():
+def test_restarts_spent_end_the_launch_with_the_last_status_and_a_summary_after_the_backoff(tmp_path):
     """Process 1 exits 75 in every launch: 2 restarts 0.5 s apart, then the summary and exit 75; 3 launches."""
     started = time.monotonic()
-    done = run_launcher("requeue", launcher=("--max-restarts", "2", "--backoff", "0.5"))
+    done = run_launcher("requeue", str(tmp_path / "ready"), launcher=("--max-restarts", "2", "--backoff", "0.5"))
     out, err = done.communicate(timeout=GRACE + 60)
     assert done.returncode == 75, err
     cause = "process 1 ended with status 75"
@@ -289,7 +295,7 @@ def test_a_status_not_restarted_on_ends_the_launch_at_once(tmp_path):
     done = run_launcher("fail", str(tmp_path / "ready"), launcher=("--max-restarts", "2"))
     _, err = done.communicate(timeout=GRACE + 60)
     assert (done.returncode, launcher_lines(err)) == (3, [])
-    done = run_launcher("requeue", launcher=("--max-restarts", "2", "--restart-on", "3"))
+    done = run_launcher("requeue", str(tmp_path / "ready"), launcher=("--max-restarts", "2", "--restart-on", "3"))
     out, err = done.communicate(timeout=GRACE + 60)
     assert (done.returncode, launcher_lines(err)) == (75, [])
     assert len([line for line in out.splitlines() if "launched" in line]) == 2  # one launch
@@ -320,9 +326,9 @@ def test_a_lost_process_with_restarts_is_named_in_the_restart_line(tmp_path):
     ]
 
 
-def test_sigterm_during_the_backoff_stops_before_the_restart():
+def test_sigterm_during_the_backoff_stops_before_the_restart(tmp_path):
     """A signal while the launcher waits to restart: no restart, exit 143 at once, not after the 60 s backoff."""
-    done = run_launcher("requeue", launcher=("--max-restarts", "2", "--backoff", "60"))
+    done = run_launcher("requeue", str(tmp_path / "ready"), launcher=("--max-restarts", "2", "--backoff", "60"))
     line = done.stderr.readline()  # type: ignore[union-attr]
     started = time.monotonic()
     out, err = signalled(done, signal.SIGTERM)
