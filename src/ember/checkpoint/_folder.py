@@ -340,28 +340,20 @@ class CheckpointFolder:
             [1.0, 1.0]
         """
         if checkpoint is not None:
-            return self.format.read(checkpoint, target, on_verified), checkpoint
-        return first_readable(
-            self.ranked(), lambda c: self.format.read(c, target, on_verified), self.set_aside, self.root
-        )
+            return self._read(checkpoint, target, on_verified), checkpoint
+        for info in self.ranked():  # the first that reads back whole; each found damaged on the way set aside
+            try:
+                return self._read(info, target, on_verified), info
+            except CorruptCheckpointError as why:
+                self.set_aside(info.path, why)
+        raise FileNotFoundError(f"No valid checkpoint in {self._where()}.")
 
+    def _read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
+        return self.format.read(info, target, on_verified)
 
-def first_readable(
-    ranked: list[CheckpointInfo],
-    read: Callable[[CheckpointInfo], Any],
-    set_aside: Callable[[Path, Exception], None],
-    where: object,
-) -> tuple[Any, CheckpointInfo]:
-    """The first of ``ranked`` that ``read`` reads, with its info; each found damaged on the way is set aside.
-
-    Raises ``FileNotFoundError`` naming ``where`` if none can be read.
-    """
-    for info in ranked:
-        try:
-            return read(info), info
-        except CorruptCheckpointError as why:
-            set_aside(info.path, why)
-    raise FileNotFoundError(f"No valid checkpoint in {where}.")
+    def _where(self) -> str:
+        """Where this store's checkpoints are, as a message names it."""
+        return str(self.root)
 
 
 def _written(path: Path) -> tuple[Any, ...]:

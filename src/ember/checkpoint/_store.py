@@ -1,12 +1,15 @@
-"""`CheckpointStore`: save checkpoints atomically (in the foreground or on a writer thread) into one folder."""
+"""`Store`, the writing every store of ember's has; `CheckpointStore`, which writes into one folder atomically."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -22,7 +25,283 @@ from ember.checkpoint._notice import committed, gathered
 from ember.checkpoint._writer import WriterThread
 
 
-class CheckpointStore(CheckpointFolder):
+class Store(CheckpointFolder):
+    """What every store of ember's writes with: save (in the background or not), amend, wait, finish and close.
+
+    A [`CheckpointStore`][ember.checkpoint.CheckpointStore] writes into one folder on one writer thread; a
+    [`TieredStore`][ember.checkpoint.TieredStore] through two such stores, its tiers. Each says how a save begins
+    (``_submit``) and an amendment (``_submit_amend``), and which stores it writes through (``_parts``: itself, or
+    its tiers, fast first); the rest is this class's, the same for both. A foreground save is the background save
+    (without the copy) followed by a wait.
+
+    Examples:
+        >>> import tempfile, numpy as np
+        >>> from ember.checkpoint import CheckpointStore, TieredStore
+        >>> from ember.checkpoint._store import Store
+        >>> isinstance(CheckpointStore(tempfile.mkdtemp()), Store), isinstance(TieredStore(tempfile.mkdtemp(),
+        ...     tempfile.mkdtemp()), Store)
+        (True, True)
+    """
+
+    def save(
+        self,
+        tree: Any,
+        *,
+        step: int,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        replaces: str | None = None,
+    ) -> CheckpointInfo:
+        """Write ``tree`` (a pytree of arrays and scalars) as a new checkpoint; return its info.
+
+        The background save (see [`save_in_background`][ember.checkpoint.CheckpointStore.save_in_background]) and a
+        wait for it: the tree is not copied first, as the caller waits until it is on disk.
+
+        Args:
+            tree: what to save; device arrays are copied to the host first.
+            step: the training step it belongs to.
+            metrics: numbers to rank checkpoints by (``best``).
+            metadata: any JSON-serialisable extras (an engine's ``state_dict()``).
+            name: the folder name; ``step_<step>`` by default.
+            replaces: the name of a checkpoint this one supersedes (the same step, saved again after its state
+                changed), deleted once this one is committed; it may be ``name`` itself. A crash leaves one of
+                the two, or both, never neither.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> store.save({"w": np.zeros(2)}, step=3, name="step_3-loss=0.1").path.name
+            'step_3-loss=0.1'
+        """
+        self._submit(Save(tree, step, metrics, metadata, name, replaces), background=False)
+        return self._waited()
+
+    def save_in_background(
+        self,
+        tree: Any,
+        *,
+        step: int,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        then: Callable[[], object] | None = None,
+        replaces: str | None = None,
+        removes: Sequence[str] = (),
+    ) -> Future[CheckpointInfo]:
+        """Copy ``tree`` now, then serialise and write it on a background thread.
+
+        When this returns, training may change the device state freely: what is saved is already a copy of its own, on
+        the host (or, with ``device_snapshot=True``, on the device, fetched by the writer). The write runs on one
+        background thread; the next save (of either kind) first waits for it, and re-raises its error if it failed, as
+        do [`wait`][ember.checkpoint.CheckpointStore.wait] and
+        [`raise_if_failed`][ember.checkpoint.CheckpointStore.raise_if_failed]. ``then`` runs on the same thread once the
+        checkpoint is committed (retention: [`prune`][ember.checkpoint.CheckpointFolder.prune]), so the training thread
+        waits for neither; the checkpoints named in ``removes`` (those retention no longer keeps) are deleted there
+        first, once this one is committed.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> future = store.save_in_background({"w": np.ones(2)}, step=1, then=lambda: store.prune(keep_latest=1))
+            >>> store.wait().step, future.result().path.name
+            (1, 'step_00000001')
+        """
+        return self._submit(Save(tree, step, metrics, metadata, name, replaces, list(removes), then), background=True)
+
+    def amend(
+        self, name: str, *, metrics: Mapping[str, float] | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> CheckpointInfo:
+        """Replace the metrics or the metadata of checkpoint ``name`` (those given); its arrays stay as they are.
+
+        For a save of a step whose arrays have not changed since it was saved (the same state, saved again at the
+        epoch's end with ``epoch_completed`` now true): only the manifest is written again, atomically, and no
+        second copy of the arrays is made. Waits for a background save in flight first.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save({"w": np.ones(2)}, step=3, metadata={"epoch_completed": False})
+            >>> info = store.amend("step_00000003", metadata={"epoch_completed": True})
+            >>> info.manifest["metadata"], [c.path.name for c in store.checkpoints()]
+            ({'epoch_completed': True}, ['step_00000003'])
+        """
+        self.amend_in_background(name, metrics=metrics, metadata=metadata)
+        return self._waited()
+
+    def amend_in_background(
+        self,
+        name: str,
+        *,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        then: Callable[[], object] | None = None,
+    ) -> Future[CheckpointInfo]:
+        """[`amend`][ember.checkpoint.CheckpointStore.amend] on the writer thread, after the save in flight.
+
+        The training thread waits for nothing: a save of ``name`` still being written is amended once it is on disk
+        (and if it fails, this fails with its error). ``then`` runs after, as for a background save.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save_in_background({"w": np.ones(2)}, step=3)
+            >>> _ = store.amend_in_background("step_00000003", metrics={"loss": 0.5})
+            >>> store.wait().metrics
+            {'loss': 0.5}
+        """
+        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here, in the caller's thread
+        return self._submit_amend(name, metrics, metadata, then)
+
+    def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
+        """Block until a background save is on disk; re-raise its error; return its info (or ``None``).
+
+        With ``timeout`` (seconds), raise ``TimeoutError`` if it is not done by then; the save goes on, and a later
+        ``wait`` waits for it again. A tiered store waits for both tiers (the timeout is for both together) and
+        returns the last save's info.
+
+        Examples:
+            >>> import tempfile
+            >>> from ember.checkpoint import CheckpointStore
+            >>> CheckpointStore(tempfile.mkdtemp()).wait() is None
+            True
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        info, problem = None, None
+        for part in self._parts():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                got = part._writer.wait(left)
+                info = got if got is not None else info
+            except TimeoutError:  # this store's own folder named
+                raise TimeoutError(
+                    f"The checkpoint being written into {self.root} was not done within {timeout} s."
+                ) from None
+            except BaseException as e:  # the other tiers are still waited for; the first error is raised
+                problem = problem or e
+        if problem is not None:
+            raise problem
+        return info
+
+    def close(self) -> None:
+        """Wait for a write in flight (raising its error) and stop the writer thread; a later save starts another.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save_in_background({"w": np.zeros(1)}, step=1)
+            >>> store.close(); store.latest().step
+            1
+        """
+        with contextlib.ExitStack() as stack:
+            for part in reversed(self._parts()):  # each stopped, whatever failed before it; the wait first
+                stack.callback(part.format.close)
+                stack.callback(part._writer.close)
+            self.wait()
+
+    def finish(self) -> CheckpointInfo | None:
+        """Make every save so far as safe as this store makes any: here, wait for the write in flight.
+
+        A [`Checkpoint`][ember.handlers.Checkpoint] calls it when its run completes; a
+        [`TieredStore`][ember.checkpoint.TieredStore] copies its last save into the durable tier there.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save_in_background({"w": np.zeros(1)}, step=1)
+            >>> store.finish().step
+            1
+        """
+        return self.wait()
+
+    @property
+    def writing(self) -> bool:
+        """Whether a background save was started and not yet waited for.
+
+        Examples:
+            >>> import tempfile
+            >>> from ember.checkpoint import CheckpointStore
+            >>> CheckpointStore(tempfile.mkdtemp()).writing
+            False
+        """
+        return any(part._writer.pending is not None for part in self._parts())
+
+    @property
+    def busy(self) -> bool:
+        """Whether a write is in progress now: started and not finished (`writing` also counts a finished one).
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import CheckpointStore
+            >>> store = CheckpointStore(tempfile.mkdtemp())
+            >>> _ = store.save_in_background({"w": np.zeros(1)}, step=1); _ = store.wait()
+            >>> store.busy, store.writing
+            (False, False)
+        """
+        return any(part._writer.busy for part in self._parts())
+
+    def raise_if_failed(self) -> None:
+        """Re-raise the error of a background save that has already failed; never blocks.
+
+        Examples:
+            >>> import tempfile
+            >>> from ember.checkpoint import CheckpointStore
+            >>> CheckpointStore(tempfile.mkdtemp()).raise_if_failed()
+        """
+        problems = []
+        for part in self._parts():  # every tier's failed write is taken; the first error is raised
+            try:
+                part._writer.raise_if_failed()
+            except BaseException as e:
+                problems.append(e)
+        if problems:
+            raise problems[0]
+
+    def _waited(self) -> CheckpointInfo:
+        info = self.wait()
+        assert info is not None  # the save or amendment just submitted
+        return info
+
+    def _parts(self) -> tuple[CheckpointStore, ...]:
+        """The single-folder stores this one writes through: itself, or its tiers (fast first)."""
+        raise NotImplementedError
+
+    def _submit(self, save: Save, *, background: bool) -> Future[CheckpointInfo]:
+        """Begin ``save`` on the caller's thread (a background one copies the tree); the rest on writer threads."""
+        raise NotImplementedError
+
+    def _submit_amend(
+        self,
+        name: str,
+        metrics: Mapping[str, float] | None,
+        metadata: Mapping[str, Any] | None,
+        then: Callable[[], object] | None,
+    ) -> Future[CheckpointInfo]:
+        """Begin amending checkpoint ``name`` once the save in flight is on disk; ``then`` after it."""
+        raise NotImplementedError
+
+
+@dataclass
+class Save:
+    """One save asked of a store: the tree, its step, metrics, metadata, name, and what it replaces and removes."""
+
+    tree: Any
+    step: int
+    metrics: Mapping[str, float] | None
+    metadata: Mapping[str, Any] | None
+    name: str | None
+    replaces: str | None
+    removes: list[str] = field(default_factory=list[str])
+    then: Callable[[], object] | None = None
+
+
+class CheckpointStore(Store):
     """Checkpoints in one folder, each committed atomically and verified before it is ever returned.
 
     A checkpoint is a folder holding ``state.msgpack`` (the tree, streamed leaf by leaf) and
@@ -79,99 +358,17 @@ class CheckpointStore(CheckpointFolder):
             shutil.rmtree(leftover, ignore_errors=True)
         self._writer = WriterThread(self.root)
 
-    # -- writing ---------------------------------------------------------------------------------
+    def _parts(self) -> tuple[CheckpointStore, ...]:
+        return (self,)
 
-    def save(
-        self,
-        tree: Any,
-        *,
-        step: int,
-        metrics: Mapping[str, float] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        replaces: str | None = None,
-    ) -> CheckpointInfo:
-        """Write ``tree`` (a pytree of arrays and scalars) as a new checkpoint; return its info.
-
-        The background save (see [`save_in_background`][ember.checkpoint.CheckpointStore.save_in_background]) and a
-        wait for it: the tree is not copied first, as the caller waits until it is on disk.
-
-        Args:
-            tree: what to save; device arrays are copied to the host first.
-            step: the training step it belongs to.
-            metrics: numbers to rank checkpoints by (``best``).
-            metadata: any JSON-serialisable extras (an engine's ``state_dict()``).
-            name: the folder name; ``step_<step>`` by default.
-            replaces: the name of a checkpoint this one supersedes (the same step, saved again after its state
-                changed), deleted once this one is committed; it may be ``name`` itself. A crash leaves one of
-                the two, or both, never neither.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> store.save({"w": np.zeros(2)}, step=3, name="step_3-loss=0.1").path.name
-            'step_3-loss=0.1'
-        """
-        self._submit(tree, step, metrics, metadata, name, replaces, (), None, background=False)
-        info = self.wait()
-        assert info is not None  # the save just submitted
-        return info
-
-    def save_in_background(
-        self,
-        tree: Any,
-        *,
-        step: int,
-        metrics: Mapping[str, float] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        then: Callable[[], object] | None = None,
-        replaces: str | None = None,
-        removes: Sequence[str] = (),
-    ) -> Future[CheckpointInfo]:
-        """Copy ``tree`` now, then serialise and write it on a background thread.
-
-        When this returns, training may change the device state freely: what is saved is already a copy of its own, on
-        the host (or, with ``device_snapshot=True``, on the device, fetched by the writer). The write runs on one
-        background thread; the next save (of either kind) first waits for it, and re-raises its error if it failed, as
-        do [`wait`][ember.checkpoint.CheckpointStore.wait] and
-        [`raise_if_failed`][ember.checkpoint.CheckpointStore.raise_if_failed]. ``then`` runs on the same thread once the
-        checkpoint is committed (retention: [`prune`][ember.checkpoint.CheckpointFolder.prune]), so the training thread
-        waits for neither; the checkpoints named in ``removes`` (those retention no longer keeps) are deleted there
-        first, once this one is committed.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> future = store.save_in_background({"w": np.ones(2)}, step=1, then=lambda: store.prune(keep_latest=1))
-            >>> store.wait().step, future.result().path.name
-            (1, 'step_00000001')
-        """
-        return self._submit(tree, step, metrics, metadata, name, replaces, removes, then, background=True)
-
-    def _submit(
-        self,
-        tree: Any,
-        step: int,
-        metrics: Mapping[str, float] | None,
-        metadata: Mapping[str, Any] | None,
-        name: str | None,
-        replaces: str | None,
-        removes: Sequence[str],
-        then: Callable[[], object] | None,
-        *,
-        background: bool,
-    ) -> Future[CheckpointInfo]:
+    def _submit(self, save: Save, *, background: bool) -> Future[CheckpointInfo]:
         """Begin a save on the caller's thread; write it, delete ``removes`` and run ``then`` on the writer thread."""
-        elsewhere = self._start_save(tree, step, metrics, name)
+        elsewhere = self._start_save(save)
         if elsewhere is not None:  # process 0 writes; this process hears when it has, on its own writer thread
             task = functools.partial(self._heard, elsewhere)
         else:
-            draft = self._draft(tree, step, metrics, metadata, name, replaces, background)
-            task = functools.partial(self._write, draft)
-        return self._writer.submit(task, functools.partial(self._after, list(removes), then))
+            task = functools.partial(self._write, self._draft(save, background))
+        return self._writer.submit(task, functools.partial(self._after, save.removes, save.then))
 
     def _after(self, removes: list[str], then: Callable[[], object] | None) -> None:
         """On the writer thread, once a save is committed: delete what it supersedes (where this process deletes)."""
@@ -180,52 +377,13 @@ class CheckpointStore(CheckpointFolder):
         if then is not None:
             then()
 
-    def amend(
-        self, name: str, *, metrics: Mapping[str, float] | None = None, metadata: Mapping[str, Any] | None = None
-    ) -> CheckpointInfo:
-        """Replace the metrics or the metadata of checkpoint ``name`` (those given); its arrays stay as they are.
-
-        For a save of a step whose arrays have not changed since it was saved (the same state, saved again at the
-        epoch's end with ``epoch_completed`` now true): only the manifest is written again, atomically, and no
-        second copy of the arrays is made. Waits for a background save in flight first.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> _ = store.save({"w": np.ones(2)}, step=3, metadata={"epoch_completed": False})
-            >>> info = store.amend("step_00000003", metadata={"epoch_completed": True})
-            >>> info.manifest["metadata"], [c.path.name for c in store.checkpoints()]
-            ({'epoch_completed': True}, ['step_00000003'])
-        """
-        self.amend_in_background(name, metrics=metrics, metadata=metadata)
-        info = self.wait()
-        assert info is not None  # the amendment just submitted
-        return info
-
-    def amend_in_background(
+    def _submit_amend(
         self,
         name: str,
-        *,
-        metrics: Mapping[str, float] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        then: Callable[[], object] | None = None,
+        metrics: Mapping[str, float] | None,
+        metadata: Mapping[str, Any] | None,
+        then: Callable[[], object] | None,
     ) -> Future[CheckpointInfo]:
-        """[`amend`][ember.checkpoint.CheckpointStore.amend] on the writer thread, after the save in flight.
-
-        The training thread waits for nothing: a save of ``name`` still being written is amended once it is on disk
-        (and if it fails, this fails with its error). ``then`` runs after, as for a background save.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> _ = store.save_in_background({"w": np.ones(2)}, step=3)
-            >>> _ = store.amend_in_background("step_00000003", metrics={"loss": 0.5})
-            >>> store.wait().metrics
-            {'loss': 0.5}
-        """
-        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here, in the caller's thread
         amend = functools.partial(self._amend, self._writer.pending, name, metrics, metadata)
         return self._writer.submit(amend, then)
 
@@ -244,10 +402,8 @@ class CheckpointStore(CheckpointFolder):
             )
         return amend_manifest(self.root / name, metrics, metadata)
 
-    def _start_save(
-        self, tree: Any, step: int, metrics: Mapping[str, float] | None, name: str | None
-    ) -> CheckpointInfo | None:
-        """Wait for the previous save and check ``tree``; return ``None`` where this process writes.
+    def _start_save(self, save: Save) -> CheckpointInfo | None:
+        """Wait for the previous save and check the tree; return ``None`` where this process writes.
 
         On a process other than 0 (which writes nothing) it returns the info the save would have.
         """
@@ -255,112 +411,22 @@ class CheckpointStore(CheckpointFolder):
         if self.format.writers != "primary":  # every process writes its share, or its own folder
             return None
         if jax.process_count() > 1:  # one process addresses every array
-            check_gatherable(tree)  # on every process, so all of them fail alike
+            check_gatherable(save.tree)  # on every process, so all of them fail alike
         if jax.process_index() == 0:
             return None
         return CheckpointInfo(
-            self.root / (name or f"step_{step:08d}"),
-            step,
-            {k: float(v) for k, v in (metrics or {}).items()},
-            {"step": step, "written_by": "process 0"},
+            self.root / (save.name or f"step_{save.step:08d}"),
+            save.step,
+            {k: float(v) for k, v in (save.metrics or {}).items()},
+            {"step": save.step, "written_by": "process 0"},
         )
 
-    def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
-        """Block until a background save is on disk; re-raise its error; return its info (or ``None``).
-
-        With ``timeout`` (seconds), raise ``TimeoutError`` if it is not done by then; the save goes on, and a later
-        ``wait`` waits for it again.
-
-        Examples:
-            >>> import tempfile
-            >>> from ember.checkpoint import CheckpointStore
-            >>> CheckpointStore(tempfile.mkdtemp()).wait() is None
-            True
-        """
-        return self._writer.wait(timeout)
-
-    def close(self) -> None:
-        """Wait for a write in flight (raising its error) and stop the writer thread; a later save starts another.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> _ = store.save_in_background({"w": np.zeros(1)}, step=1)
-            >>> store.close(); store.latest().step
-            1
-        """
-        try:
-            self._writer.close()
-        finally:
-            self.format.close()
-
-    def finish(self) -> CheckpointInfo | None:
-        """Make every save so far as safe as this store makes any: here, wait for the write in flight.
-
-        A [`Checkpoint`][ember.handlers.Checkpoint] calls it when its run completes; a
-        [`TieredStore`][ember.checkpoint.TieredStore] copies its last save into the durable tier there.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> _ = store.save_in_background({"w": np.zeros(1)}, step=1)
-            >>> store.finish().step
-            1
-        """
-        return self.wait()
-
-    @property
-    def writing(self) -> bool:
-        """Whether a background save was started and not yet waited for.
-
-        Examples:
-            >>> import tempfile
-            >>> from ember.checkpoint import CheckpointStore
-            >>> CheckpointStore(tempfile.mkdtemp()).writing
-            False
-        """
-        return self._writer.pending is not None
-
-    @property
-    def busy(self) -> bool:
-        """Whether a write is in progress now: started and not finished (`writing` also counts a finished one).
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import CheckpointStore
-            >>> store = CheckpointStore(tempfile.mkdtemp())
-            >>> _ = store.save_in_background({"w": np.zeros(1)}, step=1); _ = store.wait()
-            >>> store.busy, store.writing
-            (False, False)
-        """
-        return self._writer.busy
-
-    def raise_if_failed(self) -> None:
-        """Re-raise the error of a background save that has already failed; never blocks.
-
-        Examples:
-            >>> import tempfile
-            >>> from ember.checkpoint import CheckpointStore
-            >>> CheckpointStore(tempfile.mkdtemp()).raise_if_failed()
-        """
-        self._writer.raise_if_failed()
-
-    def _draft(
-        self,
-        tree: Any,
-        step: int,
-        metrics: Mapping[str, float] | None,
-        metadata: Mapping[str, Any] | None,
-        name: str | None,
-        replaces: str | None,
-        background: bool,
-    ) -> Draft:
+    def _draft(self, save: Save, background: bool) -> Draft:
         """Check the save and begin it (the format takes its copy); the tree is described off the training thread."""
-        draft = Draft(self._new_name(step, name, replaces), new_manifest(step, metrics, metadata), replaces)
+        name = self._new_name(save.step, save.name, save.replaces)
+        draft = Draft(name, new_manifest(save.step, save.metrics, save.metadata), save.replaces)
         try:
-            self.format.prepare(draft, tree, self.root, background=background)
+            self.format.prepare(draft, save.tree, self.root, background=background)
         except OSError as e:
             raise naming(e, draft.name, self.root) from None
         return draft

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,16 +16,16 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
+from ember._multiprocess import exchange
 from ember.checkpoint._fast_owner import owned_fast_root, tier_roots
-from ember.checkpoint._info import CheckpointInfo, newer
-from ember.checkpoint._manifest import new_manifest
+from ember.checkpoint._info import CheckpointInfo, check_mode, newer, preferred
+from ember.checkpoint._manifest import CorruptCheckpointError
 from ember.checkpoint._orbax import open_store
-from ember.checkpoint._shards import NotHere, SaveCount, ShardFormat
-from ember.checkpoint._store import CheckpointStore
-from ember.checkpoint._two_tiers import TwoTiers
+from ember.checkpoint._shards import NotHere, SaveCount, ShardFormat, verdict
+from ember.checkpoint._store import CheckpointStore, Save, Store
 
 
-class TieredStore(TwoTiers):
+class TieredStore(Store):
     """Checkpoints in two tiers: every save into a fast folder, every ``durable_every``-th and the last into a durable.
 
     The fast tier is a folder on local, quick storage (``/dev/shm/run``, a node's NVMe) that a relaunch on the same
@@ -48,8 +49,8 @@ class TieredStore(TwoTiers):
     in both tiers, except that the durable tier's newest checkpoint is kept until the durable tier has a newer one
     (the fast tier's later saves never leave the durable tier empty).
 
-    It is a composite, not a store of its own: it holds two stores (the fast tier is a ``CheckpointStore`` writing
-    each process's shards), and each tier writes on its own one writer thread.
+    It is a composite: it holds two stores (the fast tier is a ``CheckpointStore`` writing each process's shards),
+    each writing on its own thread, and reads, waits for and closes them as one store.
 
     Args:
         fast: the fast tier's folder (each process uses its own folder inside it).
@@ -85,7 +86,9 @@ class TieredStore(TwoTiers):
         # saves since the durable tier's newest, which each fast save's manifest records (the relaunch counts on)
         self._count = SaveCount()
         own = self.fast_root / f"process-{jax.process_index()}-of-{jax.process_count()}"
-        super().__init__(CheckpointStore(own, format=ShardFormat(self._agree, self._count)), durable_store)
+        super().__init__(durable_store.root, durable_store.format)
+        self.fast = CheckpointStore(own, format=ShardFormat(self._agree, self._count))
+        self.durable = durable_store
         self.durable_every, self.keep_fast = durable_every, keep_fast
         # process 0's count: all agree
         self._count.since_durable = int(json.loads(self._exchange("count", self._since_durable())[0]))
@@ -94,69 +97,22 @@ class TieredStore(TwoTiers):
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def save(
-        self,
-        tree: Any,
-        *,
-        step: int,
-        metrics: Mapping[str, float] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        replaces: str | None = None,
-    ) -> CheckpointInfo:
-        """Write ``tree`` into the fast tier, and into the durable one if this save is due there; return its info.
+    def _parts(self) -> tuple[CheckpointStore, ...]:
+        return (self.fast, self.durable)
 
-        The background save and a wait for it. The arguments are those of
-        [`CheckpointStore.save`][ember.checkpoint.CheckpointStore.save].
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import TieredStore
-            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp(), durable_every=1)
-            >>> store.save({"w": np.zeros(2)}, step=1).path == store.durable.root / "step_00000001"
-            True
-        """
-        self.save_in_background(tree, step=step, metrics=metrics, metadata=metadata, name=name, replaces=replaces)
-        info = self.wait()
-        assert info is not None  # the save just started
-        return info
-
-    def save_in_background(
-        self,
-        tree: Any,
-        *,
-        step: int,
-        metrics: Mapping[str, float] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        then: Callable[[], object] | None = None,
-        replaces: str | None = None,
-        removes: Sequence[str] = (),
-    ) -> Future[CheckpointInfo]:
-        """Copy ``tree`` now, then write it into the fast tier (and the durable one, when due) in the background.
-
-        The fast tier's copy is made on the host before this returns; a save due in the durable tier is started there
-        as that store starts one (see ``CheckpointStore.save_in_background``). Once both are on disk, the checkpoints
-        named in ``removes`` are deleted (`delete`), then ``then`` runs.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import TieredStore
-            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp())
-            >>> _ = store.save_in_background({"w": np.zeros(2)}, step=1)
-            >>> store.wait().path.parent == store.fast.root
-            True
-        """
+    def _submit(self, save: Save, *, background: bool) -> Future[CheckpointInfo]:
+        """Into the fast tier, and the durable one when due; ``removes`` and ``then`` once both are on disk."""
         self.wait()
-        durable = self._due(replaces)
-        self._last = _Last(name or f"step_{step:08d}", _abstract(tree, self.durable.format.sharded), durable)
-        args: dict[str, Any] = {"step": step, "metrics": metrics, "metadata": metadata, "name": name}
+        durable = self._due(save.replaces)
+        name = save.name or f"step_{save.step:08d}"
+        self._last = _Last(name, _abstract(save.tree, self.durable.format.sharded), durable)
+        tier = dataclasses.replace(save, removes=[], then=self._tidy_fast)
         if not durable:
-            done = functools.partial(self._after, None, self._tidy_fast, list(removes), then)
-            return self.fast.save_in_background(tree, **args, replaces=replaces, then=done)
-        fast = self.fast.save_in_background(tree, **args, replaces=replaces, then=self._tidy_fast)
-        done = functools.partial(self._after, fast, self._tidy_durable, list(removes), then)
-        return self.durable.save_in_background(tree, **args, replaces=replaces, then=done)
+            done = functools.partial(self._after, None, self._tidy_fast, save.removes, save.then)
+            return self.fast._submit(dataclasses.replace(tier, then=done), background=background)
+        fast = self.fast._submit(tier, background=background)
+        done = functools.partial(self._after, fast, self._tidy_durable, save.removes, save.then)
+        return self.durable._submit(dataclasses.replace(tier, then=done), background=background)
 
     def _after(
         self,
@@ -262,44 +218,14 @@ class TieredStore(TwoTiers):
         self._tidy_durable()
         return saved
 
-    def amend(
-        self, name: str, *, metrics: Mapping[str, float] | None = None, metadata: Mapping[str, Any] | None = None
-    ) -> CheckpointInfo:
-        """Rewrite checkpoint ``name``'s manifest in each tier that holds it (see ``CheckpointStore.amend``).
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import TieredStore
-            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp(), durable_every=1)
-            >>> _ = store.save({"w": np.ones(2)}, step=3)
-            >>> store.amend("step_00000003", metrics={"loss": 0.5}).metrics, store.fast.latest().metrics
-            ({'loss': 0.5}, {'loss': 0.5})
-        """
-        self.amend_in_background(name, metrics=metrics, metadata=metadata)
-        info = self.wait()
-        assert info is not None  # the amendment just started
-        return info
-
-    def amend_in_background(
+    def _submit_amend(
         self,
         name: str,
-        *,
-        metrics: Mapping[str, float] | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        then: Callable[[], object] | None = None,
+        metrics: Mapping[str, float] | None,
+        metadata: Mapping[str, Any] | None,
+        then: Callable[[], object] | None,
     ) -> Future[CheckpointInfo]:
-        """``amend`` on each tier's writer thread, after the save in flight there; ``then`` once both are done.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import TieredStore
-            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp(), durable_every=1)
-            >>> _ = store.save_in_background({"w": np.ones(2)}, step=3)
-            >>> _ = store.amend_in_background("step_00000003", metrics={"loss": 0.5})
-            >>> store.wait().metrics, store.fast.latest().metrics
-            ({'loss': 0.5}, {'loss': 0.5})
-        """
-        new_manifest(0, metrics, metadata)  # JSON, or a TypeError here, in the caller's thread
+        """Amend ``name`` in each tier that holds it, after the save in flight there; ``then`` once both are done."""
         tiers = self._holding(name)
         fast = tiers[0].amend_in_background(name, metrics=metrics, metadata=metadata) if len(tiers) == 2 else None
         done = functools.partial(self._after, fast, None, [], then)
@@ -375,6 +301,145 @@ class TieredStore(TwoTiers):
         policy.update(keep_every=keep_every, prefix=prefix)
         return self.fast.prune(**policy) + self.durable.prune(**policy)
 
+    # -- reading ---------------------------------------------------------------------------------
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Every valid checkpoint of both tiers, oldest step first; of a step in both, the fast tier's.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp(), durable_every=2)
+            >>> for step in (1, 2, 3):
+            ...     _ = store.save({"w": np.zeros(1)}, step=step)
+            >>> [(c.step, c.path.parent.name) for c in store.checkpoints()]
+            [(2, 'process-0-of-1'), (3, 'process-0-of-1')]
+        """
+        merged = {c.path.name: c for c in self.durable.checkpoints()}
+        merged.update({c.path.name: c for c in self.fast.checkpoints()})
+        return sorted(merged.values(), key=newer)
+
+    def ranked(self, metric: str | None = None, mode: Literal["min", "max"] = "max") -> list[CheckpointInfo]:
+        """Valid checkpoints of both tiers, preferred first (see ``CheckpointFolder.ranked``).
+
+        A step both tiers hold is listed twice, the fast tier's copy first, so a restore that cannot read it reads the
+        other.
+
+        A fast checkpoint is listed only where every process holds it; in a multi-process run every process calls this
+        together, as it restores together.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp(), durable_every=2)
+            >>> for step in (1, 2, 3):
+            ...     _ = store.save({"w": np.zeros(1)}, step=step)
+            >>> [(c.step, "fast" if c.path.parent == store.fast.root else "durable") for c in store.ranked()]
+            [(3, 'fast'), (2, 'fast'), (2, 'durable')]
+        """
+        check_mode(mode)
+        fast = self.fast.ranked()
+        everywhere = set.intersection(
+            *(set(json.loads(v)) for v in self._exchange("list", [c.path.name for c in fast]))
+        )
+        durable = {c.path.name: c for c in self.durable.ranked()}
+        merged = {**durable, **{c.path.name: c for c in fast if c.path.name in everywhere}}
+        order = preferred(list(merged.values()), metric, mode)  # a step in both tiers: the fast copy, then the other
+        listed = []
+        for c in order:
+            listed.append(c)
+            if self.fast.holds(c) and c.path.name in durable:
+                listed.append(durable[c.path.name])
+        return listed
+
+    def _read(self, info: CheckpointInfo, target: Any, on_verified: Callable[[], object] | None) -> Any:
+        tier = self.fast if self.fast.holds(info) else self.durable
+        return tier.restore(target, info, on_verified=on_verified)[0]
+
+    def _where(self) -> str:
+        return f"{self.fast.root} or {self.root}"
+
+    def verify(self, path: str | os.PathLike[str], *, full: bool = False) -> CheckpointInfo:
+        """The info of the checkpoint in folder ``path``, of whichever tier holds it (see ``CheckpointFolder.verify``).
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp())
+            >>> store.verify(store.save({"w": np.zeros(1)}, step=4).path, full=True).step
+            4
+        """
+        tier = self.fast if Path(path).parent == self.fast.root else self.durable
+        return tier.verify(path, full=full)
+
+    def set_aside(self, path: Path, why: Exception) -> None:
+        """Move a damaged checkpoint aside in its tier; a fast one intact here (another process's is not) only warns.
+
+        Examples:
+            >>> import tempfile, warnings, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp())
+            >>> info = store.save({"w": np.zeros(1)}, step=1)
+            >>> with warnings.catch_warnings(record=True) as caught:
+            ...     warnings.simplefilter("always")
+            ...     store.set_aside(info.path, ValueError("Process 1 has no step_00000001."))
+            >>> print(caught[0].message)
+            Process 1 has no step_00000001. It was skipped.
+        """
+        if Path(path).parent != self.fast.root:
+            self.durable.set_aside(path, why)
+            return
+        try:
+            self.fast.verify(path, full=True)
+        except ValueError:  # damaged here (CorruptCheckpointError), or gone
+            self.fast.set_aside(path, why)
+            return
+        warnings.warn(f"{why} It was skipped.", UserWarning, stacklevel=3)
+
+    def find(self, name: str) -> CheckpointInfo | None:
+        """The valid checkpoint named ``name`` in the fast tier, else in the durable one, else ``None``.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp())
+            >>> _ = store.save({"w": np.zeros(1)}, step=7)
+            >>> store.find("step_00000007").path.parent.name
+            'process-0-of-1'
+        """
+        return self.fast.find(name) or self.durable.find(name)
+
+    def holds(self, info: CheckpointInfo) -> bool:
+        """Whether ``info`` is a checkpoint of either tier.
+
+        Examples:
+            >>> import tempfile, numpy as np
+            >>> from ember.checkpoint import TieredStore
+            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp())
+            >>> store.holds(store.save({"w": np.zeros(1)}, step=1))
+            True
+        """
+        return self.fast.holds(info) or self.durable.holds(info)
+
+    # -- agreeing ----------------------------------------------------------------------------------
+
+    def _exchange(self, what: str, value: Any) -> list[str]:
+        """Every process's ``value`` (JSON) for this store's round of ``what``."""
+        return exchange(f"tiered-{what}:{self.root}", json.dumps(value))
+
+    def _agree(self, checkpoint: CheckpointInfo | str, problem: BaseException | None) -> BaseException | None:
+        """Every process's verdict on restoring ``checkpoint`` from its fast tier: the first problem, or ``None``."""
+        everyone = exchange(f"tiered-read:{self.root}", verdict(problem))
+        if problem is not None:
+            return problem
+        name = checkpoint.path.name if isinstance(checkpoint, CheckpointInfo) else checkpoint
+        for process, text in enumerate(everyone):
+            found = json.loads(text)
+            if found is not None:
+                kind = NotHere if found[0] == NotHere.__name__ else CorruptCheckpointError
+                return kind(f"Process {process} cannot restore {name} from its fast tier: {found[1]}")
+        return None
+
 
 @dataclass
 class _Last:
@@ -396,7 +461,3 @@ def _abstract(tree: Any, sharded: bool) -> Any:
         return x
 
     return jax.tree.map(one, tree)
-
-
-#: one of ember's stores, as handlers take it (``isinstance(x, Store)`` tells it from a user's own save handler)
-Store = CheckpointStore | TieredStore

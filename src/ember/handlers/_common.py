@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ember.checkpoint._tiered import Store
+from ember.checkpoint._store import Store
 from ember.engine import Engine, Events
 from ember.handlers._checkpointing.checkpoint import Checkpoint
 from ember.handlers._checkpointing.savers import DiskSaver

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo, check_retention
-from ember.checkpoint._tiered import Store
+from ember.checkpoint._store import Store
 from ember.engine import (
     Engine,
     EventEnum,

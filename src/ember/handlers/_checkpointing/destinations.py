@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from ember.checkpoint._tiered import Store
+from ember.checkpoint._store import Store
 from ember.handlers._checkpointing.checkpoint_names import Naming, Ranked
 from ember.handlers._checkpointing.save_handlers import SaveHandler, takes_metadata
 from ember.handlers._checkpointing.savers import DiskSaver

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo, CorruptCheckpointError, open_store
-from ember.checkpoint._tiered import Store
+from ember.checkpoint._store import Store
 from ember.handlers._checkpointing.loading import load_objects
 
 

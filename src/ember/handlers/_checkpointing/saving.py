@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ember.checkpoint import CheckpointInfo
-from ember.checkpoint._tiered import Store
+from ember.checkpoint._store import Store
 from ember.engine import Engine, Events
 from ember.handlers._checkpointing.checkpoint_names import Naming, Ranked, score_key
 from ember.handlers._checkpointing.destinations import Destination, Record
