@@ -21,6 +21,11 @@ def steps(store):
     return [c.step for c in store.checkpoints()]
 
 
+def fast_of(fast, durable):
+    """Where a TieredStore given ``fast`` keeps the fast checkpoints of the durable tier in ``durable``."""
+    return fast / f"{durable.name}-{(durable / '.tier-id').read_text()}" / "process-0-of-1"
+
+
 def filled(step):
     return {"w": np.full((2, 3), float(step), np.float32), "n": step}
 
@@ -37,7 +42,7 @@ def test_every_save_goes_fast_and_every_kth_durable(tmp_path):
         (6, "process-0-of-1"),
         (7, "process-0-of-1"),
     ]
-    assert store.fast.root == tmp_path / "fast" / "process-0-of-1"
+    assert store.fast.root == fast_of(tmp_path / "fast", tmp_path / "durable")
     tree, info = store.restore(target=filled(0))
     assert (info.step, info.path.parent.name, tree["n"]) == (7, "process-0-of-1", 7)
     np.testing.assert_array_equal(tree["w"], np.full((2, 3), 7.0, np.float32))
@@ -183,27 +188,12 @@ def test_a_fast_folder_that_cannot_hold_the_tier_is_refused_in_one_line(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing made for a refused store
 
 
-def test_a_fast_subfolder_owned_by_a_third_run_is_refused(tmp_path):
-    """The subfolder a run takes in another run's fast folder, itself claimed by yet another run: one clear error."""
-    import json
-
-    fast = tmp_path / "shm"
-    TieredStore(fast, tmp_path / "a").close()
-    with pytest.warns(RuntimeWarning, match="holds the fast checkpoints of another run"):
-        b = TieredStore(fast, tmp_path / "b")
-    b.close()
-    (b.fast_root / "tier-of.json").write_text(json.dumps({"durable": str(tmp_path / "c")}))
-    said = f"`fast` cannot hold this run's checkpoints: {b.fast_root} belongs to another run too ({tmp_path / 'c'})."
-    with pytest.warns(RuntimeWarning), pytest.raises(ValueError, match="^" + re.escape(said) + "$"):
-        TieredStore(fast, tmp_path / "b")
-
-
 def test_relative_folders_are_fixed_when_the_store_is_made(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     store = TieredStore("fast", "durable", durable_every=1)
     monkeypatch.chdir("/")
     assert store.save(filled(1), step=1).path == tmp_path / "durable" / "step_00000001"
-    assert store.fast.find("step_00000001").path == tmp_path / "fast" / "process-0-of-1" / "step_00000001"
+    assert store.fast.find("step_00000001").path == fast_of(tmp_path / "fast", tmp_path / "durable") / "step_00000001"
 
 
 def test_a_full_fast_tier_fails_the_save_and_leaves_nothing_behind(tmp_path, monkeypatch):
@@ -261,7 +251,7 @@ def test_a_checkpoint_handler_saves_every_iteration_and_resumes_from_the_fast_ti
     assert (info.step, info.path.parent.name, again.state.iteration) == (8, "process-0-of-1", 8)
     for a, b in zip(jax.tree.leaves(trainer.state.train_state), jax.tree.leaves(again.state.train_state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert saver.last_checkpoint == tmp_path / "fast" / "process-0-of-1" / "step_00000008"  # where it is
+    assert saver.last_checkpoint == fast_of(tmp_path / "fast", tmp_path / "durable") / "step_00000008"  # where it is
     third = trainer_on(seed=6)
     assert Checkpoint.load_objects({"trainer": third}, saver.last_checkpoint).step == 8  # Ignite's way to load it
     np.testing.assert_array_equal(
@@ -292,39 +282,67 @@ def test_the_count_of_saves_goes_on_across_relaunches(tmp_path):
 
 
 def test_two_runs_given_one_fast_folder_never_read_each_others_checkpoints(tmp_path):
-    """Run A owns the fast folder; run B (another durable tier) warns, reads nothing of A's, saves beside it."""
-    import json
-
+    """Runs A and B share a fast folder: each keeps its checkpoints in a folder there named by its durable tier."""
     fast = tmp_path / "shm"
     a = TieredStore(fast, tmp_path / "a", durable_every=10)
     for step in (1, 2):
         a.save({"w": np.full(2, float(step))}, step=step)
     a.close()
-    assert json.loads((fast / "tier-of.json").read_text()) == {"durable": str(tmp_path / "a")}
-    with pytest.warns(RuntimeWarning, match=re.escape(f"The fast folder {fast} holds the fast checkpoints of another")):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn of: B's folder is its own
         b = TieredStore(fast, tmp_path / "b", durable_every=10)
     assert b.latest() is None  # nothing of A's
     b.save({"w": np.full(2, 20.0)}, step=2)  # the same step's name as A's: no clash
     b.close()
-    assert b.fast_root.parent == fast
-    assert b.fast_root.name.startswith("of-b-")
-    with pytest.warns(RuntimeWarning, match="holds the fast checkpoints of another run"):
-        again = TieredStore(fast, tmp_path / "b", durable_every=10)  # B relaunched: finds its own
-    tree, info = again.restore()
+    assert sorted(p.name for p in fast.iterdir()) == sorted(
+        f"{d}-{(tmp_path / d / '.tier-id').read_text()}" for d in ("a", "b")
+    )
+    assert b.fast_root == fast_of(fast, tmp_path / "b").parent
+    tree, info = TieredStore(fast, tmp_path / "b", durable_every=10).restore()  # B relaunched: finds its own
     assert (info.step, tree["w"].tolist()) == (2, [20.0, 20.0])
-    again.close()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # A relaunched: its folder, no warning
-        tree, info = TieredStore(fast, tmp_path / "a", durable_every=10).restore()
+    tree, info = TieredStore(fast, tmp_path / "a", durable_every=10).restore()  # A relaunched: its own
     assert (info.step, tree["w"].tolist()) == (2, [2.0, 2.0])
 
 
-def test_a_fast_folder_whose_owner_file_is_damaged_is_not_read(tmp_path):
+def test_a_durable_folder_made_anew_does_not_resume_the_old_runs_fast_checkpoints(tmp_path):
+    """The durable folder deleted, the same path given again: a new run, a new id, an empty fast folder of its own."""
+    fast = tmp_path / "shm"
+    old = TieredStore(fast, tmp_path / "a", durable_every=10)
+    old.save({"w": np.ones(2)}, step=5)
+    old.close()
+    shutil.rmtree(tmp_path / "a")
+    new = TieredStore(fast, tmp_path / "a", durable_every=10)
+    assert (new.latest(), new.fast_root == old.fast_root) == (None, False)
+    assert [c.step for c in old.fast.checkpoints()] == [5]  # the old run's, left where they were, not read
+    new.close()
+
+
+@pytest.mark.parametrize("text", ["", "3fa9", "not an id at all, and longer than forty characters"])
+def test_a_damaged_tier_id_is_made_anew_with_a_warning_and_the_old_fast_checkpoints_are_not_read(tmp_path, text):
+    """Altered or truncated: whose fast checkpoints they were cannot be known; the durable tier (empty here) is read."""
     fast = tmp_path / "shm"
     a = TieredStore(fast, tmp_path / "a", durable_every=10)
     a.save({"w": np.ones(2)}, step=1)
     a.close()
-    (fast / "tier-of.json").write_text('{"durab')
-    with pytest.warns(RuntimeWarning, match=r"another run \(durable tier unknown \(tier-of\.json cannot be read: "):
+    (tmp_path / "a" / ".tier-id").write_text(text)
+    said = f"{tmp_path / 'a' / '.tier-id'} does not hold a durable tier's id ({text[:40]!r}); a new one is made"
+    with pytest.warns(RuntimeWarning, match="^" + re.escape(said)):
         b = TieredStore(fast, tmp_path / "a", durable_every=10)
-    assert b.latest() is None  # whose they are cannot be known: the durable tier (empty here) is the truth
+    assert b.latest() is None
+    assert re.fullmatch(r"[0-9a-f]{16}", (tmp_path / "a" / ".tier-id").read_text())
+    b.close()
+
+
+def test_a_deleted_tier_id_beside_checkpoints_is_made_anew_with_a_warning(tmp_path):
+    """The durable tier holds checkpoints but no .tier-id: a new id, a warning; the durable checkpoints are read."""
+    fast, durable = tmp_path / "shm", tmp_path / "a"
+    a = TieredStore(fast, durable, durable_every=1)
+    a.save({"w": np.ones(2)}, step=1)
+    a.save({"w": np.ones(2)}, step=2)
+    a.close()
+    (durable / ".tier-id").unlink()
+    said = f"{durable} holds checkpoints but no .tier-id (deleted, or written before tiers were named); a new one"
+    with pytest.warns(RuntimeWarning, match="^" + re.escape(said)):
+        b = TieredStore(fast, durable, durable_every=1)
+    assert [(c.step, c.path.parent) for c in b.checkpoints()] == [(1, durable), (2, durable)]
+    b.close()

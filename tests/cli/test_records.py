@@ -108,7 +108,7 @@ def test_every_record_up_to_a_checkpoint_is_fsynced_before_that_checkpoint_commi
             seen.append(("logged", f"step_{engine.state.iteration:08d}"))
 
     to_save = {"trainer": trainer}
-    best, latest = attach_checkpoints(CheckpointConfig(), run_dir, to_save, trainer, evaluator, "id", records)
+    best, latest = attach_checkpoints(CheckpointConfig(), run_dir, to_save, trainer, evaluator, records)
     trainer.run([1, 2], max_epochs=2)
     close_stores(best, latest)
     records.close()

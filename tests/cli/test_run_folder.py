@@ -62,9 +62,9 @@ def test_two_runs_whose_folders_share_a_name_and_a_fast_tier_never_read_each_oth
         run_dir = tmp_path / folder / "digits"  # the second line says where the checkpoints go
         assert out.getvalue().splitlines()[1] == f"Watching: checkpoints in {fast}, every 5th also in {run_dir}."
     assert [(s["resumed_from"], s["iterations"]) for s in summaries] == [(None, 22), (None, 22)]  # p2 trained
-    ids = [json.loads((tmp_path / p / "digits" / "run.json").read_text())["id"] for p in ("p1", "p2")]
+    ids = [(tmp_path / p / "digits" / "checkpoints" / "latest" / ".tier-id").read_text() for p in ("p1", "p2")]
     assert ids[0] != ids[1]
-    assert sorted(p.name for p in fast.iterdir()) == sorted(f"digits-{i}" for i in ids)
+    assert sorted(p.name for p in fast.iterdir()) == sorted(f"latest-{i}" for i in ids)
 
 
 @pytest.mark.parametrize("bad", ["''", '" "'])

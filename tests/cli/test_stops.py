@@ -160,8 +160,8 @@ def test_a_fast_dir_tier_is_what_a_killed_run_resumes_from(tmp_path):
     run_dir = tmp_path / "run"
     status, _, err = signalled_run(run_dir, signal.SIGKILL, "epoch   2", *extra)
     assert status == -signal.SIGKILL, err[-3000:]
-    run_id = json.loads((run_dir / "run.json").read_text())["id"]
-    fast = newest_step(tmp_path / "shm" / f"run-{run_id}" / "process-0-of-1")  # the run's own fast folder
+    tier_id = (run_dir / "checkpoints" / "latest" / ".tier-id").read_text()
+    fast = newest_step(tmp_path / "shm" / f"latest-{tier_id}" / "process-0-of-1")  # the run's own fast folder
     durable = newest_step(run_dir / "checkpoints" / "latest")
     assert fast >= durable >= 22  # every 4th save is durable too: iterations 12, 22 (the first epoch ends), 33, 44
     status, out, err = signalled_run(run_dir, signal.SIGKILL, "Resuming", *extra)

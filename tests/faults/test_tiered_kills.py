@@ -86,10 +86,15 @@ def relaunch_and_kill(folder: Path, rng: random.Random, reference: dict[str, str
 
 def kills_then_wipe(tmp_path: Path, reference: dict[str, str], kills: int, seed: int) -> None:
     rng = random.Random(seed)
-    fast, durable = tmp_path / "fast" / "process-0-of-1", tmp_path / "durable"
+    durable = tmp_path / "durable"
+
+    def fast() -> Path:  # the durable tier's folder of the fast tier, once the first launch has named it
+        named = durable / ".tier-id"
+        return tmp_path / "fast" / f"durable-{named.read_text() if named.exists() else ''}" / "process-0-of-1"
+
     for _ in range(kills):
-        relaunch_and_kill(tmp_path, rng, reference, expected=newest(fast))
-    assert newest(fast) >= newest(durable) > 0
+        relaunch_and_kill(tmp_path, rng, reference, expected=newest(fast()))
+    assert newest(fast()) >= newest(durable) > 0
     shutil.rmtree(tmp_path / "fast")  # the node is replaced: the run goes on from the durable tier
     proc = launch(tmp_path)
     out, err = proc.communicate(timeout=600)

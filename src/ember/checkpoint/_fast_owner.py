@@ -1,15 +1,16 @@
-"""Which run a fast tier's folder belongs to: two runs given the same fast folder never read each other's checkpoints.
+"""Whose a fast tier's folder is: each durable tier's fast checkpoints in a folder of their own, named after it.
 
-A `TieredStore` writes ``tier-of.json`` into its fast folder, naming its durable tier. A store whose durable tier is
-another finds the folder taken: it warns, reads none of the checkpoints there, and keeps its own in a subfolder
-named after its durable tier, which its relaunches find again. `tier_roots` checks a `TieredStore`'s folders first.
+A durable tier holds an id of its own (``.tier-id``, made at its first use); a `TieredStore` keeps its fast checkpoints
+in ``<fast>/<durable folder's name>-<id>``. Two runs given one fast folder never read each other's checkpoints, a
+relaunch finds its own again, and a run whose durable folder was made anew (deleted, then the same path given again)
+starts a fast folder of its own instead of resuming the old run's. `tier_roots` checks a `TieredStore`'s folders first.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
+import re
+import secrets
 import tempfile
 import warnings
 from pathlib import Path
@@ -17,56 +18,47 @@ from pathlib import Path
 from ember._atomic_file import replace_file
 from ember.checkpoint._store import CheckpointStore
 
-#: The file in a fast tier's folder that names the durable tier it belongs to.
-OWNER = "tier-of.json"
+#: The file in a durable tier's folder that holds its id (the name of its fast tiers' folder ends with it).
+TIER_ID = ".tier-id"
 
 
-def owned_fast_root(fast_root: Path, durable_root: Path) -> Path:
-    """The folder of the fast tier whose durable tier is ``durable_root``: ``fast_root`` unless another run owns it.
+def durable_id(durable_root: Path) -> str:
+    """The id of the durable tier in ``durable_root``: read from its `TIER_ID` file, or made there (16 hex digits).
 
-    A folder that names no owner yet (new, or written before owners were named) becomes this run's. Another run's
-    folder gives this run a subfolder named after its durable tier; one that names yet another owner is refused.
+    A file that does not hold an id (altered, truncated), or none beside checkpoints (deleted), is replaced with a new
+    one, with a warning: the fast checkpoints kept under the old one are not read (the durable tier's are).
 
     Examples:
-        >>> import tempfile, warnings
+        >>> import tempfile
         >>> from pathlib import Path
-        >>> from ember.checkpoint._fast_owner import owned_fast_root
-        >>> fast = Path(tempfile.mkdtemp())
-        >>> owned_fast_root(fast, Path("/runs/a")) == fast
-        True
-        >>> with warnings.catch_warnings(record=True) as caught:
-        ...     warnings.simplefilter("always")
-        ...     other = owned_fast_root(fast, Path("/runs/b"))
-        >>> other.parent == fast, other.name.startswith("of-b-"), len(caught)
-        (True, True, 1)
+        >>> from ember.checkpoint._fast_owner import durable_id
+        >>> durable = Path(tempfile.mkdtemp())
+        >>> made = durable_id(durable)
+        >>> len(made), durable_id(durable) == made
+        (16, True)
     """
-    owner = _owner(fast_root, durable_root)
-    if owner == str(durable_root):
-        return fast_root
-    own = fast_root / f"of-{durable_root.name}-{hashlib.sha256(str(durable_root).encode()).hexdigest()[:8]}"
-    warnings.warn(
-        f"The fast folder {fast_root} holds the fast checkpoints of another run (durable tier {owner}); they are "
-        f"not read. This run's fast checkpoints go into {own}.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-    mine = _owner(own, durable_root)
-    if mine != str(durable_root):
-        raise ValueError(f"`fast` cannot hold this run's checkpoints: {own} belongs to another run too ({mine}).")
-    return own
-
-
-def _owner(fast_root: Path, durable_root: Path) -> str:
-    """Whose fast folder ``fast_root`` is (a durable tier's path); one that names no owner yet becomes this run's."""
-    marker = fast_root / OWNER
     try:
-        return str(json.loads(marker.read_text())["durable"])
+        text = (durable_root / TIER_ID).read_text()
+        if re.fullmatch(r"[0-9a-f]{16}", text):
+            return text
+        warnings.warn(
+            f"{durable_root / TIER_ID} does not hold a durable tier's id ({text[:40]!r}); a new one is made, and the "
+            "fast checkpoints kept under the old one are not read.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     except FileNotFoundError:
-        fast_root.mkdir(parents=True, exist_ok=True)
-        replace_file(fast_root, OWNER, json.dumps({"durable": str(durable_root)}))
-        return str(durable_root)
-    except (OSError, ValueError, KeyError, TypeError) as e:  # altered, truncated: whose it is cannot be known
-        return f"unknown ({OWNER} cannot be read: {e})"
+        if durable_root.is_dir() and any(p.is_dir() and not p.name.startswith(".") for p in durable_root.iterdir()):
+            warnings.warn(
+                f"{durable_root} holds checkpoints but no {TIER_ID} (deleted, or written before tiers were named); a "
+                "new one is made, and the fast checkpoints kept for it before are not read.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    made = secrets.token_hex(8)
+    durable_root.mkdir(parents=True, exist_ok=True)
+    replace_file(durable_root, TIER_ID, made)
+    return made
 
 
 def fast_folder(label: str, fast: str | os.PathLike[str], apart: dict[str, Path]) -> Path:

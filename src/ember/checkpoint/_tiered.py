@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from ember._multiprocess import exchange
-from ember.checkpoint._fast_owner import owned_fast_root, tier_roots
+from ember.checkpoint._fast_owner import durable_id, tier_roots
 from ember.checkpoint._info import CheckpointInfo, check_mode, newer, preferred
 from ember.checkpoint._manifest import CorruptCheckpointError
 from ember.checkpoint._orbax import open_store
@@ -29,10 +29,11 @@ class TieredStore(Store):
     """Checkpoints in two tiers: every save into a fast folder, every ``durable_every``-th and the last into a durable.
 
     The fast tier is a folder on local, quick storage (``/dev/shm/run``, a node's NVMe) that a relaunch on the same
-    machine finds again; each process writes its own shards there, into ``process-<i>-of-<n>``, without waiting for
-    the others, and keeps its newest ``keep_fast``. The folder belongs to one run: ``tier-of.json`` names its
-    durable tier, and a store with another durable tier given the same folder warns, reads none of its checkpoints
-    and keeps its own in a subfolder (``of-<durable folder>-<hash>``) that its relaunches find again. The durable
+    machine finds again; each process writes its own shards there, into
+    ``<durable folder's name>-<its id>/process-<i>-of-<n>``, without waiting for the others, and keeps its newest
+    ``keep_fast``. The durable tier's id (in its ``.tier-id`` file, made at its first use) keeps runs apart: two runs
+    given one fast folder never read each other's checkpoints, and a durable folder made anew at the same path starts
+    afresh rather than resume an older run's fast checkpoints. The durable
     tier is an ordinary store (a folder, or a [`CheckpointStore`][ember.checkpoint.CheckpointStore] or
     [`OrbaxStore`][ember.checkpoint.OrbaxStore]) on storage that outlives the machine. Both commit atomically and
     verify every file. A save also goes into the durable tier when it replaces a checkpoint that tier holds; the
@@ -53,7 +54,7 @@ class TieredStore(Store):
     each writing on its own thread, and reads, waits for and closes them as one store.
 
     Args:
-        fast: the fast tier's folder (each process uses its own folder inside it).
+        fast: the fast tier's folder (several runs may share it: each keeps its checkpoints in a folder inside).
         durable: the durable tier: a folder (opened with [`open_store`][ember.checkpoint.open_store]) or a store.
         durable_every: every this many saves, one goes into the durable tier too (counted on across relaunches: a
             run relaunched more often than this still reaches the durable tier).
@@ -80,13 +81,15 @@ class TieredStore(Store):
         durable_every: int = 5,
         keep_fast: int = 2,
     ) -> None:
-        fast_root, durable_root = tier_roots(fast, durable, durable_every=durable_every, keep_fast=keep_fast)
+        fast_root, _ = tier_roots(fast, durable, durable_every=durable_every, keep_fast=keep_fast)
         durable_store = durable if isinstance(durable, CheckpointStore) else open_store(durable)
-        self.fast_root = owned_fast_root(fast_root, Path(os.path.abspath(durable_root)))  # another run's: a subfolder
+        super().__init__(durable_store.root, durable_store.format)
+        # the folder of this durable tier's fast checkpoints, named by its id (process 0 reads it, or makes one)
+        ident = json.loads(self._exchange("id", durable_id(self.root) if jax.process_index() == 0 else None)[0])
+        self.fast_root = fast_root / f"{self.root.name}-{ident}"
         # saves since the durable tier's newest, which each fast save's manifest records (the relaunch counts on)
         self._count = SaveCount()
         own = self.fast_root / f"process-{jax.process_index()}-of-{jax.process_count()}"
-        super().__init__(durable_store.root, durable_store.format)
         self.fast = CheckpointStore(own, format=ShardFormat(self._agree, self._count))
         self.durable = durable_store
         self.durable_every, self.keep_fast = durable_every, keep_fast

@@ -6,12 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import jax
-import numpy as np
-from jax.experimental import multihost_utils
-
 from ember import Engine, Events
-from ember._run_identity import run_identity
 from ember.checkpoint import TieredStore, open_store
 from ember.checkpoint._fast_owner import fast_folder
 from ember.cli._evaluations.saved_steps import KEY, SavedSteps, kept_in
@@ -27,7 +22,6 @@ def attach_checkpoints(
     to_save: dict[str, Any],
     trainer: Engine,
     evaluator: Engine,
-    run_id: str,
     records: Writer | None = None,
     carried: Mapping[str, Any] | None = None,
 ) -> tuple[Checkpoint, Checkpoint]:
@@ -38,9 +32,9 @@ def attach_checkpoints(
     latest checkpoint lists the steps saved into ``checkpoints/latest`` before it (`SavedSteps`), so a watcher reports
     the checkpoints retention deleted before it could read them.
 
-    With ``fast_dir``, the latest go through a `TieredStore` whose durable tier is ``checkpoints/latest`` and whose
-    fast tier is ``<fast_dir>/<run folder's name>-<run_id>`` (`shared_run_id`): two runs never share one, though
-    their folders have the same name. ``records``, the run's writer, is synced (flushed and fsynced) before each
+    With ``fast_dir``, the latest go through a `TieredStore` whose durable tier is ``checkpoints/latest``, its fast
+    checkpoints in a folder of ``fast_dir`` named after that tier (two runs never share one, though their folders
+    have the same name). ``records``, the run's writer, is synced (flushed and fsynced) before each
     latest save: a relaunch, after a SIGKILL or a power loss, resumes from a checkpoint whose steps' records are all
     in the files. ``carried`` names what else the latest checkpoints keep for the run (its last evaluation), each
     unless the run was begun without it (`kept_in`). Returns ``(best, latest)``.
@@ -55,7 +49,7 @@ def attach_checkpoints(
     )
     best.attach(evaluator, Events.COMPLETED)
     latest_dir: Path | TieredStore = run_dir / "checkpoints" / "latest"
-    fast = fast_tier(config, run_dir, run_id)
+    fast = fast_tier(config, run_dir)
     if fast is not None:  # every save into local storage, every k-th and the last into the run folder too
         latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)
     held = unread_by(run_dir, config.keep_for_watchers) if config.keep_for_watchers else None  # until watchers read
@@ -74,8 +68,8 @@ def attach_checkpoints(
     return best, latest
 
 
-def fast_tier(config: CheckpointConfig, run_dir: Path, run_id: str = "") -> Path | None:
-    """The run's fast tier, ``<fast_dir>/<run folder's name>-<run_id>``, once ``fast_dir`` is checked (`fast_folder`).
+def fast_tier(config: CheckpointConfig, run_dir: Path) -> Path | None:
+    """The folder of the run's fast tier, ``fast_dir``, once checked (`fast_folder`).
 
     ``None`` for a run without one (no ``fast_dir``): the one place ``ember train`` reads ``fast_dir`` for its tiers.
 
@@ -85,8 +79,7 @@ def fast_tier(config: CheckpointConfig, run_dir: Path, run_id: str = "") -> Path
     """
     if config.fast_dir is None:
         return None
-    folder = fast_folder("handlers.checkpoint.fast_dir", config.fast_dir, {"the run folder": run_dir.resolve()})
-    return folder / f"{run_dir.resolve().name}-{run_id}"
+    return fast_folder("handlers.checkpoint.fast_dir", config.fast_dir, {"the run folder": run_dir.resolve()})
 
 
 def _tiers(latest: Path | TieredStore) -> tuple[Any, ...]:
@@ -94,18 +87,6 @@ def _tiers(latest: Path | TieredStore) -> tuple[Any, ...]:
     if isinstance(latest, TieredStore):
         return latest.fast, latest.durable
     return (open_store(latest),) if latest.is_dir() else ()
-
-
-def shared_run_id(run_dir: Path) -> str:
-    """The run's id from its ``run.json`` (made there by process 0), the same on every process of the run."""
-    if jax.process_count() == 1:
-        return run_identity(run_dir)["id"]
-    mine = run_identity(run_dir)["id"] if jax.process_index() == 0 else ""
-    padded = np.frombuffer(mine.encode().ljust(_ID_BYTES, b"\0"), np.uint8)
-    return bytes(np.asarray(multihost_utils.broadcast_one_to_all(padded))).rstrip(b"\0").decode()
-
-
-_ID_BYTES = 64  # the longest run id run.json may hold
 
 
 def close_stores(*savers: Checkpoint) -> None:

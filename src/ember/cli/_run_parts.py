@@ -21,7 +21,7 @@ from ember.cli._distributed import heartbeat_timeout
 from ember.cli._early_signals import hand_over
 from ember.cli._evaluations.sections import Extra, build_evaluations, classifier_evaluator
 from ember.cli._registry import build_data, build_model, check_labels
-from ember.cli._run_checkpoints import attach_checkpoints, shared_run_id
+from ember.cli._run_checkpoints import attach_checkpoints
 from ember.cli._run_course import SKIP_LIMIT, logged_outputs, nan_check, runs_on, watching
 from ember.cli._run_record import LAST_EVALUATION, LastEvaluation
 from ember.cli._verify_resume import KILL_AT
@@ -155,10 +155,9 @@ def attach_handlers(cfg: Config, engines: Engines, run_dir: Path, console: Conso
             evaluations.add(name, extra, data, schedule)
     to_save: dict[str, Any] = {"trainer": trainer}  # its state dict holds the data's position
     stopper = _early_stopping(cfg, engines, to_save)
-    run_id = shared_run_id(run_dir)  # the run's own, in run.json: its fast checkpoint tier is its alone
     scored = engines.evaluator_of(h.checkpoint.best_on)
     carried = {LAST_EVALUATION: last}  # the run's result, through relaunches
-    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, scored, run_id, writer, carried)
+    best, latest = attach_checkpoints(h.checkpoint, run_dir, to_save, trainer, scored, writer, carried)
     preemption = Preemption(latest, signals=(signal.SIGTERM, signal.SIGINT))  # Ctrl-C saves and stops, as SIGTERM
     preemption.attach(trainer, engines.evaluators)
     hand_over(preemption, trainer)  # a signal noted after the last safe point before training: Preemption's

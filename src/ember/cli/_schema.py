@@ -108,7 +108,7 @@ class CheckpointConfig:
     keep_best: Positive = 1
     every_iters: Positive | None = None
     #: a folder on fast local storage (``/dev/shm``, a node's NVMe): every latest checkpoint is written there, into
-    #: ``<fast_dir>/<run folder's name>-<run id>``, and every ``durable_every``-th one and the last also into the run
+    #: ``<fast_dir>/latest-<the durable tier's id>``, and every ``durable_every``-th one and the last also into the run
     #: folder (``ember.checkpoint.TieredStore``); null: the run folder only. A file, the run folder, a folder inside or
     #: around it, or one that cannot be written is refused before the run starts.
     fast_dir: Folder | None = None
