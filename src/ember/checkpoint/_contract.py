@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ember.checkpoint._info import CheckpointInfo
+from ember.checkpoint._manifest import CheckpointInfo
 
 Writers = Literal["primary", "every", "own"]
 

@@ -1,4 +1,7 @@
-"""`CheckpointFolder`: list, verify, rank, restore and prune the checkpoints in one folder (a store's read side)."""
+"""`CheckpointFolder`: list, verify, rank, restore and prune the checkpoints in one folder (a store's read side).
+
+Also the order of checkpoints (`newer`, `preferred`) and retention's checks (`check_retention`).
+"""
 
 from __future__ import annotations
 
@@ -14,8 +17,14 @@ from ember._atomic_file import TMP_PREFIX
 from ember.checkpoint._atomic import remove
 from ember.checkpoint._contract import Format
 from ember.checkpoint._format import checksum_problem, size_problem
-from ember.checkpoint._info import CheckpointInfo, check_mode, check_retention, file_records, newer, preferred
-from ember.checkpoint._manifest import CorruptCheckpointError, WrongStoreError, corrupt, read_manifest
+from ember.checkpoint._manifest import (
+    CheckpointInfo,
+    CorruptCheckpointError,
+    WrongStoreError,
+    corrupt,
+    file_records,
+    read_manifest,
+)
 from ember.checkpoint._msgpack import MsgpackFormat
 
 CORRUPT_PREFIX = "corrupt-"  # a checkpoint that failed verification, moved aside (never deleted)
@@ -372,3 +381,44 @@ def _written(path: Path) -> tuple[Any, ...]:
             continue
         found.append((p.name, st.st_mtime_ns, st.st_size))
     return (path.name, *sorted(found))
+
+
+def newer(c: CheckpointInfo) -> tuple[int, float, str]:
+    """The order of checkpoints in time: by step, then (two of one step: a resumed run saved it again) write time."""
+    wall_time = c.manifest.get("wall_time")
+    return c.step, wall_time if isinstance(wall_time, float) else 0.0, c.path.name
+
+
+def preferred(found: list[CheckpointInfo], metric: str | None, mode: Literal["min", "max"]) -> list[CheckpointInfo]:
+    """``found`` newest first, or (with ``metric``) those that carry it, best first; ties go to the later step."""
+    newest_first = sorted(found, key=newer, reverse=True)
+    if metric is None:
+        return newest_first
+    sign = 1.0 if mode == "max" else -1.0
+    scored = [c for c in newest_first if metric in c.metrics]
+    return sorted(scored, key=lambda c: (sign * c.metrics[metric], c.step), reverse=True)
+
+
+def check_mode(mode: object) -> None:
+    """Raise unless ``mode`` is "min" or "max"."""
+    if mode not in ("min", "max"):
+        raise ValueError(f"`mode` must be 'min' or 'max', got {mode!r}.")
+
+
+def check_retention(keep_latest: object, keep_best: object, keep_every: object, mode: object) -> None:
+    """Raise unless the counts are positive ints (or None) and ``mode`` is "min" or "max".
+
+    [`CheckpointFolder.prune`][ember.checkpoint.CheckpointFolder.prune] checks its policies so; a handler that prunes
+    later checks them when it is built, so a bad value fails before training starts.
+
+    Examples:
+        >>> from ember.checkpoint import check_retention
+        >>> check_retention(keep_latest=0, keep_best=None, keep_every=None, mode="max")
+        Traceback (most recent call last):
+        ...
+        ValueError: `keep_latest` must be a positive int or None, got 0.
+    """
+    for label, value in (("keep_latest", keep_latest), ("keep_best", keep_best), ("keep_every", keep_every)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"`{label}` must be a positive int or None, got {value!r}.")
+    check_mode(mode)

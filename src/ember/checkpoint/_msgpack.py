@@ -13,8 +13,7 @@ from flax import serialization, traverse_util
 from ember.checkpoint._atomic import temporary_dir
 from ember.checkpoint._contract import Draft, Writers
 from ember.checkpoint._format import detach, flat_leaves, on_host, parse_leaves, read_file, write_leaves, wrong_size
-from ember.checkpoint._info import CheckpointInfo
-from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, describe_tree, wrong_store
+from ember.checkpoint._manifest import MANIFEST, CheckpointInfo, check_structure, corrupt, describe_tree, wrong_store
 
 DATA = "state.msgpack"
 

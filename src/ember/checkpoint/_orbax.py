@@ -20,8 +20,15 @@ from ember._extras import missing
 from ember._multiprocess import exchange
 from ember.checkpoint._contract import Draft, Writers
 from ember.checkpoint._format import checksum_problem, flat_leaves, list_files, record, size_problem
-from ember.checkpoint._info import CheckpointInfo, file_records
-from ember.checkpoint._manifest import MANIFEST, check_structure, corrupt, describe_tree, wrong_store
+from ember.checkpoint._manifest import (
+    MANIFEST,
+    CheckpointInfo,
+    check_structure,
+    corrupt,
+    describe_tree,
+    file_records,
+    wrong_store,
+)
 from ember.checkpoint._shards import ShardFormat
 from ember.checkpoint._store import CheckpointStore
 

@@ -21,8 +21,7 @@ from flax import serialization, traverse_util
 
 from ember.checkpoint._contract import Draft, Writers
 from ember.checkpoint._format import detach, flat_leaves, on_host
-from ember.checkpoint._info import CheckpointInfo
-from ember.checkpoint._manifest import CorruptCheckpointError, check_structure, describe_tree
+from ember.checkpoint._manifest import CheckpointInfo, CorruptCheckpointError, check_structure, describe_tree
 from ember.checkpoint._msgpack import DATA, check_data_file, parsed, read_data, write_data
 
 SHARD = "#"  # separates a leaf's path from a shard's index in the data file: "params/w#0:4,0:8"

@@ -18,8 +18,8 @@ import numpy as np
 
 from ember._multiprocess import exchange
 from ember.checkpoint._fast_owner import durable_id, tier_roots
-from ember.checkpoint._info import CheckpointInfo, check_mode, newer, preferred
-from ember.checkpoint._manifest import CorruptCheckpointError
+from ember.checkpoint._folder import check_mode, newer, preferred
+from ember.checkpoint._manifest import CheckpointInfo, CorruptCheckpointError
 from ember.checkpoint._orbax import open_store
 from ember.checkpoint._shards import NotHere, SaveCount, ShardFormat, verdict
 from ember.checkpoint._store import CheckpointStore, Save, Store

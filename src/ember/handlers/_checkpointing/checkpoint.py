@@ -25,12 +25,11 @@ from ember.engine import (
 )
 from ember.handlers._attached import hold
 from ember.handlers._checkpointing.checkpoint_names import Naming, metric_score, ranked
-from ember.handlers._checkpointing.destinations import destination
 from ember.handlers._checkpointing.loading import kind_of, load_objects
 from ember.handlers._checkpointing.retention import Item, Ledger
 from ember.handlers._checkpointing.save_handlers import SaveHandler, setup_filename_pattern
 from ember.handlers._checkpointing.savers import DiskSaver
-from ember.handlers._checkpointing.saving import Saving
+from ember.handlers._checkpointing.saving import Saving, destination
 
 
 class CheckpointEvents(EventEnum):

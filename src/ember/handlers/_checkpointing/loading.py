@@ -11,8 +11,7 @@ import jax
 import numpy as np
 
 from ember.checkpoint import CheckpointInfo, CorruptCheckpointError, open_store
-from ember.checkpoint._store import Store
-from ember.checkpoint._writer import settle_writes_into
+from ember.checkpoint._store import Store, settle_writes_into
 from ember.engine import Engine, Stateful, TreeStateful
 
 
