@@ -85,23 +85,34 @@ class CheckpointFolder:
         check_retention(keep_latest, keep_best, keep_every, mode)
         if keep_best is not None and metric is None:
             raise ValueError("`keep_best` needs `metric`, the name of the score to rank checkpoints by.")
-        if (keep_latest is None and keep_best is None and keep_every is None) or not self._writes_manifests():
-            return []  # no policy: keep everything; and only the process that writes deletes
-        mine = [c for c in self.checkpoints() if c.path.name.startswith(prefix)]
-        kept: set[Path] = set()
-        if keep_latest:  # the newest steps: two checkpoints of one step count once
-            newest = sorted({c.step for c in mine})[-keep_latest:]
-            kept |= {c.path for c in mine if c.step in newest}
-        if keep_best and metric is not None:
-            sign = 1.0 if mode == "max" else -1.0
-            scored = sorted((c for c in mine if metric in c.metrics), key=lambda c: (sign * c.metrics[metric], c.step))
-            kept |= {c.path for c in scored[-keep_best:]}
-        if keep_every:
-            kept |= {c.path for c in mine if c.step % keep_every == 0}
-        doomed = [c for c in mine if c.path not in kept]
-        for c in doomed:
-            self.delete(c)
+        if keep_latest is None and keep_best is None and keep_every is None:
+            return []  # no policy: keep everything
+        doomed: list[CheckpointInfo] = []
+        for folder in self._pruned():  # a tiered store: each tier on its own
+            if not folder._writes_manifests():
+                continue  # only the process that writes deletes
+            mine = [c for c in folder.checkpoints() if c.path.name.startswith(prefix)]
+            kept: set[Path] = set()
+            if keep_latest:  # the newest steps: two checkpoints of one step count once
+                newest = sorted({c.step for c in mine})[-keep_latest:]
+                kept |= {c.path for c in mine if c.step in newest}
+            if keep_best and metric is not None:
+                sign = 1.0 if mode == "max" else -1.0
+                scored = sorted(
+                    (c for c in mine if metric in c.metrics), key=lambda c: (sign * c.metrics[metric], c.step)
+                )
+                kept |= {c.path for c in scored[-keep_best:]}
+            if keep_every:
+                kept |= {c.path for c in mine if c.step % keep_every == 0}
+            for c in mine:
+                if c.path not in kept:
+                    folder.delete(c)
+                    doomed.append(c)
         return doomed
+
+    def _pruned(self) -> tuple[CheckpointFolder, ...]:
+        """The folders `prune` applies its policies to, each on its own: this one (a tiered store: its tiers)."""
+        return (self,)
 
     def delete(self, checkpoint: CheckpointInfo | str) -> None:
         """Remove a checkpoint, given by its info or its folder's name; one already gone is no error.

@@ -34,6 +34,11 @@ from ember.checkpoint._manifest import (
 from ember.checkpoint._msgpack import MsgpackFormat
 from ember.checkpoint._notice import committed, gathered
 
+#: a save's or an amendment's metrics, metadata, and what runs once it is on disk (the writer threads' arguments)
+Metrics = Mapping[str, float] | None
+Metadata = Mapping[str, Any] | None
+Then = Callable[[], object] | None
+
 
 class Store(CheckpointFolder):
     """What every store of ember's writes with: save (in the background or not), amend, wait, finish and close.
@@ -286,13 +291,7 @@ class Store(CheckpointFolder):
         """Begin ``save`` on the caller's thread (a background one copies the tree); the rest on writer threads."""
         raise NotImplementedError
 
-    def _submit_amend(
-        self,
-        name: str,
-        metrics: Mapping[str, float] | None,
-        metadata: Mapping[str, Any] | None,
-        then: Callable[[], object] | None,
-    ) -> Future[CheckpointInfo]:
+    def _submit_amend(self, name: str, metrics: Metrics, metadata: Metadata, then: Then) -> Future[CheckpointInfo]:
         """Begin amending checkpoint ``name`` once the save in flight is on disk; ``then`` after it."""
         raise NotImplementedError
 
@@ -387,22 +386,12 @@ class CheckpointStore(Store):
         if then is not None:
             then()
 
-    def _submit_amend(
-        self,
-        name: str,
-        metrics: Mapping[str, float] | None,
-        metadata: Mapping[str, Any] | None,
-        then: Callable[[], object] | None,
-    ) -> Future[CheckpointInfo]:
+    def _submit_amend(self, name: str, metrics: Metrics, metadata: Metadata, then: Then) -> Future[CheckpointInfo]:
         amend = functools.partial(self._amend, self._writer.pending, name, metrics, metadata)
         return self._writer.submit(amend, then)
 
     def _amend(
-        self,
-        previous: Future[CheckpointInfo] | None,
-        name: str,
-        metrics: Mapping[str, float] | None,
-        metadata: Mapping[str, Any] | None,
+        self, previous: Future[CheckpointInfo] | None, name: str, metrics: Metrics, metadata: Metadata
     ) -> CheckpointInfo:
         saved = previous.result() if previous is not None else None  # on disk (or its error is this one's)
         if not self._writes_manifests():  # process 0 amends; the info says what it writes

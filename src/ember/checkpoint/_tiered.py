@@ -7,7 +7,7 @@ import functools
 import json
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,7 @@ from ember.checkpoint._folder import check_mode, newer, preferred
 from ember.checkpoint._manifest import CheckpointInfo, CorruptCheckpointError
 from ember.checkpoint._orbax import open_store
 from ember.checkpoint._shards import NotHere, SaveCount, ShardFormat, verdict
-from ember.checkpoint._store import CheckpointStore, Save, Store
+from ember.checkpoint._store import CheckpointStore, Metadata, Metrics, Save, Store, Then
 
 
 class TieredStore(Store):
@@ -221,13 +221,7 @@ class TieredStore(Store):
         self._tidy_durable()
         return saved
 
-    def _submit_amend(
-        self,
-        name: str,
-        metrics: Mapping[str, float] | None,
-        metadata: Mapping[str, Any] | None,
-        then: Callable[[], object] | None,
-    ) -> Future[CheckpointInfo]:
+    def _submit_amend(self, name: str, metrics: Metrics, metadata: Metadata, then: Then) -> Future[CheckpointInfo]:
         """Amend ``name`` in each tier that holds it, after the save in flight there; ``then`` once both are done."""
         tiers = self._holding(name)
         fast = tiers[0].amend_in_background(name, metrics=metrics, metadata=metadata) if len(tiers) == 2 else None
@@ -279,30 +273,8 @@ class TieredStore(Store):
             else:
                 self.durable.delete(name)
 
-    def prune(
-        self,
-        *,
-        keep_latest: int | None = None,
-        keep_best: int | None = None,
-        metric: str | None = None,
-        mode: Literal["min", "max"] = "max",
-        keep_every: int | None = None,
-        prefix: str = "",
-    ) -> list[CheckpointInfo]:
-        """[`CheckpointFolder.prune`][ember.checkpoint.CheckpointFolder.prune] in each tier; the deleted, both tiers'.
-
-        Examples:
-            >>> import tempfile, numpy as np
-            >>> from ember.checkpoint import TieredStore
-            >>> store = TieredStore(tempfile.mkdtemp(), tempfile.mkdtemp(), durable_every=1, keep_fast=5)
-            >>> for step in (1, 2, 3):
-            ...     _ = store.save({"w": np.zeros(1)}, step=step)
-            >>> len(store.prune(keep_latest=1)), [c.step for c in store.checkpoints()]
-            (4, [3])
-        """
-        policy: dict[str, Any] = {"keep_latest": keep_latest, "keep_best": keep_best, "metric": metric, "mode": mode}
-        policy.update(keep_every=keep_every, prefix=prefix)
-        return self.fast.prune(**policy) + self.durable.prune(**policy)
+    def _pruned(self) -> tuple[CheckpointStore, ...]:
+        return (self.fast, self.durable)
 
     # -- reading ---------------------------------------------------------------------------------
 
