@@ -269,14 +269,14 @@ class Store(CheckpointFolder):
             >>> from ember.checkpoint import CheckpointStore
             >>> CheckpointStore(tempfile.mkdtemp()).raise_if_failed()
         """
-        problems = []
+        failed = None
         for part in self._parts():  # every tier's failed write is taken; the first error is raised
             try:
                 part._writer.raise_if_failed()
             except BaseException as e:
-                problems.append(e)
-        if problems:
-            raise problems[0]
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     def _waited(self) -> CheckpointInfo:
         info = self.wait()

@@ -71,7 +71,7 @@ def attach_checkpoints(
 def fast_tier(config: CheckpointConfig, run_dir: Path) -> Path | None:
     """The folder of the run's fast tier, ``fast_dir``, once checked (`fast_folder`).
 
-    ``None`` for a run without one (no ``fast_dir``): the one place ``ember train`` reads ``fast_dir`` for its tiers.
+    ``None`` for a run without one (no ``fast_dir``): the one place ``ember train`` reads ``fast_dir``.
 
     ``ember train`` calls it before it writes anything into the run folder, so a mistyped ``fast_dir`` (a file, the
     run folder or a folder around it, one that cannot be written) is refused in one line and the corrected command

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from ember.cli._run_checkpoints import fast_tier
 from ember.cli._schema import Config
 from ember.handlers import EarlyStopping, Preemption
 from ember.handlers._resilience.rollback import REASONS
@@ -58,7 +60,7 @@ def watching(cfg: Config, run_dir: Any) -> str | None:
             f"a stall watchdog (an iteration within {stall.step_timeout:g} s, the first within "
             f"{stall.startup_timeout:g} s{saves})"
         )
-    fast = cfg.handlers.checkpoint.fast_dir
+    fast = fast_tier(cfg.handlers.checkpoint, Path(run_dir))
     if fast is not None:
         every = cfg.handlers.checkpoint.durable_every
         said.append(f"checkpoints in {fast}, every {_nth(every)} also in {run_dir}")

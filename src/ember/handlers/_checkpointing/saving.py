@@ -369,8 +369,7 @@ class StoreDestination:
         return self.store.wait()
 
     def check(self) -> None:
-        if self.store.writing:
-            self.store.raise_if_failed()
+        self.store.raise_if_failed()
 
     def finish(self) -> None:
         self.store.finish()

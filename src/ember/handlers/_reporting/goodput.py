@@ -219,7 +219,8 @@ class GoodputLedger:
 
     def _write(self) -> None:
         self._last_flush = self.clock()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.parent.is_dir():  # a stat at each save (on the training thread), not mkdir's exception
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(self.record()) + "\n")
 
