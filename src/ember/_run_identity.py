@@ -26,8 +26,8 @@ FILENAME = "run.json"
 def run_identity(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The identity of the run in ``run_dir``, written there if it is new: its id, where it was made, its trackers.
 
-    ``{"id": "3fa9...", "path": "/abs/runs/digits", "trackers": {"mlflow": ...}}``: the id names the run (its fast
-    checkpoint tier, its W&B run), the path is the folder's absolute path when the run was made.
+    ``{"id": "3fa9...", "path": "/abs/runs/digits", "trackers": {"mlflow": ...}}``: the id names the run (its W&B
+    run, its group), the path is the folder's absolute path when the run was made.
 
     Examples:
         >>> import os, tempfile

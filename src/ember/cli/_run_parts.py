@@ -15,6 +15,7 @@ from typing import Any, TextIO, cast
 import jax
 
 from ember import Engine, Events
+from ember._run_identity import run_identity
 from ember.cli._classifier import build_trainer, learning_rates, predict
 from ember.cli._config import Config, dump_config
 from ember.cli._distributed import heartbeat_timeout
@@ -103,6 +104,7 @@ def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console
     run_dir.mkdir(parents=True, exist_ok=True)
     if console.primary:
         (run_dir / "config.yaml").write_text(dump_config(cfg, source))
+        run_identity(run_dir)  # run.json: the run's id and where it was made, once
     console.say(runs_on(trainer, cfg))
     also = watching(cfg, run_dir)
     if also is not None:

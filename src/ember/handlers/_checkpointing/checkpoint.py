@@ -184,7 +184,7 @@ class Checkpoint:
         self.filename_prefix, self.filename_pattern = filename_prefix, filename_pattern
         self.include_self, self.greater_or_equal, self.save_on_rank = include_self, greater_or_equal, save_on_rank
         self.background = background
-        self._ledger = Ledger.for_checkpoint(
+        self._ledger = Ledger(
             n_saved=n_saved, mode=mode, keep_every=keep_every, greater_or_equal=greater_or_equal, keep_while=keep_while
         )
         naming = Naming(filename_prefix, filename_pattern, self.score_name, score_function is not None, self.ext)

@@ -36,28 +36,21 @@ class Entry:
     order: int
 
 
-@dataclass(frozen=True)
-class Ranking:
-    """Keep the ``count`` highest of ``key`` (``None``: all)."""
-
-    count: int | None
-    key: Callable[[Entry], float]
-
-
 class Ledger:
     """The checkpoints one handler keeps, and the decisions Ignite's ``Checkpoint`` makes about a new one.
 
     Args:
-        rankings: the kept checkpoints are the top of any ranking (an empty list keeps everything).
-        pinned: checkpoints never removed (``keep_every``), though they count among the kept.
-        greater_or_equal: a new checkpoint whose key equals the lowest kept one's is saved (and the older
+        n_saved: how many are kept: the highest priorities (``None``: all).
+        mode: ``"max"`` or ``"min"``: which priorities are best.
+        keep_every: a checkpoint whose step is a multiple of it is never removed, though it counts among the kept.
+        greater_or_equal: a new checkpoint whose priority equals the lowest kept one's is saved (and the older
             one goes); by default it is not, as in Ignite.
-        held: ``held(step)``: a checkpoint of ``step`` is not removed while it is true; asked again at every save.
-            It does not change which checkpoints are saved.
+        keep_while: ``keep_while(step)``: a checkpoint of ``step`` is not removed while it is true; asked again at
+            every save. It does not change which checkpoints are saved.
 
     Examples:
         >>> from ember.handlers._checkpointing.retention import Ledger
-        >>> ledger = Ledger.for_checkpoint(n_saved=2, mode="max")
+        >>> ledger = Ledger(n_saved=2, mode="max")
         >>> for step, score in ((1, 0.5), (2, 0.9), (3, 0.7), (4, 0.6)):
         ...     if ledger.admits(step, score):
         ...         removed = ledger.add(f"step_{step}", step, score)
@@ -74,64 +67,43 @@ class Ledger:
 
     def __init__(
         self,
-        rankings: Sequence[Ranking],
-        pinned: Callable[[int], bool],
-        *,
-        greater_or_equal: bool = False,
-        pins: bool = False,
-        held: Callable[[int], bool] | None = None,
-    ) -> None:
-        self.rankings = list(rankings)
-        self.held = held
-        self.pinned, self.pins = pinned, pins  # pins: whether ``pinned`` can ever be true (its steps matter)
-        self.greater_or_equal = greater_or_equal
-        self.entries: list[Entry] = []
-        self._order = 0
-        self._before: tuple[list[Entry], int] | None = None  # as it was before the save in flight (`begin`)
-
-    @classmethod
-    def for_checkpoint(
-        cls,
         *,
         n_saved: int | None,
         mode: Literal["min", "max"],
         keep_every: int | None = None,
         greater_or_equal: bool = False,
         keep_while: Callable[[int], bool] | None = None,
-    ) -> Ledger:
-        """The ledger of a ``Checkpoint``: the ``n_saved`` highest priorities (``None``: all)."""
-        sign = 1.0 if mode == "max" else -1.0
+    ) -> None:
+        self.n_saved, self.sign = n_saved, 1.0 if mode == "max" else -1.0
+        self.keep_every, self.held = keep_every, keep_while
+        self.pins = keep_every is not None or keep_while is not None  # the steps matter: listed in the state dict
+        self.greater_or_equal = greater_or_equal
+        self.entries: list[Entry] = []
+        self._order = 0
+        self._before: tuple[list[Entry], int] | None = None  # as it was before the save in flight (`begin`)
 
-        def by_priority(e: Entry) -> float:
-            return sign * e.priority
+    def _pinned(self, step: int) -> bool:
+        return self.keep_every is not None and step % self.keep_every == 0
 
-        rankings = [Ranking(n_saved, by_priority)]
+    def _key(self, e: Entry) -> tuple[float, int]:
+        return self.sign * e.priority, e.order
 
-        def pinned(step: int) -> bool:
-            return keep_every is not None and step % keep_every == 0
-
-        pins = keep_every is not None or keep_while is not None  # the steps matter: listed in the state dict
-        return cls(rankings, pinned, greater_or_equal=greater_or_equal, pins=pins, held=keep_while)
-
-    def _top(self, ranking: Ranking, entries: list[Entry]) -> list[Entry]:
-        if ranking.count is None:
-            return entries
-        ordered = sorted(entries, key=lambda e: (ranking.key(e), e.order))
-        return ordered[-ranking.count :]
+    def _top(self, entries: list[Entry]) -> list[Entry]:
+        return entries if self.n_saved is None else sorted(entries, key=self._key)[-self.n_saved :]
 
     def admits(self, step: int, priority: float, *, replacing: str | None = None) -> bool:
-        """Whether a checkpoint of ``step`` and ``priority`` is saved: pinned, or among the top of a ranking.
+        """Whether a checkpoint of ``step`` and ``priority`` is saved: pinned, or among the ``n_saved`` kept.
 
         A new checkpoint ties below the kept ones unless ``greater_or_equal`` (Ignite's ``>`` against ``>=``).
         ``replacing`` names a kept checkpoint the new one takes the place of (the same step saved again): it
         does not compete.
         """
-        if not self.rankings or self.pinned(step):
+        if self.n_saved is None or self._pinned(step):
             return True
         order = self._order if self.greater_or_equal else -1
         new = Entry("", step, priority, order)
         others = [e for e in self.entries if e.filename != replacing]
-        return any(new in self._top(r, [*others, new]) for r in self.rankings)
+        return new in self._top([*others, new])
 
     def forget(self, filename: str) -> None:
         """Drop a kept checkpoint from the record (it was replaced), without returning it for removal."""
@@ -142,11 +114,9 @@ class Ledger:
         self.entries = [e for e in self.entries if e.filename != filename]
         self.entries.append(Entry(filename, step, priority, self._order))
         self._order += 1
-        if not self.rankings:
-            return []
-        kept: set[str] = {e.filename for e in self.entries if self.pinned(e.step)}
-        for r in self.rankings:
-            kept |= {e.filename for e in self._top(r, self.entries)}
+        kept = {e.filename for e in self._top(self.entries)} | {
+            e.filename for e in self.entries if self._pinned(e.step)
+        }
         if self.held is not None:
             kept |= {e.filename for e in self.entries if e.filename not in kept and self.held(e.step)}
         removed = [e for e in self.entries if e.filename not in kept]
@@ -165,10 +135,7 @@ class Ledger:
 
     def best(self) -> Entry | None:
         """The checkpoint Ignite's ``last_checkpoint`` names: the highest priority, the newest among ties."""
-        if not self.entries:
-            return None
-        key = self.rankings[-1].key if self.rankings else (lambda e: e.priority)
-        return max(self.entries, key=lambda e: (key(e), e.order))
+        return max(self.entries, key=self._key) if self.entries else None
 
     def snapshot(self) -> tuple[list[Entry], int]:
         """What `restore` puts back: a save that failed leaves the ledger as it was."""
@@ -200,11 +167,11 @@ class Ledger:
 
         Examples:
             >>> from ember.handlers._checkpointing.retention import Ledger
-            >>> ledger = Ledger.for_checkpoint(n_saved=None, mode="max")
+            >>> ledger = Ledger(n_saved=None, mode="max")
             >>> _ = ledger.add("step_6-acc=0.9000", 6, 0.9)
             >>> ledger.state_dict()
             {'_saved': [(0.9, 'step_6-acc=0.9000')]}
-            >>> pinning = Ledger.for_checkpoint(n_saved=None, mode="max", keep_every=2)
+            >>> pinning = Ledger(n_saved=None, mode="max", keep_every=2)
             >>> _ = pinning.add("step_6-acc=0.9000", 6, 0.9)
             >>> pinning.state_dict()
             {'_saved': [(0.9, 'step_6-acc=0.9000')], 'steps': [6]}
