@@ -317,15 +317,16 @@ def test_a_durable_folder_made_anew_does_not_resume_the_old_runs_fast_checkpoint
     new.close()
 
 
-@pytest.mark.parametrize("text", ["", "3fa9", "not an id at all, and longer than forty characters"])
+@pytest.mark.parametrize("text", ["", "3fa9", "not an id at all, and longer than forty characters", "\udcff\udcfe"])
 def test_a_damaged_tier_id_is_made_anew_with_a_warning_and_the_old_fast_checkpoints_are_not_read(tmp_path, text):
     """Altered or truncated: whose fast checkpoints they were cannot be known; the durable tier (empty here) is read."""
     fast = tmp_path / "shm"
     a = TieredStore(fast, tmp_path / "a", durable_every=10)
     a.save({"w": np.ones(2)}, step=1)
     a.close()
-    (tmp_path / "a" / ".tier-id").write_text(text)
-    said = f"{tmp_path / 'a' / '.tier-id'} does not hold a durable tier's id ({text[:40]!r}); a new one is made"
+    (tmp_path / "a" / ".tier-id").write_bytes(text.encode("ascii", "surrogateescape"))  # the last: bytes 0xff 0xfe
+    shown = text.encode("ascii", "surrogateescape").decode("ascii", "replace")
+    said = f"{tmp_path / 'a' / '.tier-id'} does not hold a durable tier's id ({shown[:40]!r}); a new one is made"
     with pytest.warns(RuntimeWarning, match="^" + re.escape(said)):
         b = TieredStore(fast, tmp_path / "a", durable_every=10)
     assert b.latest() is None

@@ -38,7 +38,7 @@ def durable_id(durable_root: Path) -> str:
         (16, True)
     """
     try:
-        text = (durable_root / TIER_ID).read_text()
+        text = (durable_root / TIER_ID).read_bytes().decode("ascii", "replace")  # altered bytes: not an id
         if re.fullmatch(r"[0-9a-f]{16}", text):
             return text
         warnings.warn(
