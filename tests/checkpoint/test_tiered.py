@@ -347,3 +347,21 @@ def test_a_deleted_tier_id_beside_checkpoints_is_made_anew_with_a_warning(tmp_pa
         b = TieredStore(fast, durable, durable_every=1)
     assert [(c.step, c.path.parent) for c in b.checkpoints()] == [(1, durable), (2, durable)]
     b.close()
+
+
+def test_a_full_disk_when_the_tier_id_is_written_fails_the_store_and_a_later_one_makes_it(tmp_path, monkeypatch):
+    """ENOSPC writing .tier-id: the store is refused with the OSError, no id left; once there is room, one is made."""
+    import ember.checkpoint._fast_owner as owner
+
+    def full(folder, name, text):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(owner, "replace_file", full)
+        with pytest.raises(OSError, match=r"^\[Errno 28\] No space left on device$"):
+            TieredStore(tmp_path / "fast", tmp_path / "durable")
+    assert not (tmp_path / "durable" / ".tier-id").exists()
+    store = TieredStore(tmp_path / "fast", tmp_path / "durable", durable_every=1)
+    store.save(filled(1), step=1)
+    assert store.fast.root == fast_of(tmp_path / "fast", tmp_path / "durable")
+    store.close()

@@ -3,7 +3,8 @@
 A durable tier holds an id of its own (``.tier-id``, made at its first use); a `TieredStore` keeps its fast checkpoints
 in ``<fast>/<durable folder's name>-<id>``. Two runs given one fast folder never read each other's checkpoints, a
 relaunch finds its own again, and a run whose durable folder was made anew (deleted, then the same path given again)
-starts a fast folder of its own instead of resuming the old run's. `tier_roots` checks a `TieredStore`'s folders first.
+starts a fast folder of its own instead of resuming the old run's. `fast_root_of` checks a `TieredStore`'s arguments
+first.
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ def fast_folder(label: str, fast: str | os.PathLike[str], apart: dict[str, Path]
     return root
 
 
-def tier_roots(fast: object, durable: object, *, durable_every: object, keep_fast: object) -> tuple[Path, Path]:
-    """A `TieredStore`'s arguments checked; its two tiers' folders, absolute (each a clear error if wrong)."""
+def fast_root_of(fast: object, durable: object, *, durable_every: object, keep_fast: object) -> Path:
+    """A `TieredStore`'s arguments checked (each a clear error if wrong); its fast folder, absolute."""
     for label, value in (("durable_every", durable_every), ("keep_fast", keep_fast)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"`{label}` must be a positive int, got {value!r}.")
@@ -116,4 +117,4 @@ def tier_roots(fast: object, durable: object, *, durable_every: object, keep_fas
             f"`durable` must be a folder, a CheckpointStore or an OrbaxStore, got {type(durable).__name__}."
         )
     durable_root = durable.root if isinstance(durable, CheckpointStore) else Path(os.path.abspath(durable))
-    return fast_folder("`fast`", fast, {"`durable`": durable_root}), durable_root
+    return fast_folder("`fast`", fast, {"`durable`": durable_root})

@@ -302,12 +302,12 @@ class Save:
 
     tree: Any
     step: int
-    metrics: Mapping[str, float] | None
-    metadata: Mapping[str, Any] | None
+    metrics: Metrics
+    metadata: Metadata
     name: str | None
     replaces: str | None
     removes: list[str] = field(default_factory=list[str])
-    then: Callable[[], object] | None = None
+    then: Then = None
 
 
 class CheckpointStore(Store):

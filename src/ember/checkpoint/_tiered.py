@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from ember._multiprocess import exchange
-from ember.checkpoint._fast_owner import durable_id, tier_roots
+from ember.checkpoint._fast_owner import durable_id, fast_root_of
 from ember.checkpoint._folder import check_mode, newer, preferred
 from ember.checkpoint._manifest import CheckpointInfo, CorruptCheckpointError
 from ember.checkpoint._orbax import open_store
@@ -81,7 +81,7 @@ class TieredStore(Store):
         durable_every: int = 5,
         keep_fast: int = 2,
     ) -> None:
-        fast_root, _ = tier_roots(fast, durable, durable_every=durable_every, keep_fast=keep_fast)
+        fast_root = fast_root_of(fast, durable, durable_every=durable_every, keep_fast=keep_fast)
         durable_store = durable if isinstance(durable, CheckpointStore) else open_store(durable)
         super().__init__(durable_store.root, durable_store.format)
         # the folder of this durable tier's fast checkpoints, named by its id (process 0 reads it, or makes one)
