@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import sys
 
-# Before JAX starts: 8 simulated devices, and a longer wait for a collective's slowest device thread (8 device
-# threads share the CPU cores; XLA:CPU's default of 40 s can be exceeded on a busy 2-core machine).
-os.environ.setdefault(
-    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=300"
-)
+# Before JAX starts: 8 simulated devices (unless XLA_FLAGS names a count), and a longer wait for a collective's
+# slowest device thread (8 device threads share the CPU cores; XLA:CPU's default of 40 s can be exceeded on a busy
+# 2-core machine).
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    flags = "--xla_force_host_platform_device_count=8 --xla_cpu_collective_call_terminate_timeout_seconds=300"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".lstrip()
 
 import jax  # the device count is fixed when JAX starts
 import numpy as np

@@ -17,7 +17,10 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")  # CPU only; before JAX starts
+# 8 simulated CPU devices (unless XLA_FLAGS names a count); set before JAX starts
+xla = os.environ.get("XLA_FLAGS", "")
+if "--xla_force_host_platform_device_count" not in xla:
+    os.environ["XLA_FLAGS"] = f"{xla} --xla_force_host_platform_device_count=8".strip()
 
 import jax
 import jax.numpy as jnp

@@ -18,8 +18,10 @@ import os
 import shutil
 import tempfile
 
-# 8 simulated devices on a CPU-only machine; set before JAX starts
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# 8 simulated CPU devices (unless XLA_FLAGS names a count); set before JAX starts
+xla = os.environ.get("XLA_FLAGS", "")
+if "--xla_force_host_platform_device_count" not in xla:
+    os.environ["XLA_FLAGS"] = f"{xla} --xla_force_host_platform_device_count=8".strip()
 
 import jax
 import numpy as np

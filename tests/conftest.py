@@ -8,6 +8,8 @@ import tempfile
 import pytest
 from hypothesis import settings
 
+from tests.subprocesses import UNOPTIMISED
+
 # One XLA compilation cache for the run, this process and the scripts it launches: the suite compiles the
 # same small models again and again (an example's second trainer, a resumed run, each test's own trainer),
 # and on two cores compiling is most of its time. A new folder each run, removed at exit, so nothing
@@ -18,6 +20,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+# Compiled without LLVM's optimisation, here and in the processes the tests start (`tests.subprocesses.UNOPTIMISED`).
+if UNOPTIMISED not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {UNOPTIMISED}".lstrip()
 
 
 # Hypothesis: the same examples every run (derandomized, no example database), so a red CI run is red again on a

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.subprocesses import run_python
+from tests.subprocesses import devices, run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -127,6 +127,6 @@ def test_every_python_block_of_the_page_runs_in_order(page, tmp_path):
     code = "\n".join(block for block, reason in blocks(DOCS / page) if reason is None)
     env = {"JAX_PLATFORMS": "cpu"}
     if page in DEVICES:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES[page]}"
+        env["XLA_FLAGS"] = devices(DEVICES[page])
     done = run_python(["-W", "error", "-c", PRELUDE + PAGE_SETUP.get(page, "") + "\n" + code], env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

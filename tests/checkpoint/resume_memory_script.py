@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
 mode, folder = sys.argv[1], sys.argv[2]
 
 import gc  # noqa: E402

@@ -16,6 +16,7 @@ import pytest
 from ember import __version__
 from ember._ledger_file import CATEGORIES
 from ember.cli import ConfigError, load_config, main, train
+from tests.subprocesses import devices as xla_devices
 from tests.subprocesses import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -284,7 +285,7 @@ def test_the_main_job_runs_unchanged_on_any_number_of_devices(tmp_path, devices,
         f"trainer:\n  max_epochs: 1\n  {PLACEMENTS[placement]}\nhandlers:\n  progress: false\n"
         f"output: {tmp_path / 'run'}\n"
     )
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": xla_devices(devices), "JAX_PLATFORMS": "cpu"}
     result = subprocess.run(
         [sys.executable, "-W", "error", "-m", "ember.cli", "train", str(config)],
         cwd=ROOT,

@@ -17,12 +17,12 @@ from ember.cli import goodput_table
 from ember.cli._verify_resume import Verdict, _compare_checkpoints, _compare_records
 from tests.cli.test_launch import processes_under
 from tests.distributed.launch import free_port
-from tests.subprocesses import PYTHONPATH, end_group, run_python
+from tests.subprocesses import PYTHONPATH, devices, end_group, run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["handlers.progress=false", "trainer.max_epochs=2"]
 #: One simulated device per process; a process lost is declared so in 15 s, a busy machine misses no heartbeat.
-ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu", "EMBER_HEARTBEAT_TIMEOUT": "15"}
+ENV = {"XLA_FLAGS": devices(1), "JAX_PLATFORMS": "cpu", "EMBER_HEARTBEAT_TIMEOUT": "15"}
 
 #: ``ember ARGS``, but process 1 of the first launch SIGKILLs itself after iteration 30 (ember verify-resume's kill):
 #: a restart by ember launch (EMBER_RESTART set) runs whole.
@@ -113,8 +113,8 @@ def epoch_lines(text: str) -> list[str]:
 def test_two_processes_train_the_default_config_as_one_process_on_two_devices(tmp_path, straight):
     """The main job on 2 processes prints 1 process x 2 devices' epoch lines, from process 0 only; relaunch: done."""
     one = tmp_path / "one"
-    devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    reference = run_python(["-m", "ember.cli", "train", "--output", str(one), *ARGS], env=devices)
+    two_devices = {"XLA_FLAGS": devices(2), "JAX_PLATFORMS": "cpu"}
+    reference = run_python(["-m", "ember.cli", "train", "--output", str(one), *ARGS], env=two_devices)
     assert reference.returncode == 0, reference.stderr[-3000:]
     run, launched = straight
     lines = launched.stdout.splitlines()

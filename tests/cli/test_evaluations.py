@@ -15,7 +15,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from ember.cli import ConfigError, load_config, main, train
-from tests.subprocesses import PYTHONPATH, ember_train_signalled, end_group, run_python
+from tests.subprocesses import PYTHONPATH, devices, ember_train_signalled, end_group, run_python
 
 
 def config(tmp_path, **evaluations):
@@ -481,7 +481,7 @@ def test_ember_eval_restores_onto_another_device_count(tmp_path):
     at_22 = next(r for r in recorded if r["step"] == 22 and "val/accuracy" in r)
     done = run_python(
         ["-m", "ember.cli", "eval", str(run), "trainer.placement=data_parallel", "data.batch_size=64"],
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+        env={"XLA_FLAGS": devices(4)},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     evaluated = json.loads((run / "eval.jsonl").read_text())

@@ -3,7 +3,7 @@
 import re
 
 from ember.cli import main
-from tests.subprocesses import run_python
+from tests.subprocesses import devices, run_python
 
 
 def report(how, devices="the same 1 device(s)"):
@@ -75,7 +75,7 @@ def test_by_default_a_pipeline_reshuffling_from_a_random_state_the_checkpoint_la
 def test_on_eight_devices_it_also_relaunches_on_four_within_a_tolerance():
     done = run_python(
         ["-m", "ember.cli", "verify-resume", "model.name=mlp", "--steps", "16"],
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+        env={"XLA_FLAGS": devices(8)},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert resumed_as_n(done.stdout) == [

@@ -14,7 +14,7 @@ import time
 
 pid, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 kill, sharded = "kill" in sys.argv[4:], "fsdp" in sys.argv[4:]
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"
 
 import jax  # noqa: E402
 

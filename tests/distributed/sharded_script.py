@@ -10,7 +10,7 @@ import os
 import sys
 
 pid, nproc, port, workdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={4 // nproc}"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={4 // nproc}"
 
 import jax  # noqa: E402
 

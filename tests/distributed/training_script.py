@@ -15,7 +15,7 @@ pid, nproc, port, workdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys
 inject_nan = sys.argv[5:] == ["nan"]
 agree = sys.argv[5:] == ["agree"]
 grain_data = sys.argv[5:] == ["grain"]  # the same global batches through a GrainPipeline with 2 worker processes
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={4 // nproc}"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={4 // nproc}"
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
