@@ -19,9 +19,9 @@ import shutil
 import tempfile
 
 # 8 simulated CPU devices (unless XLA_FLAGS names a count); set before JAX starts
-xla = os.environ.get("XLA_FLAGS", "")
-if "--xla_force_host_platform_device_count" not in xla:
-    os.environ["XLA_FLAGS"] = f"{xla} --xla_force_host_platform_device_count=8".strip()
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8"
 
 import jax
 import numpy as np
