@@ -105,9 +105,10 @@ def ember_train_signalled(
 
 #: The suite's programs compile without LLVM's optimisation (`tests/conftest.py` sets it for the whole run, and every
 #: process the tests start inherits it or is given it by `devices`): the tests check what a program computes, never
-#: how fast, and their programs are compiled in many fresh processes and run a few steps each. XLA's CPU backend does
-#: not reassociate floating point (no fast math by default), so the numbers are the optimised build's; compiling costs
-#: about 40% less CPU (`ember train`, 3 epochs, no compilation cache: 9.7 s of CPU against 5.9). The two examples that
+#: how fast, and their programs are compiled in many fresh processes and run a few steps each. Compiling costs about
+#: 40% less CPU (`ember train`, 3 epochs, no compilation cache: 9.7 s of CPU against 5.9). The numbers differ from an
+#: optimised build's in the last bits, as on another CPU (the digits run, 2 epochs: parameters within 3.4e-6); what the
+#: tests compare (a run and its resume, one device and eight) is compiled alike on both sides. The two examples that
 #: train long enough for the optimisation to pay for itself run optimised (`tests/test_examples.py`).
 UNOPTIMISED = "--xla_backend_optimization_level=0"
 
