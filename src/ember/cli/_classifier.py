@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import optax
+from flax import linen as nn
 
 from ember.cli._config import Config, ConfigError
 from ember.cli._registry import build_model, build_optimizer, build_placement, build_schedule
@@ -30,11 +31,13 @@ def build_trainer(
     batch (``ember plan`` builds it abstractly, allocating nothing).
     """
     placement = build_placement(cfg.trainer)
-    model, tx = build_model(cfg.model), build_optimizer(cfg.optimizer, schedule)
+    seed = cfg.trainer.seed
+    model, tx = build_model(cfg.model, seed), build_optimizer(cfg.optimizer, schedule)
 
-    def build(x: Any) -> TrainState:
-        seed = cfg.trainer.seed  # a sharded placement builds the state sharded
-        return TrainState.from_linen(model, x, tx, seed=seed, rngs=("dropout",), placement=placement)
+    def build(x: Any) -> TrainState:  # a sharded placement builds the state sharded
+        if isinstance(model, nn.Module):
+            return TrainState.from_linen(model, x, tx, seed=seed, rngs=("dropout",), placement=placement)
+        return TrainState.from_nnx(model, tx, seed=seed, placement=placement)  # NNX: its shapes are its own
 
     state: Any = (lambda batch: build(batch["x"][:1])) if lazy else build(sample)
     k = cfg.trainer.steps_per_call if steps_per_call is None else steps_per_call

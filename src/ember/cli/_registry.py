@@ -6,7 +6,7 @@ import gzip
 import importlib
 import importlib.util
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +70,24 @@ class MLP(nn.Module):
 MODELS: dict[str, type[nn.Module]] = {"cnn": DigitsCNN, "mlp": MLP}
 
 
-def build_model(config: ModelConfig) -> nn.Module:
-    """The linen module a model config names, built with its ``args``."""
+#: What `build_model` gives: a linen module, or a function of no arguments that builds an NNX module.
+Model = nn.Module | Callable[[], Any]
+
+
+def build_model(config: ModelConfig, seed: int = 0) -> Model:
+    """The model a config names, built with its ``args``: a linen module, or a function building an NNX one.
+
+    An NNX module's class is called with ``args`` and ``rngs=nnx.Rngs(seed)`` (ember supplies its RNG streams, from
+    ``trainer.seed``); it is built once here, abstractly (nothing allocated), so that arguments it does not take are
+    refused now, by name. Anything else ``model.name`` imports (a function, an instance, another class) is refused
+    with what is accepted.
+
+    Examples:
+        >>> from ember.cli import load_config
+        >>> from ember.cli._registry import build_model
+        >>> build_model(load_config({"model": {"name": "mlp", "args": {"hidden": [8]}}}).model).hidden
+        [8]
+    """
     if ":" in config.name:
         module_name, _, attr = config.name.partition(":")
         try:
@@ -85,7 +101,19 @@ def build_model(config: ModelConfig) -> nn.Module:
             f"model.name: expected one of {sorted(MODELS)} or an import path 'package.module:Class', "
             f"got {config.name!r}."
         )
+    nnx_module = _is_nnx_class(cls)
+    if not nnx_module and not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        what = f"the class {cls.__name__}" if isinstance(cls, type) else f"a {type(cls).__name__}"
+        raise ConfigError(
+            f"model.name: {config.name!r} is {what}; expected a flax.linen.Module or a flax.nnx.Module subclass."
+        )
     accepted = _arguments_of(cls)
+    takes_rngs = nnx_module and (accepted is None or "rngs" in accepted)
+    if takes_rngs and "rngs" in config.args:
+        raise ConfigError(
+            "model.args.rngs: ember gives an NNX module its rngs (nnx.Rngs(trainer.seed)); leave it out of model.args."
+        )
+    accepted = None if accepted is None else [name for name in accepted if not (takes_rngs and name == "rngs")]
     unknown = [k for k in config.args if accepted is not None and k not in accepted]
     if unknown and accepted is not None:
         problems = []
@@ -97,9 +125,36 @@ def build_model(config: ModelConfig) -> nn.Module:
             )
         raise config_error(problems)
     try:
-        return cls(**config.args)
+        if not nnx_module:
+            return cls(**config.args)
+        from flax import nnx
+
+        build = _nnx_builder(cls, dict(config.args), seed, takes_rngs)
+        nnx.eval_shape(build)  # its arguments checked now, nothing allocated
+        return build
     except TypeError as e:
         raise ConfigError(f"model.args: {cls.__name__} does not take {config.args!r} ({e}).") from None
+
+
+def _is_nnx_class(cls: Any) -> bool:
+    """Whether ``cls`` is a subclass of ``flax.nnx.Module`` (NNX imported only for a class that is not linen's)."""
+    if not isinstance(cls, type) or issubclass(cls, nn.Module):
+        return False
+    from flax import nnx
+
+    return issubclass(cls, nnx.Module)
+
+
+def _nnx_builder(cls: type, args: dict[str, Any], seed: int, takes_rngs: bool) -> Callable[[], Any]:
+    """A function building ``cls(**args)`` with fresh ``rngs`` of ``seed`` at each call (the same module each time)."""
+
+    def build() -> Any:
+        from flax import nnx
+
+        return cls(**args, rngs=nnx.Rngs(seed)) if takes_rngs else cls(**args)
+
+    build.__name__ = build.__qualname__ = cls.__name__
+    return build
 
 
 def _arguments_of(cls: Any) -> list[str] | None:
@@ -109,8 +164,8 @@ def _arguments_of(cls: Any) -> list[str] | None:
 
     if dataclasses.is_dataclass(cls):
         return [f.name for f in dataclasses.fields(cls) if f.init and f.name not in ("parent", "name")]
-    try:
-        parameters = inspect.signature(cls).parameters.values()
+    try:  # its __init__'s (an NNX module's metaclass shows only *args, **kwargs), less ``self``
+        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
     except (TypeError, ValueError):
         return None
     if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in parameters):
@@ -236,7 +291,7 @@ def build_data(config: DataConfig) -> tuple[Any, Any, Any]:
     return train, val, np.asarray(next(iter(train))["x"])[:1]
 
 
-def model_output(model: nn.Module, sample: Any, model_name: str) -> Any:
+def model_output(model: Model, sample: Any, model_name: str) -> Any:
     """The shape of the model's output for ``sample`` (traced, nothing computed), or a `ConfigError` saying why not.
 
     A model that cannot take the data's inputs fails deep inside Flax or JAX (``operands could not be broadcast
@@ -257,9 +312,11 @@ def model_output(model: nn.Module, sample: Any, model_name: str) -> Any:
 
     x = np.asarray(sample)
     try:
-        return jax.eval_shape(
-            lambda v: model.init_with_output(jax.random.key(0), v)[0], jax.ShapeDtypeStruct(x.shape, x.dtype)
-        )
+        if isinstance(model, nn.Module):
+            return jax.eval_shape(
+                lambda v: model.init_with_output(jax.random.key(0), v)[0], jax.ShapeDtypeStruct(x.shape, x.dtype)
+            )
+        return jax.eval_shape(lambda v: model()(v), jax.ShapeDtypeStruct(x.shape, x.dtype))  # an NNX module's
     except Exception as e:
         shape = ", ".join(str(n) for n in x.shape)
         takes = {
@@ -278,7 +335,7 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def check_labels(config: DataConfig, train: Any, model: nn.Module, sample: Any, model_name: str) -> None:
+def check_labels(config: DataConfig, train: Any, model: Model, sample: Any, model_name: str) -> None:
     """Refuse labels the model cannot output: each must be a class index below the model's output size.
 
     ``digits`` and ``npy`` check every label (``y.npy`` is read through a memory map); a ``grain`` function's

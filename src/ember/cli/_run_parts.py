@@ -98,7 +98,7 @@ def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console
     """The run's data and engines; the run folder and its ``config.yaml`` are written once they can be built."""
     data, val, sample = build_data(cfg.data)
     steps_per_epoch, schedule = learning_rates(cfg, data)
-    check_labels(cfg.data, data, build_model(cfg.model), sample, cfg.model.name)
+    check_labels(cfg.data, data, build_model(cfg.model, cfg.trainer.seed), sample, cfg.model.name)
     trainer = build_trainer(cfg, sample, schedule)
     relaunched = (run_dir / "config.yaml").exists()
     run_dir.mkdir(parents=True, exist_ok=True)
