@@ -55,12 +55,12 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def replace_file(folder: Path, name: str, text: str) -> None:
-    """Write ``folder/name`` anew with ``text``: a temporary file, fsynced, renamed over it, the folder fsynced."""
+def replace_file(folder: Path, name: str, text: str | bytes) -> None:
+    """Write ``folder/name`` anew with ``text`` (str or bytes): a temporary file, fsynced, renamed into place."""
     tmp = folder / temporary_name(name)
     try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(text.encode("utf-8") if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, folder / name)

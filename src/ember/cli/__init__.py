@@ -14,8 +14,8 @@ from ember.cli._main import main
 from ember.errors import RunHeldError
 
 if TYPE_CHECKING:
+    from ember.cli._checkpoint_contents import describe_checkpoint
     from ember.cli._goodput import goodput_table
-    from ember.cli._inspect import describe_checkpoint
     from ember.cli._lr_find import find_learning_rate
     from ember.cli._plan import plan_run
     from ember.cli._plot import plot_run
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 #: Names loaded on first use, and the module each lives in (they import JAX and Flax).
 _LAZY = {
-    "describe_checkpoint": "ember.cli._inspect",
+    "describe_checkpoint": "ember.cli._checkpoint_contents",
     "goodput_table": "ember.cli._goodput",
     "find_learning_rate": "ember.cli._lr_find",
     "plan_run": "ember.cli._plan",

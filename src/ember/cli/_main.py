@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_config_commands(sub, common)
     _add_run_commands(sub, common)
+    _add_reading_commands(sub, common)
     return parser
 
 
@@ -166,6 +167,20 @@ def _add_run_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p_eval.add_argument("--poll", type=float, default=2.0, help="--watch: seconds between looks (default 2)")
     p_eval.add_argument(
         "--distributed", action="store_true", help="start jax.distributed first, as ember train --distributed does"
+    )
+
+
+def _add_reading_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The subcommands that read a run's checkpoints and records: export, inspect, goodput, plot."""
+    p_export = sub.add_parser(
+        "export", parents=[common], help="write the weights of a checkpoint of RUN_DIR to a .msgpack or .safetensors"
+    )
+    p_export.add_argument("run_dir")
+    p_export.add_argument("output", help="the file: .msgpack (Flax's) or .safetensors (its extension picks)")
+    p_export.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="changes to the run's config")
+    p_export.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step")
+    p_export.add_argument(
+        "--take", choices=("params", "model"), default="params", help="params (default), or model: its state too"
     )
     p_inspect = sub.add_parser("inspect", parents=[common], help="print what a checkpoint holds")
     p_inspect.add_argument("checkpoint", help="a checkpoint folder, or a folder of checkpoints (its latest)")
@@ -273,7 +288,7 @@ def _printed(table: Callable[[argparse.Namespace], object]) -> Callable[[argpars
 
 
 def _inspect(args: argparse.Namespace) -> str:
-    from ember.cli._inspect import describe_checkpoint
+    from ember.cli._checkpoint_contents import describe_checkpoint
 
     return describe_checkpoint(args.checkpoint)
 
@@ -310,6 +325,15 @@ def _process_index() -> int:
     return jax.process_index()
 
 
+def _export(args: argparse.Namespace) -> str:
+    from ember.cli._checkpoint_contents import export_weights  # JAX from here on
+
+    bad = [item for item in args.overrides if "=" not in item]
+    if bad:
+        raise ConfigError(f"ember export takes RUN_DIR OUTPUT then KEY=VALUE overrides; {bad[0]!r} is not one.")
+    return export_weights(args.run_dir, args.output, args.checkpoint, args.take, args.overrides)
+
+
 def _goodput(args: argparse.Namespace) -> str:
     from ember.cli._goodput import goodput_table
 
@@ -331,6 +355,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "resume": _resume,
     "eval": _eval,
     "verify-resume": _verify_resume,
+    "export": _printed(_export),
     "inspect": _printed(_inspect),
     "goodput": _printed(_goodput),
     "plot": _printed(_plot),

@@ -27,7 +27,7 @@ def evaluate_run(
     from ember.writers import JsonlWriter
 
     job = EvaluationJob(run_dir, overrides)
-    info = _checkpoint_of(job.run, job.cfg, checkpoint)
+    info = checkpoint_of(job.run, job.cfg, checkpoint)
     metrics = job.evaluate(info, stream)
     import jax
 
@@ -83,7 +83,7 @@ class EvaluationJob:
         return metrics
 
 
-def _checkpoint_of(run: Path, cfg: Config, which: str) -> Any:
+def checkpoint_of(run: Path, cfg: Config, which: str) -> Any:
     """The checkpoint ``which`` (``latest``, ``best``, or a step) names in the run folder ``run``."""
     from ember.checkpoint import open_store
 
@@ -95,7 +95,7 @@ def _checkpoint_of(run: Path, cfg: Config, which: str) -> Any:
         if store is not None:
             found = store.latest() if which == "latest" else store.best(f"{cfg.handlers.checkpoint.best_on}_accuracy")
         if found is None:
-            raise FileNotFoundError(f"{folders[which]} holds no valid checkpoint to evaluate.")
+            raise FileNotFoundError(f"{folders[which]} holds no valid checkpoint.")
         return found
     if not which.isdigit():
         raise ValueError(f"`--checkpoint` must be latest, best or a step (an int), got {which!r}.")

@@ -1,10 +1,13 @@
-"""`ember inspect`: what a checkpoint holds, without building a model."""
+"""What a checkpoint holds: shown without building a model (`ember inspect`), its weights written out (`export`)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ember.checkpoint import CheckpointInfo, open_store
 
@@ -121,7 +124,7 @@ def _shown(value: Any) -> str:
     A list of more than 8 shows its ends and its length (a run's `SavedSteps` lists every step it saved).
 
     Examples:
-        >>> from ember.cli._inspect import _shown
+        >>> from ember.cli._checkpoint_contents import _shown
         >>> _shown([5, 10]), _shown(list(range(5, 105, 5)))
         ('[5, 10]', '[5, 10, 15, ..., 90, 95, 100] (20 values)')
     """
@@ -148,3 +151,92 @@ def _prod(shape: list[int]) -> int:
     for s in shape:
         out *= s
     return out
+
+
+#: The formats, by the output's suffix: what each is.
+FORMATS = {".msgpack": "Flax's msgpack (flax.serialization)", ".safetensors": "safetensors (Hugging Face's)"}
+
+#: What ``--take`` may choose: the train state's parts each takes.
+TAKES = {"params": ("params",), "model": ("params", "model_state")}
+
+
+def export_weights(
+    run_dir: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    checkpoint: str = "latest",
+    take: str = "params",
+    overrides: Sequence[str] = (),
+) -> str:
+    """Write the weights of a run's checkpoint to ``output``; return the line ``ember export`` prints.
+
+    The run's ``config.yaml`` builds its model, and the checkpoint (``latest``, ``best`` or a step, as ``ember eval``
+    names them) is restored into it and checked as a resume checks it. ``take="params"`` writes the parameters;
+    ``"model"`` adds the model's state (batch statistics, an NNX module's RNG streams), all a forward pass needs.
+    The format is the suffix of ``output``: ``.msgpack`` (``flax.serialization.msgpack_restore`` reads it back as
+    nested dicts, ``{"params": {...}}``, what a linen module's ``apply`` takes) or ``.safetensors`` (flat keys named as
+    ``ember inspect`` names them, ``params.Dense_0.kernel``; the optional ``safetensors`` package, in the ``export``
+    extra). The file is written whole or not at all (a temporary file, fsynced, renamed over ``output``).
+
+    Examples:
+        >>> import tempfile
+        >>> from ember.cli._checkpoint_contents import export_weights
+        >>> export_weights(tempfile.mkdtemp(), "weights.txt")
+        Traceback (most recent call last):
+        ValueError: OUTPUT must end in .msgpack or .safetensors (the format), got 'weights.txt'.
+    """
+    target = Path(output)
+    if target.suffix not in FORMATS:
+        raise ValueError(f"OUTPUT must end in {' or '.join(FORMATS)} (the format), got {str(output)!r}.")
+    if take not in TAKES:
+        raise ValueError(f"`--take` must be one of {sorted(TAKES)}, got {take!r}.")
+    if target.suffix == ".safetensors":
+        from ember._extras import require
+
+        require("safetensors.numpy", feature="ember export to .safetensors", package="safetensors", extra="export")
+    if target.is_dir():
+        raise ValueError(f"OUTPUT {target} is a folder; name the file to write.")
+    if not target.parent.is_dir():
+        raise FileNotFoundError(f"OUTPUT's folder {target.parent} does not exist.")
+    from ember._atomic_file import replace_file
+
+    flat, info = _restored(run_dir, checkpoint, take, overrides)
+    data = _encoded(flat, target.suffix)
+    replace_file(target.parent, target.name, data)
+    values = sum(int(np.size(v)) for v in flat.values())
+    return f"{info.path.name} (iteration {info.step}): {len(flat)} arrays, {values:,} values -> {target}"
+
+
+def _restored(
+    run_dir: str | os.PathLike[str], checkpoint: str, take: str, overrides: Sequence[str]
+) -> tuple[dict[str, np.ndarray], Any]:
+    """The parts ``take`` names of the checkpoint's train state, as ``{name: host array}``, and the checkpoint."""
+    import jax
+
+    from ember.cli._evaluations.job import EvaluationJob, checkpoint_of
+    from ember.training._flat_tree import flatten_tree
+
+    job = EvaluationJob(Path(run_dir), overrides)
+    info = checkpoint_of(job.run, job.cfg, checkpoint)
+    job.restore(info)
+    state = job.trainer.state.train_state
+    flat = flatten_tree({part: _pure(getattr(state, part)) for part in TAKES[take]})
+    return {name: np.asarray(jax.device_get(leaf)) for name, leaf in flat.items()}, info
+
+
+def _pure(tree: Any) -> Any:
+    """An NNX ``State`` as plain nested dicts of arrays (no ``.value`` in the names), anything else as it is."""
+    from flax import nnx
+
+    return nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
+
+
+def _encoded(flat: dict[str, np.ndarray], suffix: str) -> bytes:
+    """``flat`` as the bytes of the format ``suffix`` names (msgpack: nested dicts by the names' dotted parts)."""
+    if suffix == ".safetensors":
+        from safetensors.numpy import save
+
+        return save({name: np.ascontiguousarray(leaf) for name, leaf in flat.items()})
+    from flax import serialization, traverse_util
+
+    nested = traverse_util.unflatten_dict({tuple(name.split(".")): leaf for name, leaf in flat.items()})
+    return serialization.msgpack_serialize(nested)

@@ -1,0 +1,179 @@
+"""``ember export``: a run's weights in a file read back without ember, equal to the checkpoint's, bit for bit."""
+
+import errno
+import re
+import sys
+
+import numpy as np
+import pytest
+from flax import serialization
+
+from ember.checkpoint import open_store
+from ember.cli import MLP, load_config, main
+from ember.cli._registry import build_data
+from tests.cli.test_own_model import NNX_MODELS
+from tests.subprocesses import run_python
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A one-epoch run of the built-in MLP: its folder."""
+    folder = tmp_path_factory.mktemp("mlp") / "run"
+    args = ["train", "model.name=mlp", "trainer.max_epochs=1", "handlers.progress=false", f"--output={folder}"]
+    assert main(args) == 0
+    return folder
+
+
+def stored(run, kind="latest"):
+    """The arrays of the run's latest (or best) checkpoint as the store holds them, by name, and its step."""
+    tree, info = open_store(run / "checkpoints" / kind).restore()
+    return tree["trainer"], info
+
+
+def test_msgpack_holds_the_checkpoints_parameters_and_a_linen_apply_gets_the_runs_accuracy(run, tmp_path, capsys):
+    """Read back with flax.serialization alone; the MLP's predictions on the validation set score as `ember eval`."""
+    out = tmp_path / "weights.msgpack"
+    assert main(["export", str(run), str(out)]) == 0
+    saved, info = stored(run)
+    assert capsys.readouterr().out == f"step_00000022 (iteration 22): 4 arrays, 9,610 values -> {out}\n"
+    weights = serialization.msgpack_restore(out.read_bytes())
+    assert sorted(weights) == ["params"]
+    assert sorted(weights["params"]) == ["Dense_0", "Dense_1"]
+    for layer in ("Dense_0", "Dense_1"):
+        for leaf in ("kernel", "bias"):
+            np.testing.assert_array_equal(weights["params"][layer][leaf], saved[f"params.{layer}.{leaf}"])
+    _, val, _ = build_data(load_config({}).data)
+    batch = next(iter(val))
+    logits = MLP().apply({"params": weights["params"]}, batch["x"])
+    accuracy = float(np.mean(np.argmax(logits, -1) == batch["y"]))
+    assert main(["eval", str(run)]) == 0
+    assert f"val/accuracy {accuracy:.4f}" in capsys.readouterr().out
+    assert info.step == 22
+
+
+def test_safetensors_of_the_best_checkpoint_with_the_model_state(run, tmp_path, capsys):
+    """--checkpoint best --take model: flat keys named as ember inspect names them, each the stored array."""
+    from safetensors.numpy import load_file
+
+    out = tmp_path / "best.safetensors"
+    assert main(["export", str(run), str(out), "--checkpoint", "best", "--take", "model"]) == 0
+    saved, info = stored(run, "best")
+    assert capsys.readouterr().out == f"{info.path.name} (iteration 22): 4 arrays, 9,610 values -> {out}\n"
+    weights = load_file(out)
+    assert sorted(weights) == sorted(k for k in saved if k.startswith("params."))  # an MLP has no model state
+    for name, array in weights.items():
+        np.testing.assert_array_equal(array, saved[name])
+
+
+def test_an_nnx_runs_parameters_and_state_as_plain_nested_names(tmp_path, monkeypatch, capsys):
+    """An NNX module's weights: no ``.value`` in the names; its batch statistics and RNG key (as key data) too."""
+    from safetensors.numpy import load_file
+
+    (tmp_path / "mymodels.py").write_text(NNX_MODELS)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.delitem(sys.modules, "mymodels", raising=False)
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  name: 'mymodels:NnxCNN'\n  args: {hidden: 8}\ntrainer:\n  max_iters: 3\n")
+    assert main(["train", str(config), "handlers.progress=false", f"--output={tmp_path / 'run'}"]) == 0
+    out = tmp_path / "w.safetensors"
+    assert main(["export", str(tmp_path / "run"), str(out), "--take", "model"]) == 0
+    # 4,290 parameters; 19 values of state: 8 means, 8 variances, the stream's count and its key's 2 words
+    assert capsys.readouterr().out.splitlines()[-1] == f"step_00000003 (iteration 3): 12 arrays, 4,309 values -> {out}"
+    weights = load_file(out)
+    assert sorted(weights) == [
+        "model_state.bn.mean",
+        "model_state.bn.var",
+        "model_state.dropout.rngs.count",
+        "model_state.dropout.rngs.key",
+        "params.bn.bias",
+        "params.bn.scale",
+        "params.conv.bias",
+        "params.conv.kernel",
+        "params.dense.bias",
+        "params.dense.kernel",
+        "params.out.bias",
+        "params.out.kernel",
+    ]
+    saved, _ = stored(tmp_path / "run")
+    np.testing.assert_array_equal(weights["params.dense.kernel"], saved["params.dense.kernel.value"])
+    np.testing.assert_array_equal(weights["model_state.bn.mean"], saved["model_state.bn.mean.value"])
+    assert weights["model_state.dropout.rngs.key"].dtype == np.uint32  # a key's data: no NumPy form of a key
+    sys.modules.pop("mymodels", None)
+
+
+def test_an_existing_file_is_replaced_whole_and_a_full_disk_leaves_it_as_it_was(run, tmp_path, monkeypatch):
+    """ENOSPC at the fsync: the OSError, the old file untouched, no temporary file beside it."""
+    import ember._atomic_file as atomic
+    from ember.cli._checkpoint_contents import export_weights
+
+    out = tmp_path / "weights.msgpack"
+    out.write_bytes(b"old")
+    export_weights(run, out)
+    first = out.read_bytes()
+    assert serialization.msgpack_restore(first)["params"]["Dense_0"]["bias"].shape == (128,)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "fsync", full)
+    with pytest.raises(OSError, match=r"^\[Errno 28\] No space left on device$"):
+        export_weights(run, out, checkpoint="best")
+    monkeypatch.undo()
+    assert out.read_bytes() == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["weights.msgpack"]
+
+
+def test_the_command_in_a_fresh_process_writes_a_relative_output_where_it_runs(run, tmp_path):
+    """``ember export RUN w.msgpack`` as a user runs it, from another folder: the file lands there."""
+    done = run_python(["-m", "ember.cli", "export", str(run), "w.msgpack"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "step_00000022 (iteration 22): 4 arrays, 9,610 values -> w.msgpack\n"
+    weights = serialization.msgpack_restore((tmp_path / "w.msgpack").read_bytes())
+    np.testing.assert_array_equal(weights["params"]["Dense_1"]["bias"], stored(run)[0]["params.Dense_1.bias"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{out}.txt"], "OUTPUT must end in .msgpack or .safetensors (the format), got '{out}.txt'."),
+        (["{out}/missing/w.msgpack"], "OUTPUT's folder {out}/missing does not exist."),
+        (["{folder}.msgpack"], "OUTPUT {folder}.msgpack is a folder; name the file to write."),
+        (["{out}.msgpack", "--checkpoint", "7"], "{run} holds no checkpoint of step 7; it holds steps [22]."),
+        (
+            ["{out}.msgpack", "--checkpoint", "newest"],
+            "`--checkpoint` must be latest, best or a step (an int), got 'newest'.",
+        ),
+        (
+            ["{out}.msgpack", "trainer"],
+            "ember export takes RUN_DIR OUTPUT then KEY=VALUE overrides; 'trainer' is not one.",
+        ),
+    ],
+)
+def test_what_cannot_be_exported_is_refused_in_one_line(run, tmp_path, capsys, args, message):
+    (tmp_path / "f.msgpack").mkdir()
+    fill = {"out": tmp_path / "w", "folder": tmp_path / "f", "run": run}
+    assert main(["export", str(run), *(a.format(**fill) for a in args)]) == 2
+    assert capsys.readouterr().err == f"ember: error: {message.format(**fill)}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.msgpack"]
+
+
+def test_a_run_folder_without_checkpoints_and_a_take_of_another_name(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_text("model:\n  name: mlp\n")
+    assert main(["export", str(tmp_path), str(tmp_path / "w.msgpack")]) == 2
+    latest = tmp_path / "checkpoints" / "latest"
+    assert capsys.readouterr().err == f"ember: error: {latest} holds no valid checkpoint.\n"
+    with pytest.raises(SystemExit):
+        main(["export", str(tmp_path), "w.msgpack", "--take", "everything"])
+    assert re.search(
+        r"argument --take: invalid choice: 'everything' \(choose from '?params'?, '?model'?\)", capsys.readouterr().err
+    )
+
+
+def test_safetensors_without_its_package_names_the_extra(run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
+    assert main(["export", str(run), str(tmp_path / "w.safetensors")]) == 2
+    assert capsys.readouterr().err == (
+        "ember: error: ember export to .safetensors needs safetensors, which ember's `export` extra brings: pip "
+        'install -e ".[export]" in your clone of ember (ember is not on PyPI).\n'
+    )
+    assert list(tmp_path.iterdir()) == []
