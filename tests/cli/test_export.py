@@ -177,3 +177,12 @@ def test_safetensors_without_its_package_names_the_extra(run, tmp_path, monkeypa
         'install -e ".[export]" in your clone of ember (ember is not on PyPI).\n'
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_overrides_change_the_model_built_and_a_checkpoint_that_does_not_fit_it_is_refused(run, tmp_path, capsys):
+    """KEY=VALUE after OUTPUT changes the run's config (here the MLP's width): the restore names every difference."""
+    assert main(["export", str(run), str(tmp_path / "w.msgpack"), "model.args={hidden: [64]}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ember: error: The checkpoint does not fit the target (9 differences):\n"), err
+    assert "  trainer/params.Dense_0.kernel: the checkpoint has float32[64, 128], the target float32[64, 64]\n" in err
+    assert list(tmp_path.iterdir()) == []
