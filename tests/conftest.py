@@ -45,6 +45,25 @@ def fresh_compilations():
         jax.config.update("jax_enable_compilation_cache", True)
 
 
+@pytest.fixture(scope="module")
+def mlp_run(tmp_path_factory):
+    """A one-epoch ``ember train`` run of the built-in MLP (AdamW, 10 classes), made once per module: its folder."""
+    from ember.cli import main
+
+    folder = tmp_path_factory.mktemp("mlp") / "run"
+    args = ["train", "model.name=mlp", "trainer.max_epochs=1", "handlers.progress=false", f"--output={folder}"]
+    assert main(args) == 0
+    return folder
+
+
+def stored(run, kind="latest"):
+    """The arrays of a run's latest (or best) checkpoint as its store holds them (the trainer's, by name), its info."""
+    from ember.checkpoint import open_store
+
+    tree, info = open_store(run / "checkpoints" / kind).restore()
+    return tree["trainer"], info
+
+
 # Scripts that tests run in subprocesses (8 simulated devices; two jax.distributed processes; a small disk), never
 # imported here: each is named *_script.py.
 collect_ignore_glob = ["*_script.py"]

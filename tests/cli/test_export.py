@@ -8,33 +8,18 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from ember.checkpoint import open_store
 from ember.cli import MLP, load_config, main
 from ember.cli._registry import build_data
-from tests.cli.test_own_model import NNX_MODELS
+from tests.cli.test_own_model import nnx_run
+from tests.conftest import stored
 from tests.subprocesses import run_python
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A one-epoch run of the built-in MLP: its folder."""
-    folder = tmp_path_factory.mktemp("mlp") / "run"
-    args = ["train", "model.name=mlp", "trainer.max_epochs=1", "handlers.progress=false", f"--output={folder}"]
-    assert main(args) == 0
-    return folder
-
-
-def stored(run, kind="latest"):
-    """The arrays of the run's latest (or best) checkpoint as the store holds them, by name, and its step."""
-    tree, info = open_store(run / "checkpoints" / kind).restore()
-    return tree["trainer"], info
-
-
-def test_msgpack_holds_the_checkpoints_parameters_and_a_linen_apply_gets_the_runs_accuracy(run, tmp_path, capsys):
+def test_msgpack_holds_the_checkpoints_parameters_and_a_linen_apply_gets_the_runs_accuracy(mlp_run, tmp_path, capsys):
     """Read back with flax.serialization alone; the MLP's predictions on the validation set score as `ember eval`."""
     out = tmp_path / "weights.msgpack"
-    assert main(["export", str(run), str(out)]) == 0
-    saved, info = stored(run)
+    assert main(["export", str(mlp_run), str(out)]) == 0
+    saved, info = stored(mlp_run)
     assert capsys.readouterr().out == f"step_00000022 (iteration 22): 4 arrays, 9,610 values -> {out}\n"
     weights = serialization.msgpack_restore(out.read_bytes())
     assert sorted(weights) == ["params"]
@@ -46,18 +31,18 @@ def test_msgpack_holds_the_checkpoints_parameters_and_a_linen_apply_gets_the_run
     batch = next(iter(val))
     logits = MLP().apply({"params": weights["params"]}, batch["x"])
     accuracy = float(np.mean(np.argmax(logits, -1) == batch["y"]))
-    assert main(["eval", str(run)]) == 0
+    assert main(["eval", str(mlp_run)]) == 0
     assert f"val/accuracy {accuracy:.4f}" in capsys.readouterr().out
     assert info.step == 22
 
 
-def test_safetensors_of_the_best_checkpoint_with_the_model_state(run, tmp_path, capsys):
+def test_safetensors_of_the_best_checkpoint_with_the_model_state(mlp_run, tmp_path, capsys):
     """--checkpoint best --take model: flat keys named as ember inspect names them, each the stored array."""
     from safetensors.numpy import load_file
 
     out = tmp_path / "best.safetensors"
-    assert main(["export", str(run), str(out), "--checkpoint", "best", "--take", "model"]) == 0
-    saved, info = stored(run, "best")
+    assert main(["export", str(mlp_run), str(out), "--checkpoint", "best", "--take", "model"]) == 0
+    saved, info = stored(mlp_run, "best")
     assert capsys.readouterr().out == f"{info.path.name} (iteration 22): 4 arrays, 9,610 values -> {out}\n"
     weights = load_file(out)
     assert sorted(weights) == sorted(k for k in saved if k.startswith("params."))  # an MLP has no model state
@@ -69,12 +54,7 @@ def test_an_nnx_runs_parameters_and_state_as_plain_nested_names(tmp_path, monkey
     """An NNX module's weights: no ``.value`` in the names; its batch statistics and RNG key (as key data) too."""
     from safetensors.numpy import load_file
 
-    (tmp_path / "mymodels.py").write_text(NNX_MODELS)
-    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
-    monkeypatch.delitem(sys.modules, "mymodels", raising=False)
-    config = tmp_path / "run.yaml"
-    config.write_text("model:\n  name: 'mymodels:NnxCNN'\n  args: {hidden: 8}\ntrainer:\n  max_iters: 3\n")
-    assert main(["train", str(config), "handlers.progress=false", f"--output={tmp_path / 'run'}"]) == 0
+    nnx_run(tmp_path, monkeypatch)
     out = tmp_path / "w.safetensors"
     assert main(["export", str(tmp_path / "run"), str(out), "--take", "model"]) == 0
     # 4,290 parameters; 19 values of state: 8 means, 8 variances, the stream's count and its key's 2 words
@@ -101,14 +81,14 @@ def test_an_nnx_runs_parameters_and_state_as_plain_nested_names(tmp_path, monkey
     sys.modules.pop("mymodels", None)
 
 
-def test_an_existing_file_is_replaced_whole_and_a_full_disk_leaves_it_as_it_was(run, tmp_path, monkeypatch):
+def test_an_existing_file_is_replaced_whole_and_a_full_disk_leaves_it_as_it_was(mlp_run, tmp_path, monkeypatch):
     """ENOSPC at the fsync: the OSError, the old file untouched, no temporary file beside it."""
     import ember._atomic_file as atomic
     from ember.cli._checkpoint_contents import export_weights
 
     out = tmp_path / "weights.msgpack"
     out.write_bytes(b"old")
-    export_weights(run, out)
+    export_weights(mlp_run, out)
     first = out.read_bytes()
     assert serialization.msgpack_restore(first)["params"]["Dense_0"]["bias"].shape == (128,)
 
@@ -117,19 +97,19 @@ def test_an_existing_file_is_replaced_whole_and_a_full_disk_leaves_it_as_it_was(
 
     monkeypatch.setattr(atomic.os, "fsync", full)
     with pytest.raises(OSError, match=r"^\[Errno 28\] No space left on device$"):
-        export_weights(run, out, checkpoint="best")
+        export_weights(mlp_run, out, checkpoint="best")
     monkeypatch.undo()
     assert out.read_bytes() == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["weights.msgpack"]
 
 
-def test_the_command_in_a_fresh_process_writes_a_relative_output_where_it_runs(run, tmp_path):
+def test_the_command_in_a_fresh_process_writes_a_relative_output_where_it_runs(mlp_run, tmp_path):
     """``ember export RUN w.msgpack`` as a user runs it, from another folder: the file lands there."""
-    done = run_python(["-m", "ember.cli", "export", str(run), "w.msgpack"], cwd=tmp_path, timeout=120)
+    done = run_python(["-m", "ember.cli", "export", str(mlp_run), "w.msgpack"], cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "step_00000022 (iteration 22): 4 arrays, 9,610 values -> w.msgpack\n"
     weights = serialization.msgpack_restore((tmp_path / "w.msgpack").read_bytes())
-    np.testing.assert_array_equal(weights["params"]["Dense_1"]["bias"], stored(run)[0]["params.Dense_1.bias"])
+    np.testing.assert_array_equal(weights["params"]["Dense_1"]["bias"], stored(mlp_run)[0]["params.Dense_1.bias"])
 
 
 @pytest.mark.parametrize(
@@ -149,10 +129,10 @@ def test_the_command_in_a_fresh_process_writes_a_relative_output_where_it_runs(r
         ),
     ],
 )
-def test_what_cannot_be_exported_is_refused_in_one_line(run, tmp_path, capsys, args, message):
+def test_what_cannot_be_exported_is_refused_in_one_line(mlp_run, tmp_path, capsys, args, message):
     (tmp_path / "f.msgpack").mkdir()
-    fill = {"out": tmp_path / "w", "folder": tmp_path / "f", "run": run}
-    assert main(["export", str(run), *(a.format(**fill) for a in args)]) == 2
+    fill = {"out": tmp_path / "w", "folder": tmp_path / "f", "run": mlp_run}
+    assert main(["export", str(mlp_run), *(a.format(**fill) for a in args)]) == 2
     assert capsys.readouterr().err == f"ember: error: {message.format(**fill)}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.msgpack"]
 
@@ -169,9 +149,9 @@ def test_a_run_folder_without_checkpoints_and_a_take_of_another_name(tmp_path, c
     )
 
 
-def test_safetensors_without_its_package_names_the_extra(run, tmp_path, monkeypatch, capsys):
+def test_safetensors_without_its_package_names_the_extra(mlp_run, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
-    assert main(["export", str(run), str(tmp_path / "w.safetensors")]) == 2
+    assert main(["export", str(mlp_run), str(tmp_path / "w.safetensors")]) == 2
     assert capsys.readouterr().err == (
         "ember: error: ember export to .safetensors needs safetensors, which ember's `export` extra brings: pip "
         'install -e ".[export]" in your clone of ember (ember is not on PyPI).\n'
@@ -179,9 +159,9 @@ def test_safetensors_without_its_package_names_the_extra(run, tmp_path, monkeypa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_overrides_change_the_model_built_and_a_checkpoint_that_does_not_fit_it_is_refused(run, tmp_path, capsys):
+def test_overrides_change_the_model_built_and_a_checkpoint_that_does_not_fit_it_is_refused(mlp_run, tmp_path, capsys):
     """KEY=VALUE after OUTPUT changes the run's config (here the MLP's width): the restore names every difference."""
-    assert main(["export", str(run), str(tmp_path / "w.msgpack"), "model.args={hidden: [64]}"]) == 2
+    assert main(["export", str(mlp_run), str(tmp_path / "w.msgpack"), "model.args={hidden: [64]}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ember: error: The checkpoint does not fit the target (9 differences):\n"), err
     assert "  trainer/params.Dense_0.kernel: the checkpoint has float32[64, 128], the target float32[64, 64]\n" in err

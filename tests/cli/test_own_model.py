@@ -45,6 +45,17 @@ class Plain:
 '''
 
 
+def nnx_run(folder, monkeypatch):
+    """A 3-iteration ``ember train`` run of ``NnxCNN`` (``hidden: 8``) in ``folder``, its module beside it: the run."""
+    (folder / "mymodels.py").write_text(NNX_MODELS)
+    monkeypatch.setattr(sys, "path", [str(folder), *sys.path])
+    monkeypatch.delitem(sys.modules, "mymodels", raising=False)
+    config = folder / "run.yaml"
+    config.write_text("model:\n  name: 'mymodels:NnxCNN'\n  args: {hidden: 8}\ntrainer:\n  max_iters: 3\n")
+    assert main(["train", str(config), "handlers.progress=false", f"--output={folder / 'run'}"]) == 0
+    return folder / "run"
+
+
 @pytest.fixture
 def models(tmp_path, monkeypatch):
     """``mymodels.py`` in a folder of its own, beside a config naming its NNX module; the folder."""

@@ -6,6 +6,7 @@ import re
 import sys
 import tempfile
 import warnings
+from pathlib import Path
 
 assert "--xla_force_host_platform_device_count=8" in os.environ.get("XLA_FLAGS", "")
 
@@ -14,7 +15,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import linen as nn  # noqa: E402
-from flax import nnx  # noqa: E402
+from flax import nnx, serialization  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -41,6 +42,7 @@ from ember.training import (  # noqa: E402
     ema,
     ema_params,
     fsdp,
+    init_from,
     lr_find,
     scale_by_plateau,
 )
@@ -460,6 +462,32 @@ out["tuning"] = {
     "untouched": bool(np.array_equal(before, after)),
     "scale": plateau.scale,
     "kernel_spec": str(tuned.state.train_state.params["Dense_1"]["kernel"].sharding.spec),
+}
+
+# init_from onto a sharded target: each leaf put straight onto its own sharding, equal to the one-device source.
+source = linen_state(optax.sgd(0.1))
+weights = Path(tempfile.mkdtemp()) / "w.msgpack"
+weights.write_bytes(serialization.msgpack_serialize({"params": jax.device_get(source.params)}))
+fresh_sharded = linen_state(optax.adam(1e-3), eight)
+started, report = init_from(fresh_sharded, weights, fresh=["params.Dense_2"])
+out["init_from"] = {
+    "loaded": report.loaded,
+    "fresh": sorted(report.fresh),
+    "same_sharding": all(
+        a.sharding == b.sharding
+        for a, b in zip(jax.tree.leaves(started.params), jax.tree.leaves(fresh_sharded.params), strict=True)
+    ),
+    "equal": all(
+        np.array_equal(np.asarray(jax.device_get(started.params[k]["kernel"])), np.asarray(source.params[k]["kernel"]))
+        for k in ("Dense_0", "Dense_1")
+    ),
+    "head_fresh": bool(
+        np.array_equal(
+            np.asarray(jax.device_get(started.params["Dense_2"]["kernel"])),
+            np.asarray(jax.device_get(fresh_sharded.params["Dense_2"]["kernel"])),
+        )
+    ),
+    "kernel_spec": str(started.params["Dense_1"]["kernel"].sharding.spec),
 }
 
 print(json.dumps(out))

@@ -212,3 +212,15 @@ def test_the_average_of_the_parameters_is_sharded_as_they_are(eight_devices):
 def test_the_range_test_and_a_plateau_scale_work_on_sharded_state(eight_devices):
     """lr_find leaves the trainer's sharded state untouched; the plateau's scale applies; the state stays sharded."""
     assert eight_devices["tuning"] == {"tried": 8, "untouched": True, "scale": 0.5, "kernel_spec": "P('fsdp',)"}
+
+
+def test_init_from_puts_each_leaf_onto_the_sharded_targets_own_sharding(eight_devices):
+    """A one-device run's weights onto an FSDP state: the target's shardings kept, the values the source's."""
+    started = eight_devices["init_from"]
+    body = [f"params.{layer}.{p}" for layer in ("Dense_0", "Dense_1") for p in ("bias", "kernel")]
+    assert started["loaded"] == ["params.BatchNorm_0.bias", "params.BatchNorm_0.scale", *body]
+    assert started["fresh"] == ["params.Dense_2.bias", "params.Dense_2.kernel"]
+    assert started["same_sharding"] is True
+    assert started["equal"] is True
+    assert started["head_fresh"] is True
+    assert started["kernel_spec"] == "P('fsdp', None)"  # sharded: the check above is not of replicated leaves

@@ -1,0 +1,240 @@
+"""`init_from`: a train state (or any pytree) started from another run's weights, with a report of what was taken."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from ember.training._flat_tree import flatten_tree, unflatten_like
+
+#: What ``take`` chooses of a train state, as the prefixes of its leaves' names.
+TAKES = {"params": ("params.",), "params_and_opt_state": ("params.", "opt_state."), "all": ("",)}
+
+
+@dataclass
+class InitReport:
+    """What [`init_from`][ember.training.init_from] did: each leaf of the target loaded or left fresh, and why.
+
+    Attributes:
+        source: the file or checkpoint folder read.
+        loaded: the target's leaves taken from the source, by name (``params.Dense_0.kernel``).
+        fresh: the target's leaves ``take`` covers but left as they were, each with why (``"fresh: params.head"``,
+            ``"not in the source"``).
+        not_taken: the target's leaves ``take`` leaves out (``take="params"``: the optimizer state, the step).
+        unused: the source's leaves of what ``take`` covers that nothing in the target took (after ``rename``).
+
+    Examples:
+        >>> from ember.training import InitReport
+        >>> print(InitReport("w.msgpack", ["params.w"], {"params.b": "not in the source"}, ["step"], ["params.old"]))
+        from w.msgpack: 1 loaded, 1 left fresh, 1 not taken, 1 unused in the source
+          left fresh: params.b (not in the source)
+          unused: params.old
+    """
+
+    source: str
+    loaded: list[str] = field(default_factory=list[str])
+    fresh: dict[str, str] = field(default_factory=dict[str, str])
+    not_taken: list[str] = field(default_factory=list[str])
+    unused: list[str] = field(default_factory=list[str])
+
+    def __str__(self) -> str:
+        lines = [
+            f"from {self.source}: {len(self.loaded)} loaded, {len(self.fresh)} left fresh, {len(self.not_taken)} not "
+            f"taken, {len(self.unused)} unused in the source"
+        ]
+        lines += [f"  left fresh: {name} ({why})" for name, why in self.fresh.items()]
+        lines += [f"  unused: {name}" for name in self.unused]
+        return "\n".join(lines)
+
+
+def init_from(
+    target: Any,
+    source: str | os.PathLike[str],
+    *,
+    take: Literal["params", "params_and_opt_state", "all"] = "params",
+    rename: Mapping[str, str] | None = None,
+    fresh: Sequence[str] = (),
+    strict: bool = True,
+    checkpoint: str | int = "latest",
+    name: str | None = None,
+) -> tuple[Any, InitReport]:
+    """``target`` with its leaves taken from ``source`` where they match by name: fine-tuning, partial restore.
+
+    ``source`` is a run folder of ``ember train`` (its ``checkpoints/latest``; ``checkpoint="best"`` or a step picks
+    another), a folder of checkpoints (its latest valid one, or ``checkpoint``'s step), one checkpoint's folder (an
+    ember or an Orbax store's), or a file ``ember export`` writes: ``.msgpack`` (``flax.serialization``) or
+    ``.safetensors``. A checkpoint is verified against its checksums as a resume verifies it. A checkpoint of several
+    objects is read from its ``"trainer"``, or from the one ``name`` names.
+
+    Leaves are matched by their names, as ``ember inspect`` shows them (``params.Dense_0.kernel``; an NNX module's
+    ``.value`` left out on both sides). ``take`` chooses what of a train state is taken: ``"params"`` (the
+    optimizer state and the rest stay fresh, as a new optimizer needs), ``"params_and_opt_state"``, or ``"all"``
+    (anything else than a train state: use ``"all"``). ``rename`` maps the source's names first, each rule a regular
+    expression and its replacement (``{"^params[.]encoder[.]": "params.backbone."}``). ``fresh`` names subtrees of
+    the target left at their initialisation (a new head: ``["params.head"]``). A leaf taken whose shape or dtype
+    differs from the target's is refused, naming it and both; one the source lacks is refused too, unless
+    ``strict=False`` leaves it fresh (Ignite's ``strict=False``). Each loaded array is placed where the target's leaf
+    is (its sharding): a sharded target is restored onto its own devices, never gathered onto one first.
+
+    Returns:
+        The new target (the input is not changed) and an [`InitReport`][ember.training.InitReport].
+
+    Examples:
+        >>> import tempfile, pathlib, numpy as np, flax.serialization
+        >>> from ember.training import init_from
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "w.msgpack"
+        >>> weights = {"params": {"body": {"w": np.ones(2, np.float32)}, "head": {"w": np.ones(3, np.float32)}}}
+        >>> _ = path.write_bytes(flax.serialization.msgpack_serialize(weights))
+        >>> new = {"params": {"body": {"w": np.zeros(2, np.float32)}, "head": {"w": np.zeros(5, np.float32)}}}
+        >>> tree, report = init_from(new, path, fresh=["params.head"])
+        >>> tree["params"]["body"]["w"].tolist(), tree["params"]["head"]["w"].tolist()
+        ([1.0, 1.0], [0.0, 0.0, 0.0, 0.0, 0.0])
+        >>> report.loaded, report.fresh, report.unused
+        (['params.body.w'], {'params.head.w': 'fresh: params.head'}, ['params.head.w'])
+    """
+    if take not in TAKES:
+        raise ValueError(f"`take` must be one of {sorted(TAKES)}, got {take!r}.")
+    if isinstance(fresh, str):
+        raise TypeError(f"`fresh` must be a list of names of the target's subtrees, got the string {fresh!r}.")
+    rules = [(re.compile(pattern), replacement) for pattern, replacement in (rename or {}).items()]
+    found, where = _read(Path(source), checkpoint, name)
+    source_flat: dict[str, Any] = {}
+    for original, leaf in found.items():
+        renamed = _plain(original)
+        for pattern, replacement in rules:
+            renamed = pattern.sub(replacement, renamed)
+        source_flat[renamed] = leaf
+    flat = flatten_tree(target)
+    report, out, problems = InitReport(where), dict(flat), []
+    used: set[str] = set()
+    for leaf_name, leaf in flat.items():
+        plain = _plain(leaf_name)
+        if not any(plain.startswith(prefix) for prefix in TAKES[take]):
+            report.not_taken.append(plain)
+            continue
+        kept = next((f for f in fresh if plain == f or plain.startswith(f"{f}.")), None)
+        if kept is not None:
+            report.fresh[plain] = f"fresh: {kept}"
+            continue
+        if plain not in source_flat:
+            if strict:
+                problems.append(f"{plain}: not in the source")
+            else:
+                report.fresh[plain] = "not in the source"
+            continue
+        given = source_flat[plain]
+        used.add(plain)
+        if _kind(given) != _kind(leaf):
+            problems.append(f"{plain}: the source has {_kind(given)}, the target {_kind(leaf)}")
+            continue
+        out[leaf_name] = _placed(np.asarray(given), leaf)
+        report.loaded.append(plain)
+    if problems:
+        listed = "\n".join(f"  {p}" for p in problems)
+        raise ValueError(
+            f"{where} does not fit the target ({len(problems)} leaves); leave them fresh with `fresh=[...]` (or "
+            f"`strict=False` for leaves the source lacks), or map names with `rename`:\n{listed}"
+        )
+    report.unused = sorted(n for n in source_flat if n not in used and any(n.startswith(p) for p in TAKES[take]))
+    return unflatten_like(target, out), report
+
+
+def _plain(name: str) -> str:
+    """A leaf's name without NNX's ``.value`` parts: the same on a live NNX state and on plain dicts."""
+    return ".".join(part for part in name.split(".") if part != "value")
+
+
+def _kind(leaf: Any) -> str:
+    """``float32[3, 4]``: a leaf's dtype and shape (read from the leaf, never gathered)."""
+    dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+    return f"{dtype}[{', '.join(str(n) for n in np.shape(leaf))}]"
+
+
+def _placed(array: np.ndarray, like: Any) -> Any:
+    """``array`` where ``like`` is: onto its sharding (each device its own part), or as NumPy for a NumPy leaf."""
+    if isinstance(like, jax.Array):
+        return jax.device_put(array, like.sharding)
+    return array
+
+
+def _read(path: Path, checkpoint: str | int, name: str | None) -> tuple[dict[str, Any], str]:
+    """The source's leaves by name, and what was read (a file, or a checkpoint's folder)."""
+    if path.suffix in (".msgpack", ".safetensors") and path.is_file():
+        return _read_file(path), str(path)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"`source` {path} is neither a .msgpack or .safetensors file nor a folder of checkpoints or a run."
+        )
+    from ember.checkpoint import open_store
+
+    if (path / "manifest.json").is_file():  # one checkpoint
+        store = open_store(path.parent)
+        info = store.verify(path, full=True)
+    else:
+        store = open_store(_store_folder(path, checkpoint))
+        info = _pick(store, checkpoint)
+    tree, info = store.restore(None, info)
+    return _object(tree, name, info.path), str(info.path)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if path.suffix == ".safetensors":
+        from ember._extras import require
+
+        require("safetensors.numpy", feature="init_from a .safetensors file", package="safetensors", extra="export")
+        from safetensors.numpy import load_file
+
+        return dict(load_file(path))
+    from flax import serialization, traverse_util
+
+    restored = serialization.msgpack_restore(path.read_bytes())
+    if not isinstance(restored, dict):
+        raise ValueError(f"{path} holds a {type(restored).__name__}, not a dict of arrays.")
+    return traverse_util.flatten_dict(restored, sep=".")
+
+
+def _store_folder(path: Path, checkpoint: str | int) -> Path:
+    """A run folder's ``checkpoints/latest`` (``checkpoints/best`` for ``"best"``); any other folder as it is."""
+    if (path / "checkpoints").is_dir():
+        return path / "checkpoints" / ("best" if checkpoint == "best" else "latest")
+    return path
+
+
+def _pick(store: Any, checkpoint: str | int) -> Any:
+    """The checkpoint of ``store`` that ``checkpoint`` names: the latest valid, the best recorded, or a step."""
+    found = store.checkpoints()
+    if not found:
+        raise FileNotFoundError(f"No valid checkpoint in {store.root}.")
+    if checkpoint == "latest":
+        return found[-1]
+    if checkpoint == "best":
+        return max(found, key=lambda c: (c.manifest.get("metadata", {}).get("checkpoint") or {}).get("priority", 0))
+    steps = [c for c in found if str(c.step) == str(checkpoint)]
+    if not steps:
+        held = [c.step for c in found]
+        raise FileNotFoundError(f"{store.root} holds no checkpoint of step {checkpoint}; it holds steps {held}.")
+    return steps[-1]
+
+
+def _object(tree: Any, name: str | None, where: Path) -> dict[str, Any]:
+    """The leaves of the checkpoint's object ``name`` (its ``"trainer"``, its only one, or the whole tree), by name."""
+    from flax import traverse_util
+
+    objects = sorted(k for k, v in tree.items() if isinstance(v, dict))
+    if name is None and "trainer" in objects:
+        name = "trainer"
+    elif name is None and len(objects) == 1 == len(tree):
+        name = objects[0]
+    elif name is None and objects and len(objects) == len(tree):
+        raise ValueError(f"{where} holds the objects {objects}; name the one to read with `name=`.")
+    if name is not None and name not in objects:
+        raise ValueError(f"{where} holds no object {name!r}; it holds {objects}.")
+    chosen = tree[name] if name is not None else tree
+    return traverse_util.flatten_dict(chosen, sep=".")
