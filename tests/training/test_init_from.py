@@ -182,3 +182,28 @@ def test_a_source_that_is_not_one_is_named(tmp_path):
 def test_an_init_report_reads_as_it_prints():
     report = InitReport("a", ["x"], {}, [], [])
     assert str(report) == "from a: 1 loaded, 0 left fresh, 0 not taken, 0 unused in the source"
+
+
+@pytest.mark.parametrize("suffix", [".msgpack", ".safetensors"])
+def test_a_truncated_export_is_refused_naming_the_file(mlp_run, tmp_path, suffix):
+    whole = tmp_path / f"w{suffix}"
+    assert main(["export", str(mlp_run), str(whole)]) == 0
+    cut = tmp_path / f"cut{suffix}"
+    cut.write_bytes(whole.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=f"^{re.escape(str(cut))} is not a whole {re.escape(suffix)} file of arrays"):
+        init_from(new_state(10), cut)
+
+
+def test_a_checkpoint_missing_a_file_is_refused_and_a_relative_source_is_read(mlp_run, tmp_path, monkeypatch):
+    copy = tmp_path / "run"
+    shutil.copytree(mlp_run, copy)
+    monkeypatch.chdir(tmp_path)
+    _, report = init_from(new_state(10), "run")  # relative to where it is called
+    assert report.source == str(copy / "checkpoints" / "latest" / "step_00000022")  # the store made it absolute
+    info = open_store(copy / "checkpoints" / "latest").latest()
+    (info.path / "state.msgpack").unlink()
+    latest = copy / "checkpoints" / "latest"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"No valid checkpoint in {latest}.")):
+        init_from(new_state(10), "run")
+    with pytest.raises(ValueError, match=re.escape("state.msgpack")):
+        init_from(new_state(10), info.path)

@@ -185,16 +185,21 @@ def _read(path: Path, checkpoint: str | int, name: str | None) -> tuple[dict[str
 
 
 def _read_file(path: Path) -> dict[str, Any]:
+    """A ``.msgpack`` or ``.safetensors`` file's arrays by name; one that does not decode (truncated, altered) named."""
     if path.suffix == ".safetensors":
         from ember._extras import require
 
         require("safetensors.numpy", feature="init_from a .safetensors file", package="safetensors", extra="export")
-        from safetensors.numpy import load_file
-
-        return dict(load_file(path))
     from flax import serialization, traverse_util
 
-    restored = serialization.msgpack_restore(path.read_bytes())
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.numpy import load_file
+
+            return dict(load_file(path))
+        restored = serialization.msgpack_restore(path.read_bytes())
+    except Exception as e:  # each library's own error for a file cut short or changed
+        raise ValueError(f"{path} is not a whole {path.suffix} file of arrays ({e}).") from e
     if not isinstance(restored, dict):
         raise ValueError(f"{path} holds a {type(restored).__name__}, not a dict of arrays.")
     return traverse_util.flatten_dict(restored, sep=".")
