@@ -206,13 +206,15 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any] | None = None, o
                 "the file out to train the built-in example."
             )
     config: Config = _build(Config, _apply_overrides(raw, overrides), "")
-    _check_evaluations(config)
+    _check_across_fields(config)
     return config
 
 
-def _check_evaluations(config: Config) -> None:
-    """The evaluations' names and schedules, and the one ``best_on`` names: what one field alone cannot say."""
+def _check_across_fields(config: Config) -> None:
+    """What one field alone cannot say: the evaluations' names and schedules, the one ``best_on`` names, a source."""
     problems = []
+    if config.init is not None and not config.init.source:
+        problems.append("init.source: expected the run, checkpoint or weights file to start from; none was given.")
     for name, evaluation in config.evaluations.items():
         if not isinstance(name, str) or not name or "/" in name or name == "val":
             problems.append(f"evaluations.{name}: expected a name without '/', other than 'val', got {name!r}.")

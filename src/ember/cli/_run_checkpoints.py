@@ -1,4 +1,4 @@
-"""The checkpoints of an `ember train` run: the best by validation accuracy, and the latest (in one tier or two)."""
+"""The checkpoints of an `ember train` run: the best, the latest (in one tier or two), and the one it starts from."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ember.checkpoint import TieredStore, open_store
 from ember.checkpoint._fast_owner import fast_folder
 from ember.cli._evaluations.saved_steps import KEY, SavedSteps, kept_in
 from ember.cli._evaluations.watcher import unread_by
-from ember.cli._schema import CheckpointConfig
+from ember.cli._schema import CheckpointConfig, InitConfig
 from ember.handlers import Checkpoint, global_step_from_engine
 from ember.writers import Writer
 
@@ -94,3 +94,28 @@ def close_stores(*savers: Checkpoint) -> None:
     for saver in savers:
         if saver.store is not None:
             saver.store.close()
+
+
+def start_from(init: InitConfig | None, trainer: Any, run_dir: Path) -> Any:
+    """``init:``: the source's weights put into ``trainer``'s state at the run's first launch; the report, or ``None``.
+
+    A run whose ``checkpoints/latest`` holds a checkpoint is a relaunch: it resumes from its own newest checkpoint and
+    the source is not read again (it may be gone by then). A source that does not fit raises, before anything of the
+    run is written. The report (`ember.training.InitReport`) is written to ``RUN_DIR/init.json`` by the caller.
+    """
+    latest = run_dir / "checkpoints" / "latest"
+    if init is None or (latest.is_dir() and open_store(latest).latest() is not None):
+        return None
+    from ember.training import init_from
+
+    state, report = init_from(
+        trainer.state.train_state,
+        init.source,
+        take=init.take,
+        rename=init.rename,
+        fresh=init.fresh,
+        strict=init.strict,
+        checkpoint=init.checkpoint,
+    )
+    trainer.state.train_state = state
+    return report

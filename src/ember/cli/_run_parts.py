@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import os
 import signal
 import sys
@@ -15,6 +16,7 @@ from typing import Any, TextIO, cast
 import jax
 
 from ember import Engine, Events
+from ember._atomic_file import replace_file
 from ember._run_identity import run_identity
 from ember.cli._classifier import build_trainer, learning_rates, predict
 from ember.cli._config import Config, dump_config
@@ -22,7 +24,7 @@ from ember.cli._distributed import heartbeat_timeout
 from ember.cli._early_signals import hand_over
 from ember.cli._evaluations.sections import Extra, build_evaluations, classifier_evaluator
 from ember.cli._registry import build_data, build_model, check_labels
-from ember.cli._run_checkpoints import attach_checkpoints
+from ember.cli._run_checkpoints import attach_checkpoints, start_from
 from ember.cli._run_course import SKIP_LIMIT, logged_outputs, nan_check, runs_on, watching
 from ember.cli._run_record import LAST_EVALUATION, LastEvaluation
 from ember.cli._verify_resume import KILL_AT
@@ -100,12 +102,17 @@ def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console
     steps_per_epoch, schedule = learning_rates(cfg, data)
     check_labels(cfg.data, data, build_model(cfg.model, cfg.trainer.seed), sample, cfg.model.name)
     trainer = build_trainer(cfg, sample, schedule)
+    started = start_from(cfg.init, trainer, run_dir)  # another run's weights, at this run's first launch
     relaunched = (run_dir / "config.yaml").exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     if console.primary:
         (run_dir / "config.yaml").write_text(dump_config(cfg, source))
         run_identity(run_dir)  # run.json: the run's id and where it was made, once
+        if started is not None:  # what it started from, once: a relaunch resumes from its own checkpoints
+            replace_file(run_dir, "init.json", json.dumps(dataclasses.asdict(started), indent=1))
     console.say(runs_on(trainer, cfg))
+    if started is not None:
+        console.say(f"Started {started}")
     also = watching(cfg, run_dir)
     if also is not None:
         console.say(also)

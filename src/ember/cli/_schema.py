@@ -173,6 +173,27 @@ class HandlersConfig:
 
 
 @dataclass
+class InitConfig:
+    """Start the run from another run's weights (``ember.training.init_from``), at its first launch only.
+
+    A relaunch resumes from the run's own newest checkpoint, never from the source again.
+    """
+
+    #: a run folder, a folder of checkpoints, one checkpoint, or an ``ember export`` file (.msgpack, .safetensors).
+    source: Annotated[str, Rule("a path to a run, a checkpoint or a weights file", lambda v: bool(v.strip()))] = ""
+    #: what of the train state to take: the parameters (a new optimizer), with the optimizer state, or all of it.
+    take: Literal["params", "params_and_opt_state", "all"] = "params"
+    #: subtrees left at their fresh initialisation (a new head: ``[params.Dense_1]``).
+    fresh: list[str] = field(default_factory=list)
+    #: the source's leaf names mapped first: a regular expression to its replacement.
+    rename: dict[str, str] = field(default_factory=dict)
+    #: of a run or a folder of checkpoints: ``latest``, ``best``, or a step.
+    checkpoint: Literal["latest", "best"] | Positive = "latest"
+    #: false: a leaf the source lacks is left fresh (and said), not refused.
+    strict: bool = True
+
+
+@dataclass
 class EvaluationConfig:
     """One more evaluation beside ``val`` (``evaluations:`` maps its name to this): its examples and its schedule.
 
@@ -211,5 +232,7 @@ class Config:
     handlers: HandlersConfig = field(default_factory=HandlersConfig)
     #: more evaluations beside ``val``, by name (``{val_noisy: {noise: 0.3, every_iters: 100}}``).
     evaluations: dict[str, EvaluationConfig] = field(default_factory=dict)
+    #: start from another run's weights at the first launch (``{source: runs/digits, fresh: [params.Dense_1]}``).
+    init: InitConfig | None = None
     name: str = "ember"  # the family of runs: the MLflow experiment and the W&B project each run logs to
     output: Folder = "runs/digits"

@@ -181,7 +181,10 @@ def _read(path: Path, checkpoint: str | int, name: str | None) -> tuple[dict[str
         store = open_store(_store_folder(path, checkpoint))
         info = _pick(store, checkpoint)
     tree, info = store.restore(None, info)
-    return _object(tree, name, info.path), str(info.path)
+    shown = info.path  # as the caller named it (a store makes its folder absolute)
+    if info.path.is_relative_to(path.resolve()):
+        shown = path / info.path.relative_to(path.resolve())
+    return _object(tree, name, info.path), str(shown)
 
 
 def _read_file(path: Path) -> dict[str, Any]:
