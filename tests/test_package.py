@@ -73,8 +73,9 @@ def test_public_exceptions_live_in_errors_and_subclass_their_builtins():
 
 # What each layer may import (docs: ../shared/DESIGN.md, "Layers"). ember.errors, ember._version, ember._extras
 # (an optional feature's import, and the error naming its extra), ember._protocols (the contracts all layers
-# share: state and position) and ember._ledger_file (the goodput ledger's file, read by handlers and by the CLI
-# without JAX) import nothing of ember and are open to all;
+# share: state and position), ember._ledger_file (the goodput ledger's file, read by handlers and by the CLI
+# without JAX) and ember._flat_tree (a train state as the flat names its checkpoints hold, which the trainer writes
+# and `ember.checkpoint.init_from` reads) import nothing of ember and are open to all;
 # ember._multiprocess (what processes decide together) imports nothing of ember and is open to all but the engine,
 # which knows nothing of JAX.
 ALLOWED = {
@@ -118,6 +119,7 @@ def test_each_layer_imports_only_the_layers_below_it():
         text = "\n".join(p.read_text() for p in (root / layer).rglob("*.py"))
         used = set(re.findall(r"^\s*(?:from|import) ember(?:\.([a-z_]+))?", text, flags=re.M))
         open_to_all = {"errors", "_version", "_extras", "_protocols", "_ledger_file", "_atomic_file", "_run_identity"}
+        open_to_all |= {"_flat_tree"}
         open_to_all |= {"_run_holder"}
         found[layer] = used - {layer, *open_to_all, "_multiprocess" if layer != "engine" else ""}
     assert found == {layer: allowed & found[layer] for layer, allowed in ALLOWED.items()}

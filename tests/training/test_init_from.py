@@ -10,10 +10,10 @@ import optax
 import pytest
 from flax import nnx
 
-from ember.checkpoint import open_store
+from ember.checkpoint import InitReport, init_from, open_store
 from ember.cli import MLP, load_config, main
 from ember.cli._registry import build_optimizer, build_schedule
-from ember.training import InitReport, TrainState, create_trainer, init_from
+from ember.training import TrainState, create_trainer
 from tests.cli.test_own_model import nnx_run
 from tests.conftest import stored
 

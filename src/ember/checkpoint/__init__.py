@@ -1,6 +1,7 @@
 """Checkpoints: an atomic, verified store of pytrees and their metadata (msgpack or orbax), in one tier or two."""
 
 from ember.checkpoint._folder import CheckpointFolder, check_retention
+from ember.checkpoint._init_from import InitReport, init_from
 from ember.checkpoint._manifest import CheckpointInfo, CorruptCheckpointError
 from ember.checkpoint._orbax import OrbaxStore, open_store
 from ember.checkpoint._store import CheckpointStore
@@ -11,8 +12,10 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointStore",
     "CorruptCheckpointError",
+    "InitReport",
     "OrbaxStore",
     "TieredStore",
     "check_retention",
+    "init_from",
     "open_store",
 ]

@@ -212,8 +212,8 @@ def _restored(
     """The parts ``take`` names of the checkpoint's train state, as ``{name: host array}``, and the checkpoint."""
     import jax
 
+    from ember._flat_tree import flatten_tree
     from ember.cli._evaluations.job import EvaluationJob, checkpoint_of
-    from ember.training._flat_tree import flatten_tree
 
     job = EvaluationJob(Path(run_dir), overrides)
     info = checkpoint_of(job.run, job.cfg, checkpoint)

@@ -101,12 +101,12 @@ def start_from(init: InitConfig | None, trainer: Any, run_dir: Path) -> Any:
 
     A run whose ``checkpoints/latest`` holds a checkpoint is a relaunch: it resumes from its own newest checkpoint and
     the source is not read again (it may be gone by then). A source that does not fit raises, before anything of the
-    run is written. The report (`ember.training.InitReport`) is written to ``RUN_DIR/init.json`` by the caller.
+    run is written. The report (`ember.checkpoint.InitReport`) is written to ``RUN_DIR/init.json`` by the caller.
     """
     latest = run_dir / "checkpoints" / "latest"
     if init is None or (latest.is_dir() and open_store(latest).latest() is not None):
         return None
-    from ember.training import init_from
+    from ember.checkpoint import init_from
 
     state, report = init_from(
         trainer.state.train_state,

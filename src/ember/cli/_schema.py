@@ -174,7 +174,7 @@ class HandlersConfig:
 
 @dataclass
 class InitConfig:
-    """Start the run from another run's weights (``ember.training.init_from``), at its first launch only.
+    """Start the run from another run's weights (``ember.checkpoint.init_from``), at its first launch only.
 
     A relaunch resumes from the run's own newest checkpoint, never from the source again.
     """

@@ -3,7 +3,6 @@
 from ember.training._devices.placement import DataParallel, Placement, Pmap, SingleDevice, default_placement
 from ember.training._devices.plan import MemoryPlan
 from ember.training._devices.sharded import Sharded, fsdp
-from ember.training._init_from import InitReport, init_from
 from ember.training._lr_finder import LRFinderResult, lr_find
 from ember.training._step.ema import ema, ema_params
 from ember.training._step.guard import StepGuard
@@ -21,7 +20,6 @@ __all__ = [
     "BoundModel",
     "DataParallel",
     "DynamicLossScale",
-    "InitReport",
     "LRFinderResult",
     "MemoryPlan",
     "Placement",
@@ -42,7 +40,6 @@ __all__ = [
     "ema",
     "ema_params",
     "fsdp",
-    "init_from",
     "lr_find",
     "make_eval_step",
     "make_train_step",

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 
+from ember._flat_tree import flatten_tree, unflatten_like
 from ember.data import DevicePrefetch
 from ember.engine import Engine, Events
 from ember.training._auto_prefetch import auto_prefetch
@@ -15,7 +16,6 @@ from ember.training._devices.padding import PaddedBatches
 from ember.training._devices.placement import Placement
 from ember.training._devices.plan import MemoryPlan, engine_max_batch, engine_plan
 from ember.training._feed import StepGroups
-from ember.training._flat_tree import flatten_tree, unflatten_like
 from ember.training._fused import FusedMetrics
 from ember.training._training_state import NOT_BUILT, TrainingState, build_state
 

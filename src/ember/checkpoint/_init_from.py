@@ -12,7 +12,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from ember.training._flat_tree import flatten_tree, unflatten_like
+from ember._flat_tree import flatten_tree, unflatten_like
 
 #: What ``take`` chooses of a train state, as the prefixes of its leaves' names.
 TAKES = {"params": ("params.",), "params_and_opt_state": ("params.", "opt_state."), "all": ("",)}
@@ -20,7 +20,7 @@ TAKES = {"params": ("params.",), "params_and_opt_state": ("params.", "opt_state.
 
 @dataclass
 class InitReport:
-    """What [`init_from`][ember.training.init_from] did: each leaf of the target loaded or left fresh, and why.
+    """What [`init_from`][ember.checkpoint.init_from] did: each leaf of the target loaded or left fresh, and why.
 
     Attributes:
         source: the file or checkpoint folder read.
@@ -31,7 +31,7 @@ class InitReport:
         unused: the source's leaves of what ``take`` covers that nothing in the target took (after ``rename``).
 
     Examples:
-        >>> from ember.training import InitReport
+        >>> from ember.checkpoint import InitReport
         >>> print(InitReport("w.msgpack", ["params.w"], {"params.b": "not in the source"}, ["step"], ["params.old"]))
         from w.msgpack: 1 loaded, 1 left fresh, 1 not taken, 1 unused in the source
           left fresh: params.b (not in the source)
@@ -84,11 +84,11 @@ def init_from(
     is (its sharding): a sharded target is restored onto its own devices, never gathered onto one first.
 
     Returns:
-        The new target (the input is not changed) and an [`InitReport`][ember.training.InitReport].
+        The new target (the input is not changed) and an [`InitReport`][ember.checkpoint.InitReport].
 
     Examples:
         >>> import tempfile, pathlib, numpy as np, flax.serialization
-        >>> from ember.training import init_from
+        >>> from ember.checkpoint import init_from
         >>> path = pathlib.Path(tempfile.mkdtemp()) / "w.msgpack"
         >>> weights = {"params": {"body": {"w": np.ones(2, np.float32)}, "head": {"w": np.ones(3, np.float32)}}}
         >>> _ = path.write_bytes(flax.serialization.msgpack_serialize(weights))
@@ -172,7 +172,7 @@ def _read(path: Path, checkpoint: str | int, name: str | None) -> tuple[dict[str
         raise FileNotFoundError(
             f"`source` {path} is neither a .msgpack or .safetensors file nor a folder of checkpoints or a run."
         )
-    from ember.checkpoint import open_store
+    from ember.checkpoint._orbax import open_store
 
     if (path / "manifest.json").is_file():  # one checkpoint
         store = open_store(path.parent)

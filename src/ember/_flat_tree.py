@@ -27,7 +27,7 @@ def flatten_tree(tree: Any) -> dict[str, Any]:
 
     Examples:
         >>> import jax, jax.numpy as jnp
-        >>> from ember.training._flat_tree import flatten_tree
+        >>> from ember._flat_tree import flatten_tree
         >>> flat = flatten_tree({"w": jnp.zeros(2), "rng": [jax.random.key(0)]})
         >>> {k: v.dtype.name for k, v in flat.items()}
         {'rng.0': 'uint32', 'w': 'float32'}
@@ -49,7 +49,7 @@ def unflatten_like(template: Any, flat: dict[str, Any]) -> Any:
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from ember.training._flat_tree import flatten_tree, unflatten_like
+        >>> from ember._flat_tree import flatten_tree, unflatten_like
         >>> tree = {"w": jnp.zeros(2)}
         >>> unflatten_like(tree, {"w": jnp.ones(2)})["w"].tolist()
         [1.0, 1.0]
