@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from ember import Engine, Events  # noqa: E402
-from ember.checkpoint import OrbaxStore  # noqa: E402
+from ember.checkpoint import OrbaxStore, init_from  # noqa: E402
 from ember.handlers import (  # noqa: E402
     Checkpoint,
     EarlyStopping,
@@ -42,7 +42,6 @@ from ember.training import (  # noqa: E402
     ema,
     ema_params,
     fsdp,
-    init_from,
     lr_find,
     scale_by_plateau,
 )
