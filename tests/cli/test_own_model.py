@@ -61,6 +61,7 @@ def models(tmp_path, monkeypatch):
     """``mymodels.py`` in a folder of its own, beside a config naming its NNX module; the folder."""
     (tmp_path / "mymodels.py").write_text(NNX_MODELS)
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.delitem(sys.modules, "mymodels", raising=False)  # another test's module of that name, imported before
     yield tmp_path
     sys.modules.pop("mymodels", None)
 
