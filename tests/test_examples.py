@@ -24,6 +24,7 @@ CHECKED = {
     "flax_nnx_mnist.py",
     "grain_from_disk.py",
     "survive_at_scale.py",
+    "fine_tune.py",
 }
 
 
@@ -175,3 +176,20 @@ def test_the_run_that_survives_rolls_back_twice_and_resumes_from_either_tier():
         r"goodput: \d+\.\d% of \d+\.\d s \(productive training steps over the wall time of every run\)", lines[4]
     )
     assert lines[5:] == ["relaunched: from iteration 24, fast tier", "fast tier wiped: from iteration 24, durable tier"]
+
+
+def test_fine_tune_takes_the_body_leaves_the_new_head_fresh_and_learns_the_new_digits():
+    """The second run's first lines are init_from's report; both ways to learn digits 5-9 end above 85%."""
+    lines = _output("fine_tune.py").splitlines()
+    first = r"from .*/step_00000190: 2 loaded, 2 left fresh, 12 not taken, 2 unused in the source"
+    assert re.fullmatch(first, lines[0]), lines[0]
+    assert lines[1:5] == [
+        "  left fresh: params.head.bias (fresh: params.head)",
+        "  left fresh: params.head.kernel (fresh: params.head)",
+        "  unused: params.head.bias",
+        "  unused: params.head.kernel",
+    ]
+    found = re.fullmatch(r"digits 5-9 after 20 steps on 100 examples: fine-tuned (\S+), from scratch (\S+)", lines[5])
+    assert len(lines) == 6, lines
+    assert found is not None, lines[5]
+    assert min(float(found[1]), float(found[2])) > 0.85, lines[5]

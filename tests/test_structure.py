@@ -16,7 +16,6 @@ LONG_MODULES: set[str] = set()
 #: epoch loop (one frame on the hot path, kept whole for speed), Ignite's two long signatures' bodies
 LONG_FUNCTIONS = {
     "engine/_loop.py:_run_epoch",
-    "handlers/_checkpointing/loading.py:load_objects",
     "handlers/_common.py:setup_common_training_handlers",
 }
 #: classes of ember's that inherit more than one class of ember's: none (issue 46 composed the engine and the metrics)

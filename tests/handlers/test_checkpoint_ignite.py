@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from ember import Engine, Events
+from ember.checkpoint import open_store
 from ember.handlers import Checkpoint, CheckpointEvents
 from ember.training import TrainState, create_trainer
 from tests.slow_writes import held_checkpoint_writes
@@ -192,3 +193,75 @@ def test_a_second_checkpoint_into_the_folder_an_attached_one_writes_is_refused_a
     second.remove()
     again.attach(trainer)
     assert again.attach(Engine(lambda e, b: b)) is not None  # another engine: its own folders
+
+
+def _model(**params):
+    """A trainer over ``params`` (names to shapes), each filled with its position in the list plus one."""
+    filled = {name: jnp.full(shape, float(i + 1)) for i, (name, shape) in enumerate(params.items())}
+    return create_trainer(TrainState.create(lambda p, x: x, filled, optax.sgd(0.1)), lambda m, b: m(b).mean())
+
+
+def _pretrained(tmp_path, names=("trainer",)):
+    """A trainer with a body and an old head, saved under each of ``names``; the folder."""
+    source = _model(body=(3,), old_head=(2,))
+    source.state.train_state = source.state.train_state.replace(
+        params={"body": jnp.full(3, 7.0), "old_head": jnp.full(2, 9.0)}
+    )
+    Checkpoint(dict.fromkeys(names, source), tmp_path, background=False).save_now(source)
+    return tmp_path
+
+
+STRICT_FALSE_WARNING = (
+    "load_objects(strict=False): 'trainer' keeps 1 of its arrays as they were, not in the checkpoint "
+    "(params.new_head), and 1 of the checkpoint's are not in 'trainer' (params.old_head)."
+)
+
+
+@pytest.mark.parametrize("source", ["store", "dict"])
+def test_strict_false_loads_the_shared_arrays_keeps_the_rest_and_warns_of_both(tmp_path, source):
+    """Ignite's ``load_objects(..., strict=False)`` (transfer learning): what both have is loaded, the rest named."""
+    folder = _pretrained(tmp_path)
+    checkpoint = folder if source == "store" else _as_dict(folder)
+    target = _model(body=(3,), new_head=(4,))
+    strict = {
+        "store": "missing from the checkpoint: trainer/params.new_head\n  not in the target: trainer/params.old_head",
+        "dict": "missing: params.new_head; not in trainer: params.old_head",
+    }
+    with pytest.raises(ValueError, match=re.escape(strict[source])):
+        Checkpoint.load_objects({"trainer": target}, checkpoint)  # strict by default, as Ignite
+    assert target.state.train_state.params["body"].tolist() == [1.0, 1.0, 1.0]  # the refusal changed nothing
+    with pytest.warns(UserWarning, match=re.escape(STRICT_FALSE_WARNING)):
+        Checkpoint.load_objects({"trainer": target}, checkpoint, strict=False)
+    params = target.state.train_state.params
+    assert (params["body"].tolist(), params["new_head"].tolist()) == ([7.0] * 3, [2.0] * 4)
+
+
+def _as_dict(folder):
+    """The checkpoint in ``folder`` as a save handler of yours would have received it (Ignite's in-memory dict)."""
+    trees, info = open_store(folder).restore()
+    states = info.manifest["metadata"]["state_dicts"]
+    return {name: {"state_dict": states[name], "tree_state_dict": tree} for name, tree in trees.items()}
+
+
+@pytest.mark.parametrize("source", ["store", "dict"])
+def test_strict_false_still_refuses_another_shape_and_changes_nothing(tmp_path, source):
+    """As torch's ``load_state_dict(strict=False)``: a size mismatch is an error; no object of ``to_load`` changes."""
+    folder = _pretrained(tmp_path, ("trainer", "other"))
+    checkpoint = folder if source == "store" else _as_dict(folder)
+    target, other = _model(body=(5,), old_head=(2,)), _model(body=(3,), old_head=(2,))
+    other_params = dict(other.state.train_state.params)
+    where = "The checkpoint 'step_00000000'" if source == "store" else "`checkpoint['trainer']['tree_state_dict']`"
+    message = f"{where} does not fit trainer: params.body: the checkpoint has float32[3], trainer float32[5]"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Checkpoint.load_objects({"other": other, "trainer": target}, checkpoint, strict=False)
+    assert target.state.train_state.params["body"].tolist() == [1.0] * 5
+    assert other.state.train_state.params == other_params  # it fits, but is not loaded either
+
+
+def test_strict_false_still_needs_every_object_of_to_load_in_the_checkpoint(tmp_path):
+    """Ignite's ``strict`` goes to each object's ``load_state_dict``; a key of ``to_load`` missing is still an error."""
+    folder = _pretrained(tmp_path)
+    with pytest.raises(ValueError, match=re.escape("The checkpoint 'step_00000000' holds no arrays for 'third'.")):
+        Checkpoint.load_objects({"third": _model(body=(3,)), "trainer": _model(body=(3,))}, folder, strict=False)
+    with pytest.raises(TypeError, match=re.escape("`strict` must be True or False, got 'no'.")):
+        Checkpoint.load_objects({"trainer": _model(body=(3,))}, folder, strict="no")  # type: ignore[arg-type]

@@ -429,11 +429,14 @@ class Checkpoint:
     def load_objects(
         to_load: Mapping[str, Any],
         checkpoint: CheckpointInfo | Store | Mapping[str, Any] | str | os.PathLike[str],
+        *,
+        strict: bool = True,
     ) -> CheckpointInfo | None:
         """Ignite's ``Checkpoint.load_objects``: from a checkpoint's folder, a folder (its latest), or a dict.
 
         A dict is what a save handler of yours received (a single object's state as it is, as Ignite's); ``None`` is
         returned for it, the checkpoint's info otherwise ([`load_objects`][ember.handlers.load_objects]).
+        ``strict=False`` (Ignite's) loads what the checkpoint and the objects share, and warns of the rest.
 
         Examples:
             >>> import tempfile
@@ -448,7 +451,7 @@ class Checkpoint:
             >>> fresh.state.iteration
             1
         """
-        return load_objects(to_load, checkpoint)
+        return load_objects(to_load, checkpoint, strict=strict)
 
     def attach(
         self, engine: Engine, event: Events | FilteredEvent | EventsList = Events.EPOCH_COMPLETED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, overload
@@ -28,7 +29,9 @@ def kind_of(name: str, obj: Any) -> str:
 
 
 @overload
-def load_objects(to_load: Mapping[str, Any], checkpoint: Mapping[str, Any], *, store: Store | None = None) -> None: ...
+def load_objects(
+    to_load: Mapping[str, Any], checkpoint: Mapping[str, Any], *, store: Store | None = None, strict: bool = True
+) -> None: ...
 
 
 @overload
@@ -37,6 +40,7 @@ def load_objects(
     checkpoint: CheckpointInfo | Store | str | os.PathLike[str],
     *,
     store: Store | None = None,
+    strict: bool = True,
 ) -> CheckpointInfo: ...
 
 
@@ -45,6 +49,7 @@ def load_objects(
     checkpoint: CheckpointInfo | Store | Mapping[str, Any] | str | os.PathLike[str],
     *,
     store: Store | None = None,
+    strict: bool = True,
 ) -> CheckpointInfo | None:
     """Restore ``to_load`` in place from one checkpoint's folder, a store (its latest valid one), or a dict.
 
@@ -60,6 +65,13 @@ def load_objects(
     A dict is a checkpoint as a save handler of yours received it (Ignite's in-memory ``load_objects``): each
     object's state dict by name, a trainer's as ``{"state_dict": ..., "tree_state_dict": {path: array}}``; with a
     single object in ``to_load``, the dict may be that object's state itself. ``None`` is returned for it.
+
+    ``strict=False`` is Ignite's (its ``load_state_dict(strict=False)``, for transfer learning): an array of a trainer
+    that the checkpoint lacks keeps its current value, and an array of the checkpoint that the trainer lacks is left
+    unread; a ``UserWarning`` names both. An array whose shape or dtype differs is still refused, as is an object of
+    ``to_load`` the checkpoint holds nothing for. Such a load reads the checkpoint into host memory first (the current
+    arrays are kept for what it lacks). To choose what to take, rename or leave layers fresh, use
+    [`init_from`][ember.checkpoint.init_from].
 
     Examples:
         >>> import tempfile
@@ -79,8 +91,10 @@ def load_objects(
             f"load_objects: {running} is running; load a checkpoint before run() (or after it returns), not from "
             "one of its handlers."
         )
+    if not isinstance(strict, bool):
+        raise TypeError(f"`strict` must be True or False, got {strict!r}.")
     if isinstance(checkpoint, Mapping):
-        _load_from_dict(to_load, checkpoint)
+        _load_from_dict(to_load, checkpoint, strict)
         return None
     if isinstance(checkpoint, str | os.PathLike):
         settle_writes_into(Path(checkpoint))  # a checkpoint of this process still being written: its files first
@@ -96,6 +110,28 @@ def load_objects(
         if info is None:
             raise FileNotFoundError(f"No valid checkpoint in {store.root} to load from.")
     live = {name: obj.tree_state_dict() for name, obj in to_load.items() if kinds[name] == "tree"}
+    if strict:
+        trees, info = _restore_in_place(store, info, live)
+    else:  # read to the host, then matched path by path
+        saved, info = store.restore(None, info)
+        where = f"The checkpoint {info.path.name!r}"
+        trees = {name: _fitted(name, saved.get(name), tree, False, where) for name, tree in live.items()}
+    states = info.manifest.get("metadata", {}).get("state_dicts", {})
+    missing = [name for name, obj in to_load.items() if isinstance(obj, Stateful) and name not in states]
+    if missing:
+        raise ValueError(f"The checkpoint {info.path.name!r} holds no state for {missing}; it holds {sorted(states)}.")
+    for name, obj in to_load.items():
+        if isinstance(obj, Stateful):
+            obj.load_state_dict(states[name])
+        if isinstance(obj, TreeStateful):
+            obj.load_tree_state_dict(trees[name])
+    return info
+
+
+def _restore_in_place(
+    store: Store, info: CheckpointInfo, live: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any], CheckpointInfo]:
+    """``info``'s trees restored into ``live``'s shapes and shardings, the live arrays freed once it checked out."""
     released = False
 
     def release() -> None:  # the checkpoint checked out: free the arrays it replaces before reading it
@@ -117,25 +153,17 @@ def load_objects(
                 f"room for it ({type(e).__name__}: {e}); build those objects again before using them."
             ) from e
         raise
-    states = info.manifest.get("metadata", {}).get("state_dicts", {})
-    missing = [name for name, obj in to_load.items() if isinstance(obj, Stateful) and name not in states]
-    if missing:
-        raise ValueError(f"The checkpoint {info.path.name!r} holds no state for {missing}; it holds {sorted(states)}.")
-    for name, obj in to_load.items():
-        if isinstance(obj, Stateful):
-            obj.load_state_dict(states[name])
-        if isinstance(obj, TreeStateful):
-            obj.load_tree_state_dict(trees[name])
-    return info
+    return trees, info
 
 
-def _load_from_dict(to_load: Mapping[str, Any], checkpoint: Mapping[str, Any]) -> None:
+def _load_from_dict(to_load: Mapping[str, Any], checkpoint: Mapping[str, Any], strict: bool) -> None:
     """Restore from a checkpoint dict, every entry checked before any object changes."""
     if len(to_load) == 1 and next(iter(to_load)) not in checkpoint:
         checkpoint = {next(iter(to_load)): checkpoint}  # a single object's state, as Ignite saves it
     missing = sorted(set(to_load) - set(checkpoint))
     if missing:
         raise ValueError(f"The checkpoint holds no state for {missing}; it holds {sorted(checkpoint)}.")
+    trees = {}
     for name, obj in to_load.items():
         entry = checkpoint[name]
         if isinstance(obj, TreeStateful):
@@ -143,21 +171,30 @@ def _load_from_dict(to_load: Mapping[str, Any], checkpoint: Mapping[str, Any]) -
             if not isinstance(entry, Mapping) or any(k not in entry for k in needed):
                 got = sorted(entry) if isinstance(entry, Mapping) else type(entry).__name__
                 raise ValueError(f"`checkpoint[{name!r}]` must hold {needed} (a trainer's entry); it holds {got}.")
-            _check_fits(name, entry["tree_state_dict"], obj.tree_state_dict())
+            where = f"`checkpoint[{name!r}]['tree_state_dict']`"
+            trees[name] = _fitted(name, entry["tree_state_dict"], obj.tree_state_dict(), strict, where)
     for name, obj in to_load.items():
         entry = checkpoint[name]
         if isinstance(obj, TreeStateful):
             if isinstance(obj, Stateful):
                 obj.load_state_dict(entry["state_dict"])
-            obj.load_tree_state_dict(dict(entry["tree_state_dict"]))
+            obj.load_tree_state_dict(trees[name])
         elif isinstance(obj, Stateful):
             obj.load_state_dict(entry)
 
 
-def _check_fits(name: str, saved: Mapping[str, Any], live: Mapping[str, Any]) -> None:
-    """Raise ``ValueError`` naming every path, shape and dtype where ``saved`` differs from ``live``."""
-    problems = [f"missing: {p}" for p in sorted(set(live) - set(saved))]
-    problems += [f"not in {name}: {p}" for p in sorted(set(saved) - set(live))]
+def _fitted(
+    name: str, saved: Mapping[str, Any] | None, live: Mapping[str, Any], strict: bool, where: str
+) -> dict[str, Any]:
+    """``saved`` checked against ``live``; with ``strict=False``, ``live``'s leaves where ``saved`` lacks them.
+
+    Raises ``ValueError`` naming every path, shape and dtype that differs (and, when ``strict``, every path one of them
+    lacks); without ``strict`` a ``UserWarning`` names the paths kept as they were and those left unread.
+    """
+    if saved is None:
+        raise ValueError(f"{where} holds no arrays for {name!r}.")
+    missing, unexpected = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
+    problems = [f"missing: {p}" for p in missing] + [f"not in {name}: {p}" for p in unexpected] if strict else []
     for path in sorted(set(saved) & set(live)):
         want, got = live[path], saved[path]
         if hasattr(want, "shape") and (np.shape(got) != tuple(want.shape) or np.result_type(got) != want.dtype):
@@ -166,7 +203,22 @@ def _check_fits(name: str, saved: Mapping[str, Any], live: Mapping[str, Any]) ->
                 f"{name} {np.dtype(want.dtype)}{list(want.shape)}"
             )
     if problems:
-        raise ValueError(f"`checkpoint[{name!r}]['tree_state_dict']` does not fit {name}: " + "; ".join(problems[:20]))
+        raise ValueError(f"{where} does not fit {name}: " + "; ".join(problems[:20]))
+    if missing or unexpected:
+        warnings.warn(
+            f"load_objects(strict=False): {name!r} keeps {len(missing)} of its arrays as they were, not in the "
+            f"checkpoint {_few(missing)}, and {len(unexpected)} of the checkpoint's are not in {name!r} "
+            f"{_few(unexpected)}.",
+            UserWarning,
+            stacklevel=4,
+        )
+    return {path: saved.get(path, leaf) for path, leaf in live.items()}
+
+
+def _few(paths: list[str]) -> str:
+    """``(a, b, c, ... and 5 more)``: the first paths of a list, for a warning of one line."""
+    shown = ", ".join(paths[:6]) + (f", ... and {len(paths) - 6} more" if len(paths) > 6 else "")
+    return f"({shown})" if paths else ""
 
 
 def abstract(tree: dict[str, Any]) -> dict[str, Any]:
