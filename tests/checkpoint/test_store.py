@@ -236,7 +236,7 @@ def test_only_abandoned_temporaries_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from ember.checkpoint._atomic import STALE_AFTER, owner, temporary_name
+    from ember._atomic_file import STALE_AFTER, owner, temporary_name
 
     host = owner().split(".")[0]
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

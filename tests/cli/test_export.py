@@ -1,10 +1,12 @@
 """``ember export``: a run's weights in a file read back without ember, equal to the checkpoint's, bit for bit."""
 
 import errno
+import os
 import re
 import sys
 
 import numpy as np
+import optax
 import pytest
 from flax import serialization
 
@@ -115,7 +117,10 @@ def test_the_command_in_a_fresh_process_writes_a_relative_output_where_it_runs(m
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["{out}.txt"], "OUTPUT must end in .msgpack or .safetensors (the format), got '{out}.txt'."),
+        (
+            ["{out}.txt"],
+            "OUTPUT must end in .msgpack or .safetensors, or --format orbax name a folder; got '{out}.txt'.",
+        ),
         (["{out}/missing/w.msgpack"], "OUTPUT's folder {out}/missing does not exist."),
         (["{folder}.msgpack"], "OUTPUT {folder}.msgpack is a folder; name the file to write."),
         (["{out}.msgpack", "--checkpoint", "7"], "{run} holds no checkpoint of step 7; it holds steps [22]."),
@@ -166,3 +171,73 @@ def test_overrides_change_the_model_built_and_a_checkpoint_that_does_not_fit_it_
     assert err.startswith("ember: error: The checkpoint does not fit the target (9 differences):\n"), err
     assert "  trainer/params.Dense_0.kernel: the checkpoint has float32[64, 128], the target float32[64, 64]\n" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_orbax_export_is_read_back_by_orbax_alone_and_starts_another_run(mlp_run, tmp_path, capsys):
+    """--format orbax: an Orbax checkpoint folder of {"params": ...}; init_from takes it as it takes the run."""
+    import orbax.checkpoint as ocp
+
+    from ember.checkpoint import init_from
+    from ember.training import TrainState
+
+    out = tmp_path / "weights"
+    assert main(["export", str(mlp_run), str(out), "--format", "orbax"]) == 0
+    assert capsys.readouterr().out == f"step_00000022 (iteration 22): 4 arrays, 9,610 values -> {out}\n"
+    saved, _ = stored(mlp_run)
+    with ocp.StandardCheckpointer() as checkpointer:
+        weights = checkpointer.restore(out)
+    for layer in ("Dense_0", "Dense_1"):
+        np.testing.assert_array_equal(weights["params"][layer]["kernel"], saved[f"params.{layer}.kernel"])
+    state, report = init_from(TrainState.from_linen(MLP(), np.zeros((1, 8, 8, 1), np.float32), optax.sgd(0.1)), out)
+    assert (report.source, len(report.loaded), report.fresh, report.unused) == (str(out), 4, {}, [])
+    np.testing.assert_array_equal(np.asarray(state.params["Dense_1"]["bias"]), saved["params.Dense_1.bias"])
+    assert main(["export", str(mlp_run), str(out), "--format", "orbax"]) == 2  # never over a folder that exists
+    assert capsys.readouterr().err == (
+        f"ember: error: OUTPUT {out} exists; an Orbax export writes a new folder: name another.\n"
+    )
+
+
+KILLED_EXPORT = """
+import sys, time
+import ember._atomic_file as atomic
+
+def paused(fd):  # the whole file written, not yet made durable nor renamed: where a SIGKILL hurts most
+    open(sys.argv[3], "w").close()
+    time.sleep(120)
+
+atomic.os.fsync = paused
+from ember.cli import main
+main(["export", sys.argv[1], sys.argv[2]])
+"""
+
+
+def test_a_sigkill_during_the_write_leaves_the_old_file_and_the_next_export_clears_what_it_left(mlp_run, tmp_path):
+    """A SIGKILL between the write and the rename: the earlier export stays whole; its temporary goes at the next."""
+    import signal
+    import subprocess
+    import time
+
+    from ember.cli._checkpoint_contents import export_weights
+    from tests.subprocesses import PYTHONPATH, end_group
+
+    out, marker = tmp_path / "w.msgpack", tmp_path / "writing"
+    export_weights(mlp_run, out, checkpoint="best")
+    before = out.read_bytes()
+    args = [sys.executable, "-c", KILLED_EXPORT, str(mlp_run), str(out), str(marker)]
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
+    with subprocess.Popen(args, env=env, start_new_session=True, stderr=subprocess.PIPE) as proc:
+        try:
+            deadline = time.monotonic() + 180
+            while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert marker.exists(), proc.stderr.read() if proc.poll() is not None else "no write within 180 s"
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(timeout=30) == -signal.SIGKILL
+        finally:
+            end_group(proc.pid)
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-w.msgpack-"))
+    assert len(left) == 1, sorted(p.name for p in tmp_path.iterdir())
+    assert out.read_bytes() == before
+    export_weights(mlp_run, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.msgpack", "writing"]
+    assert serialization.msgpack_restore(out.read_bytes())["params"]["Dense_1"]["bias"].shape == (10,)

@@ -207,3 +207,25 @@ def test_a_checkpoint_missing_a_file_is_refused_and_a_relative_source_is_read(ml
         init_from(new_state(10), "run")
     with pytest.raises(ValueError, match=re.escape("state.msgpack")):
         init_from(new_state(10), info.path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "metadata deleted"])
+def test_an_orbax_checkpoint_cut_short_is_refused_naming_it(tmp_path, damage):
+    """A checkpoint Orbax wrote itself (as ``ember export --format orbax`` does): read whole, or refused."""
+    import orbax.checkpoint as ocp
+
+    weights = {"params": {"w": np.arange(1000, dtype=np.float32)}}
+    path = tmp_path / "w"
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(path, weights)
+        checkpointer.wait_until_finished()
+    target = {"params": {"w": np.zeros(1000, np.float32)}}
+    tree, report = init_from(target, path)
+    assert (tree["params"]["w"].tolist(), report.loaded) == (list(range(1000)), ["params.w"])
+    if damage == "truncated":
+        data = max((path / "ocdbt.process_0" / "d").iterdir(), key=lambda p: p.stat().st_size)
+        data.write_bytes(data.read_bytes()[:100])
+    else:
+        (path / "_METADATA").unlink()
+    with pytest.raises(ValueError, match=re.escape(f"{path} is not a whole Orbax checkpoint of arrays (")):
+        init_from(target, path)

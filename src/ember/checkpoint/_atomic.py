@@ -7,41 +7,12 @@ each checkpoint either as it was or as it is meant to be, never half of one.
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from ember._atomic_file import TMP_PREFIX, fsync_path, owner, running, temporary_name
+from ember._atomic_file import fsync_path, temporary_name
 
 REPLACING_SUFFIX = ".replacing"  # a checkpoint committed beside the one of the same name it replaces
-
-#: A temporary folder of another machine is taken for abandoned once it is this many seconds old.
-STALE_AFTER = 24 * 3600.0
-
-
-def abandoned(root: Path) -> Iterator[Path]:
-    """The temporary folders in ``root`` that no live writer will finish: safe to remove.
-
-    A temporary's name ends with its owner and a random part (``.tmp-step_00000004-host.4242-1a2b3c4d``). It is
-    abandoned when its owner is a process of this machine that no longer runs, when it names no owner (written
-    before owners were named), or when it is older than `STALE_AFTER` (its owner on another machine). A write in
-    flight, in this process, in another store object or in another process, is never touched.
-    """
-    here = owner().split(".")[0]
-    for path in root.glob(f"{TMP_PREFIX}*"):
-        found = re.search(r"-([A-Za-z0-9_]+)\.(\d+)-[0-9a-f]+$", path.name)
-        if found is None:
-            yield path
-            continue
-        host, pid = found.group(1), int(found.group(2))
-        try:
-            old = time.time() - path.stat().st_mtime > STALE_AFTER
-        except FileNotFoundError:
-            continue  # gone already: its writer committed or removed it
-        if old or (host == here and not running(pid)):
-            yield path
 
 
 def temporary_dir(root: Path, name: str) -> Path:

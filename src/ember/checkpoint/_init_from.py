@@ -69,9 +69,11 @@ def init_from(
 
     ``source`` is a run folder of ``ember train`` (its ``checkpoints/latest``; ``checkpoint="best"`` or a step picks
     another), a folder of checkpoints (its latest valid one, or ``checkpoint``'s step), one checkpoint's folder (an
-    ember or an Orbax store's), or a file ``ember export`` writes: ``.msgpack`` (``flax.serialization``) or
-    ``.safetensors``. A checkpoint is verified against its checksums as a resume verifies it. A checkpoint of several
-    objects is read from its ``"trainer"``, or from the one ``name`` names.
+    ember or an Orbax store's), an Orbax checkpoint of Orbax's own (``ember export --format orbax`` writes one), or a
+    file ``ember export`` writes: ``.msgpack`` (``flax.serialization``) or ``.safetensors``. A checkpoint is
+    verified against its checksums as a resume verifies it; a file or an Orbax checkpoint of Orbax's own has none (one
+    cut short is refused, bytes changed inside an array are not seen). A checkpoint of several objects is read from
+    its ``"trainer"``, or from the one ``name`` names.
 
     Leaves are matched by their names, as ``ember inspect`` shows them (``params.Dense_0.kernel``; an NNX module's
     ``.value`` left out on both sides). ``take`` chooses what of a train state is taken: ``"params"`` (the
@@ -174,6 +176,8 @@ def _read(path: Path, checkpoint: str | int, name: str | None) -> tuple[dict[str
         )
     from ember.checkpoint._orbax import open_store
 
+    if not (path / "manifest.json").is_file() and (path / "_CHECKPOINT_METADATA").is_file():
+        return _read_orbax(path), str(path)  # one checkpoint written by Orbax itself (``ember export --format orbax``)
     if (path / "manifest.json").is_file():  # one checkpoint
         store = open_store(path.parent)
         info = store.verify(path, full=True)
@@ -206,6 +210,25 @@ def _read_file(path: Path) -> dict[str, Any]:
     if not isinstance(restored, dict):
         raise ValueError(f"{path} holds a {type(restored).__name__}, not a dict of arrays.")
     return traverse_util.flatten_dict(restored, sep=".")
+
+
+def _read_orbax(path: Path) -> dict[str, Any]:
+    """An Orbax checkpoint's arrays by name, on the host; one Orbax cannot read (truncated, altered) named."""
+    from ember._extras import require
+
+    ocp = require(
+        "orbax.checkpoint", feature="init_from an Orbax checkpoint", package="orbax-checkpoint", extra="orbax"
+    )
+    from flax import traverse_util
+
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            restored = checkpointer.restore(path.resolve())
+    except Exception as e:  # Orbax's and TensorStore's own errors for a checkpoint cut short or changed
+        raise ValueError(f"{path} is not a whole Orbax checkpoint of arrays ({type(e).__name__}: {e}).") from e
+    if not isinstance(restored, dict):
+        raise ValueError(f"{path} holds a {type(restored).__name__}, not a dict of arrays.")
+    return {name: np.asarray(leaf) for name, leaf in traverse_util.flatten_dict(restored, sep=".").items()}
 
 
 def _store_folder(path: Path, checkpoint: str | int) -> Path:

@@ -20,7 +20,8 @@ from typing import Any
 
 import jax
 
-from ember.checkpoint._atomic import abandoned, commit
+from ember._atomic_file import abandoned
+from ember.checkpoint._atomic import commit
 from ember.checkpoint._contract import Draft, Format
 from ember.checkpoint._folder import CheckpointFolder
 from ember.checkpoint._format import check_gatherable, lower_thread_priority

@@ -153,8 +153,8 @@ def _prod(shape: list[int]) -> int:
     return out
 
 
-#: The formats, by the output's suffix: what each is.
-FORMATS = {".msgpack": "Flax's msgpack (flax.serialization)", ".safetensors": "safetensors (Hugging Face's)"}
+#: The formats by name, and the suffix that picks each (Orbax's is a folder: ``--format orbax`` picks it).
+FORMATS = {"msgpack": ".msgpack", "safetensors": ".safetensors", "orbax": None}
 
 #: What ``--take`` may choose: the train state's parts each takes.
 TAKES = {"params": ("params",), "model": ("params", "model_state")}
@@ -166,42 +166,52 @@ def export_weights(
     checkpoint: str = "latest",
     take: str = "params",
     overrides: Sequence[str] = (),
+    format: str | None = None,
 ) -> str:
     """Write the weights of a run's checkpoint to ``output``; return the line ``ember export`` prints.
 
     The run's ``config.yaml`` builds its model, and the checkpoint (``latest``, ``best`` or a step, as ``ember eval``
     names them) is restored into it and checked as a resume checks it. ``take="params"`` writes the parameters;
     ``"model"`` adds the model's state (batch statistics, an NNX module's RNG streams), all a forward pass needs.
-    The format is the suffix of ``output``: ``.msgpack`` (``flax.serialization.msgpack_restore`` reads it back as
-    nested dicts, ``{"params": {...}}``, what a linen module's ``apply`` takes) or ``.safetensors`` (flat keys named as
-    ``ember inspect`` names them, ``params.Dense_0.kernel``; the optional ``safetensors`` package, in the ``export``
-    extra). The file is written whole or not at all (a temporary file, fsynced, renamed over ``output``).
+    The format is ``format``, else the suffix of ``output``: ``.msgpack`` (``flax.serialization.msgpack_restore``
+    reads it back as nested dicts, ``{"params": {...}}``, what a linen module's ``apply`` takes), ``.safetensors``
+    (flat keys named as ``ember inspect`` names them, ``params.Dense_0.kernel``; the optional ``safetensors``
+    package, in the ``export`` extra), or ``format="orbax"``: an Orbax checkpoint folder of the same nested dicts
+    (``orbax.checkpoint.StandardCheckpointer().restore(output)`` reads it). A file is written whole or not at all (a
+    temporary file, fsynced, renamed over ``output``); an Orbax folder is committed by Orbax, and never over one that
+    exists.
 
     Examples:
         >>> import tempfile
         >>> from ember.cli._checkpoint_contents import export_weights
         >>> export_weights(tempfile.mkdtemp(), "weights.txt")
         Traceback (most recent call last):
-        ValueError: OUTPUT must end in .msgpack or .safetensors (the format), got 'weights.txt'.
+        ValueError: OUTPUT must end in .msgpack or .safetensors, or --format orbax name a folder; got 'weights.txt'.
     """
     target = Path(output)
-    if target.suffix not in FORMATS:
-        raise ValueError(f"OUTPUT must end in {' or '.join(FORMATS)} (the format), got {str(output)!r}.")
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"`--format` must be one of {sorted(FORMATS)}, got {format!r}.")
+    kind = format or next((k for k, suffix in FORMATS.items() if suffix == target.suffix), None)
+    if kind is None:
+        raise ValueError(
+            f"OUTPUT must end in .msgpack or .safetensors, or --format orbax name a folder; got {str(output)!r}."
+        )
     if take not in TAKES:
         raise ValueError(f"`--take` must be one of {sorted(TAKES)}, got {take!r}.")
-    if target.suffix == ".safetensors":
-        from ember._extras import require
+    from ember._extras import require
 
+    if kind == "safetensors":
         require("safetensors.numpy", feature="ember export to .safetensors", package="safetensors", extra="export")
-    if target.is_dir():
+    if kind == "orbax":
+        require("orbax.checkpoint", feature="ember export --format orbax", package="orbax-checkpoint", extra="orbax")
+        if os.path.lexists(target):
+            raise ValueError(f"OUTPUT {target} exists; an Orbax export writes a new folder: name another.")
+    elif target.is_dir():
         raise ValueError(f"OUTPUT {target} is a folder; name the file to write.")
     if not target.parent.is_dir():
         raise FileNotFoundError(f"OUTPUT's folder {target.parent} does not exist.")
-    from ember._atomic_file import replace_file
-
     flat, info = _restored(run_dir, checkpoint, take, overrides)
-    data = _encoded(flat, target.suffix)
-    replace_file(target.parent, target.name, data)
+    _write(flat, kind, target)
     values = sum(int(np.size(v)) for v in flat.values())
     return f"{info.path.name} (iteration {info.step}): {len(flat)} arrays, {values:,} values -> {target}"
 
@@ -230,13 +240,23 @@ def _pure(tree: Any) -> Any:
     return nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
 
 
-def _encoded(flat: dict[str, np.ndarray], suffix: str) -> bytes:
-    """``flat`` as the bytes of the format ``suffix`` names (msgpack: nested dicts by the names' dotted parts)."""
-    if suffix == ".safetensors":
-        from safetensors.numpy import save
-
-        return save({name: np.ascontiguousarray(leaf) for name, leaf in flat.items()})
+def _write(flat: dict[str, np.ndarray], kind: str, target: Path) -> None:
+    """``flat`` written to ``target`` as ``kind`` says (msgpack and Orbax: nested dicts by the names' dotted parts)."""
     from flax import serialization, traverse_util
 
+    from ember._atomic_file import replace_file
+
+    if kind == "safetensors":
+        from safetensors.numpy import save
+
+        replace_file(target.parent, target.name, save({name: np.ascontiguousarray(a) for name, a in flat.items()}))
+        return
     nested = traverse_util.unflatten_dict({tuple(name.split(".")): leaf for name, leaf in flat.items()})
-    return serialization.msgpack_serialize(nested)
+    if kind == "msgpack":
+        replace_file(target.parent, target.name, serialization.msgpack_serialize(nested))
+        return
+    import orbax.checkpoint as ocp
+
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(target.resolve(), nested)
+        checkpointer.wait_until_finished()

@@ -173,10 +173,13 @@ def _add_run_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 def _add_reading_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     """The subcommands that read a run's checkpoints and records: export, inspect, goodput, plot."""
     p_export = sub.add_parser(
-        "export", parents=[common], help="write the weights of a checkpoint of RUN_DIR to a .msgpack or .safetensors"
+        "export", parents=[common], help="write the weights of a checkpoint of RUN_DIR: msgpack, safetensors, orbax"
     )
     p_export.add_argument("run_dir")
     p_export.add_argument("output", help="the file: .msgpack (Flax's) or .safetensors (its extension picks)")
+    p_export.add_argument(
+        "--format", choices=("msgpack", "safetensors", "orbax"), help="the format (default: OUTPUT's extension)"
+    )
     p_export.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="changes to the run's config")
     p_export.add_argument("--checkpoint", default="latest", help="latest (default), best, or a step")
     p_export.add_argument(
@@ -331,7 +334,7 @@ def _export(args: argparse.Namespace) -> str:
     bad = [item for item in args.overrides if "=" not in item]
     if bad:
         raise ConfigError(f"ember export takes RUN_DIR OUTPUT then KEY=VALUE overrides; {bad[0]!r} is not one.")
-    return export_weights(args.run_dir, args.output, args.checkpoint, args.take, args.overrides)
+    return export_weights(args.run_dir, args.output, args.checkpoint, args.take, args.overrides, args.format)
 
 
 def _goodput(args: argparse.Namespace) -> str:
