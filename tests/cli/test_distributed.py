@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,15 +134,23 @@ def test_two_processes_train_the_default_config_as_one_process_on_two_devices(tm
     assert f"{run}: this run is already complete; nothing to do." in output(run, 0)
 
 
-def test_a_killed_process_ends_the_other_with_status_75_and_the_relaunch_resumes(tmp_path):
-    """Process 1 SIGKILLed after the first epoch: process 0 exits 75 naming the checkpoint; both relaunched resume."""
-    run = tmp_path / "run"
-    args = ["handlers.progress=false", "trainer.max_epochs=3"]
+def test_a_killed_process_ends_the_other_with_status_75_and_the_relaunch_resumes(tmp_path, mlp_run):
+    """Process 1 SIGKILLed after the first epoch: process 0 exits 75 naming the checkpoint; both relaunched resume.
+
+    The run starts from another's weights (``init:``) on both processes; the relaunch resumes its own checkpoint
+    and reads the source no more (deleted before it).
+    """
+    run, source = tmp_path / "run", tmp_path / "source"
+    shutil.copytree(mlp_run, source)
+    args = ["handlers.progress=false", "trainer.max_epochs=3", "model.name=mlp", f"init.source={source}"]
     procs = start(run, args=args)
     message = kill_the_second_once(procs, run, lambda: bool(epoch_lines(output(run, 0))), "no epoch finished")
     assert "Relaunch every process." in message
+    assert f"Started from {source / 'checkpoints' / 'latest' / 'step_00000022'}: 4 loaded" in output(run, 0)
+    shutil.rmtree(source)
     assert finish(start(run, args=args)) == [0, 0], output(run, 0, "err")[-3000:]
     assert "Resuming " in output(run, 0)
+    assert "Started from" not in output(run, 0)
     assert "Done: 3 epochs, 66 iterations" in output(run, 0)
 
 

@@ -106,3 +106,25 @@ def test_init_options_with_other_values_and_the_checks_of_the_section(mlp_run, t
         load_config({"init": {"take": "params"}})
     with pytest.raises(ConfigError, match=r"^init\.checkpoint: expected one of 'latest', 'best' or an int, got 'x'\."):
         load_config({"init": {"source": "a", "checkpoint": "x"}})
+
+
+def test_a_relaunch_whose_checkpoints_are_only_in_the_fast_tier_resumes_them_without_the_source(
+    mlp_run, tmp_path, capsys
+):
+    """With ``fast_dir``, a launch killed before its first durable save left checkpoints in the fast tier only.
+
+    Its relaunch resumes from them and never reads the source again (deleted here): the run folder's tier is empty.
+    """
+    source, run, fast = tmp_path / "source", tmp_path / "tuned", tmp_path / "shm"
+    shutil.copytree(mlp_run, source)
+    args = [*STILL, f"init.source={source}", f"handlers.checkpoint.fast_dir={fast}"]
+    assert main(["train", *args, f"--output={run}"]) == 0
+    assert "Started from" in capsys.readouterr().out
+    for durable in (run / "checkpoints" / "latest").glob("step_*"):  # as if killed before it was copied there
+        shutil.rmtree(durable)
+    (run / "summary.json").unlink()
+    shutil.rmtree(source)
+    assert main(["resume", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"Resuming {run} from step_00000002 (iteration 2)." in out.splitlines(), out
+    assert "Started from" not in out

@@ -104,15 +104,17 @@ def test_too_few_steps_and_a_config_mistake_are_refused_before_any_run(capsys):
     assert "trainer.max_epoch: unknown field; did you mean 'max_epochs'?" in capsys.readouterr().err
 
 
-def test_every_switch_that_adds_a_handler_or_a_record_resumes_exactly(tmp_path, capsys):
+def test_every_switch_that_adds_a_handler_or_a_record_resumes_exactly(tmp_path, capsys, mlp_run):
     """Each config switch that adds a handler or a record, all at once, resumes bit for bit past an epoch's end.
 
     A named evaluation every 10 iterations, histograms every 10, a fast checkpoint tier, bf16-mixed precision and the
-    hparams record: a new record or handler among them that does not resume exactly fails here.
+    hparams record, in a fine-tuning run (``init:``, a new head): a new record or handler among them that does not
+    resume exactly fails here.
     """
     config = tmp_path / "switches.yaml"
     config.write_text(
         "model: {name: mlp}\n"
+        f"init: {{source: {mlp_run}, fresh: [params.Dense_1]}}\n"
         "trainer: {precision: bf16-mixed}\n"
         f"handlers: {{histograms: 10, hparams: true, checkpoint: {{fast_dir: {tmp_path / 'fast'}}}}}\n"
         "evaluations: {noisy: {noise: 0.3, every_iters: 10}}\n"

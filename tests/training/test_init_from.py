@@ -175,7 +175,7 @@ def test_a_source_that_is_not_one_is_named(tmp_path):
     said = f"`source` {nothing} is neither a .msgpack or .safetensors file nor a folder of checkpoints or a run."
     with pytest.raises(FileNotFoundError, match=re.escape(said)):
         init_from(new_state(), nothing)
-    with pytest.raises(FileNotFoundError, match=re.escape(f"No valid checkpoint in {tmp_path}.")):
+    with pytest.raises(FileNotFoundError, match=re.escape(f"{tmp_path} holds no valid checkpoint.")):
         init_from(new_state(), tmp_path)
 
 
@@ -202,8 +202,7 @@ def test_a_checkpoint_missing_a_file_is_refused_and_a_relative_source_is_read(ml
     assert report.source == "run/checkpoints/latest/step_00000022"  # as it was named
     info = open_store(copy / "checkpoints" / "latest").latest()
     (info.path / "state.msgpack").unlink()
-    latest = copy / "checkpoints" / "latest"
-    with pytest.raises(FileNotFoundError, match=re.escape(f"No valid checkpoint in {latest}.")):
+    with pytest.raises(FileNotFoundError, match=re.escape("run/checkpoints/latest holds no valid checkpoint.")):
         init_from(new_state(10), "run")
     with pytest.raises(ValueError, match=re.escape("state.msgpack")):
         init_from(new_state(10), info.path)
@@ -229,3 +228,23 @@ def test_an_orbax_checkpoint_cut_short_is_refused_naming_it(tmp_path, damage):
         (path / "_METADATA").unlink()
     with pytest.raises(ValueError, match=re.escape(f"{path} is not a whole Orbax checkpoint of arrays (")):
         init_from(target, path)
+
+
+def test_a_checkpoint_of_two_trainers_is_read_from_the_one_name_names(tmp_path):
+    """A distillation run's checkpoint holds a student and a teacher: ``name`` picks one; without it, both named."""
+    import jax.numpy as jnp
+
+    from ember.handlers import Checkpoint
+
+    def trainer_of(value):
+        state = TrainState.create(lambda p, x: x * p["w"], {"w": jnp.full(3, value)}, optax.sgd(0.1))
+        return create_trainer(state, lambda model, batch: model(batch).mean())
+
+    student, teacher = trainer_of(1.0), trainer_of(2.0)
+    Checkpoint({"student": student, "teacher": teacher}, tmp_path, background=False).save_now(student)
+    target = TrainState.create(lambda p, x: x * p["w"], {"w": jnp.zeros(3)}, optax.adam(0.1))
+    with pytest.raises(ValueError, match=re.escape("holds the objects ['student', 'teacher']; name the one to read")):
+        init_from(target, tmp_path)
+    state, report = init_from(target, tmp_path, name="teacher")
+    assert (state.params["w"].tolist(), report.loaded) == ([2.0, 2.0, 2.0], ["params.w"])
+    assert init_from(target, tmp_path, name="student")[0].params["w"].tolist() == [1.0, 1.0, 1.0]

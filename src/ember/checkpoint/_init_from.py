@@ -182,8 +182,7 @@ def _read(path: Path, checkpoint: str | int, name: str | None) -> tuple[dict[str
         store = open_store(path.parent)
         info = store.verify(path, full=True)
     else:
-        store = open_store(_store_folder(path, checkpoint))
-        info = _pick(store, checkpoint)
+        store, info = chosen(path, checkpoint)
     tree, info = store.restore(None, info)
     shown = info.path  # as the caller named it (a store makes its folder absolute)
     if info.path.is_relative_to(path.resolve()):
@@ -231,27 +230,43 @@ def _read_orbax(path: Path) -> dict[str, Any]:
     return {name: np.asarray(leaf) for name, leaf in traverse_util.flatten_dict(restored, sep=".").items()}
 
 
-def _store_folder(path: Path, checkpoint: str | int) -> Path:
-    """A run folder's ``checkpoints/latest`` (``checkpoints/best`` for ``"best"``); any other folder as it is."""
-    if (path / "checkpoints").is_dir():
-        return path / "checkpoints" / ("best" if checkpoint == "best" else "latest")
-    return path
+def chosen(path: Path, checkpoint: str | int) -> tuple[Any, Any]:
+    """The store and the checkpoint that ``checkpoint`` names in ``path``: a run folder, or a folder of checkpoints.
+
+    ``"latest"``: the newest valid one (a run's in ``checkpoints/latest``); ``"best"``: the one its ``Checkpoint``
+    recorded the highest score for (a run's in ``checkpoints/best``; Ignite's priority, higher is better); a step:
+    that step's (a run's from either folder). ``ember eval``, ``ember export`` and ``init_from`` choose by it.
+
+    Examples:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from ember.checkpoint._init_from import chosen
+        >>> chosen(Path(tempfile.mkdtemp()) / "run", "latest")
+        Traceback (most recent call last):
+        FileNotFoundError: .../run holds no valid checkpoint.
+    """
+    from ember.checkpoint._orbax import open_store
+
+    run = path / "checkpoints"
+    kinds = ("latest", "best") if checkpoint not in ("latest", "best") else (str(checkpoint),)
+    folders = [run / kind for kind in kinds] if run.is_dir() or (path / "config.yaml").is_file() else [path]
+    found = [(store, info) for store in (open_store(f) for f in folders if f.is_dir()) for info in store.checkpoints()]
+    if checkpoint in ("latest", "best"):
+        if not found:
+            raise FileNotFoundError(f"{folders[0]} holds no valid checkpoint.")
+        if checkpoint == "latest":
+            return found[-1]
+        return max(found, key=lambda f: (_recorded(f[1]).get("priority", float("-inf")), f[1].step))
+    held = [(store, info) for store, info in found if str(info.step) == str(checkpoint)]
+    if not held:
+        steps = sorted({info.step for _, info in found})
+        raise FileNotFoundError(f"{path} holds no checkpoint of step {checkpoint}; it holds steps {steps}.")
+    return held[0]
 
 
-def _pick(store: Any, checkpoint: str | int) -> Any:
-    """The checkpoint of ``store`` that ``checkpoint`` names: the latest valid, the best recorded, or a step."""
-    found = store.checkpoints()
-    if not found:
-        raise FileNotFoundError(f"No valid checkpoint in {store.root}.")
-    if checkpoint == "latest":
-        return found[-1]
-    if checkpoint == "best":
-        return max(found, key=lambda c: (c.manifest.get("metadata", {}).get("checkpoint") or {}).get("priority", 0))
-    steps = [c for c in found if str(c.step) == str(checkpoint)]
-    if not steps:
-        held = [c.step for c in found]
-        raise FileNotFoundError(f"{store.root} holds no checkpoint of step {checkpoint}; it holds steps {held}.")
-    return steps[-1]
+def _recorded(info: Any) -> dict[str, Any]:
+    """What the ``Checkpoint`` that wrote ``info`` recorded of it (its priority), or nothing."""
+    return info.manifest.get("metadata", {}).get("checkpoint") or {}
 
 
 def _object(tree: Any, name: str | None, where: Path) -> dict[str, Any]:

@@ -226,7 +226,7 @@ def _restored(
     from ember.cli._evaluations.job import EvaluationJob, checkpoint_of
 
     job = EvaluationJob(Path(run_dir), overrides)
-    info = checkpoint_of(job.run, job.cfg, checkpoint)
+    info = checkpoint_of(job.run, checkpoint)
     job.restore(info)
     state = job.trainer.state.train_state
     flat = flatten_tree({part: _pure(getattr(state, part)) for part in TAKES[take]})

@@ -48,10 +48,7 @@ def attach_checkpoints(
         global_step_transform=global_step_from_engine(trainer, Events.ITERATION_COMPLETED),  # the trainer's step
     )
     best.attach(evaluator, Events.COMPLETED)
-    latest_dir: Path | TieredStore = run_dir / "checkpoints" / "latest"
-    fast = fast_tier(config, run_dir)
-    if fast is not None:  # every save into local storage, every k-th and the last into the run folder too
-        latest_dir = TieredStore(fast, latest_dir, durable_every=config.durable_every)
+    latest_dir = latest_store(config, run_dir)
     held = unread_by(run_dir, config.keep_for_watchers) if config.keep_for_watchers else None  # until watchers read
     saved_steps = SavedSteps(run_dir / "checkpoints" / "latest", latest_dir, trainer)  # the steps saved before each
     tiers, carried = _tiers(latest_dir), {KEY: saved_steps, **(carried or {})}
@@ -82,6 +79,17 @@ def fast_tier(config: CheckpointConfig, run_dir: Path) -> Path | None:
     return fast_folder("handlers.checkpoint.fast_dir", config.fast_dir, {"the run folder": run_dir.resolve()})
 
 
+def latest_store(config: CheckpointConfig, run_dir: Path) -> Path | TieredStore:
+    """Where the run's latest checkpoints go: ``checkpoints/latest``, or with ``fast_dir`` a `TieredStore` over it.
+
+    With a fast tier, every save goes into local storage and every ``durable_every``-th and the last into the run
+    folder too.
+    """
+    latest = run_dir / "checkpoints" / "latest"
+    fast = fast_tier(config, run_dir)
+    return latest if fast is None else TieredStore(fast, latest, durable_every=config.durable_every)
+
+
 def _tiers(latest: Path | TieredStore) -> tuple[Any, ...]:
     """The stores the run's latest checkpoints are in, as they stand (none for a run folder without any)."""
     if isinstance(latest, TieredStore):
@@ -96,16 +104,20 @@ def close_stores(*savers: Checkpoint) -> None:
             saver.store.close()
 
 
-def start_from(init: InitConfig | None, trainer: Any, run_dir: Path) -> Any:
+def start_from(init: InitConfig | None, trainer: Any, run_dir: Path, config: CheckpointConfig) -> Any:
     """``init:``: the source's weights put into ``trainer``'s state at the run's first launch; the report, or ``None``.
 
-    A run whose ``checkpoints/latest`` holds a checkpoint is a relaunch: it resumes from its own newest checkpoint and
-    the source is not read again (it may be gone by then). A source that does not fit raises, before anything of the
-    run is written. The report (`ember.checkpoint.InitReport`) is written to ``RUN_DIR/init.json`` by the caller.
+    A run with a checkpoint of its own (in ``checkpoints/latest``, or only in its fast tier so far) is a relaunch: it
+    resumes from its own newest checkpoint and the source is not read again (it may be gone by then). A source that
+    does not fit raises, before anything of the run is written. The report (`ember.checkpoint.InitReport`) is written
+    to ``RUN_DIR/init.json`` by the caller.
     """
-    latest = run_dir / "checkpoints" / "latest"
-    if init is None or (latest.is_dir() and open_store(latest).latest() is not None):
+    if init is None:
         return None
+    if (run_dir / "checkpoints" / "latest").is_dir():  # saved before? every process asks its tiers together
+        store = latest_store(config, run_dir)
+        if (store if isinstance(store, TieredStore) else open_store(store)).latest() is not None:
+            return None
     from ember.checkpoint import init_from
 
     state, report = init_from(

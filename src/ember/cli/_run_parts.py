@@ -102,7 +102,8 @@ def build_engines(cfg: Config, run_dir: Path, source: str | Path | None, console
     steps_per_epoch, schedule = learning_rates(cfg, data)
     check_labels(cfg.data, data, build_model(cfg.model, cfg.trainer.seed), sample, cfg.model.name)
     trainer = build_trainer(cfg, sample, schedule)
-    started = start_from(cfg.init, trainer, run_dir)  # another run's weights, at this run's first launch
+    # another run's weights, at this run's first launch
+    started = start_from(cfg.init, trainer, run_dir, cfg.handlers.checkpoint)
     relaunched = (run_dir / "config.yaml").exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     if console.primary:

@@ -8,7 +8,6 @@ from typing import Any, TextIO
 
 from ember.cli._classifier import build_trainer, learning_rates, predict
 from ember.cli._evaluations.sections import build_evaluations, classifier_evaluator
-from ember.cli._schema import Config
 
 
 def evaluate_run(
@@ -27,7 +26,7 @@ def evaluate_run(
     from ember.writers import JsonlWriter
 
     job = EvaluationJob(run_dir, overrides)
-    info = checkpoint_of(job.run, job.cfg, checkpoint)
+    info = checkpoint_of(job.run, checkpoint)
     metrics = job.evaluate(info, stream)
     import jax
 
@@ -83,24 +82,10 @@ class EvaluationJob:
         return metrics
 
 
-def checkpoint_of(run: Path, cfg: Config, which: str) -> Any:
-    """The checkpoint ``which`` (``latest``, ``best``, or a step) names in the run folder ``run``."""
-    from ember.checkpoint import open_store
+def checkpoint_of(run: Path, which: str) -> Any:
+    """The checkpoint ``which`` (``latest``, ``best``, or a step) names in the run folder ``run`` (`chosen`'s)."""
+    from ember.checkpoint._init_from import chosen
 
-    folders = {kind: run / "checkpoints" / kind for kind in ("latest", "best")}
-    stores = {kind: open_store(folder) for kind, folder in folders.items() if folder.is_dir()}
-    if which == "latest" or which == "best":
-        store = stores.get(which)
-        found = None
-        if store is not None:
-            found = store.latest() if which == "latest" else store.best(f"{cfg.handlers.checkpoint.best_on}_accuracy")
-        if found is None:
-            raise FileNotFoundError(f"{folders[which]} holds no valid checkpoint.")
-        return found
-    if not which.isdigit():
+    if which not in ("latest", "best") and not which.isdigit():
         raise ValueError(f"`--checkpoint` must be latest, best or a step (an int), got {which!r}.")
-    held = [info for store in stores.values() for info in store.checkpoints() if info.step == int(which)]
-    if not held:
-        steps = sorted({info.step for store in stores.values() for info in store.checkpoints()})
-        raise FileNotFoundError(f"{run} holds no checkpoint of step {which}; it holds steps {steps}.")
-    return held[0]
+    return chosen(run, which)[1]
