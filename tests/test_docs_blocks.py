@@ -76,6 +76,7 @@ done = lambda state: state.iteration >= 12  # noqa: E731
 #: Every block that is not run here, by page and index, with the reason its page gives.
 NOT_RUN = {
     ("cli.md", 1): "needs the run folder and the file above",
+    ("cli.md", 2): "needs the run folder, its model's module and the file above",
     ("concepts/distributed.md", 0): "several processes",
     ("concepts/distributed.md", 1): "several processes",
     ("concepts/distributed.md", 2): "several processes",

@@ -88,6 +88,28 @@ def test_an_nnx_module_trains_and_every_command_serves_it(models, capsys):
         assert leaf in listed, listed
     assert main(["plan", str(config)]) == 0
     assert re.search(r"^needs [\d.]+ [KM]iB per device", capsys.readouterr().out, re.M)
+    assert main(["export", str(models / "a"), str(models / "w.msgpack"), "--take", "model"]) == 0
+    assert _exported_accuracy(models / "w.msgpack") == float(accuracy)  # the weights out score as the run did
+
+
+def _exported_accuracy(path):
+    """An NNX module of the user's, filled from ``ember export``'s file as the docs show, on the validation set."""
+    import mymodels  # type: ignore[import-not-found]  # written by the test
+    from flax import nnx, serialization
+
+    from ember.cli import load_config
+    from ember.cli._registry import build_data
+
+    weights = serialization.msgpack_restore(path.read_bytes())
+    model = mymodels.NnxCNN(hidden=16, rngs=nnx.Rngs(0))
+    for kind, part in ((nnx.Param, "params"), (nnx.BatchStat, "model_state")):  # the RNG streams left as they are
+        state = nnx.state(model, kind)
+        nnx.replace_by_pure_dict(state, {name: value for name, value in weights[part].items() if name in state})
+        nnx.update(model, state)
+    model.eval()
+    _, val, _ = build_data(load_config({}).data)
+    batch = next(iter(val))
+    return round(float(np.mean(np.argmax(model(batch["x"]), -1) == batch["y"])), 4)
 
 
 def test_an_nnx_module_resumes_bit_for_bit(models, capsys):
