@@ -241,3 +241,33 @@ def test_a_sigkill_during_the_write_leaves_the_old_file_and_the_next_export_clea
     export_weights(mlp_run, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.msgpack", "writing"]
     assert serialization.msgpack_restore(out.read_bytes())["params"]["Dense_1"]["bias"].shape == (10,)
+
+
+def test_a_run_keeping_a_moving_average_is_judged_by_it_and_exports_it(mlp_run, tmp_path, capsys):
+    """optimizer.ema: the validations score the average; --ema writes it, which scores as ember eval says."""
+    from ember.cli._config import ConfigError
+
+    run = tmp_path / "run"
+    args = ["model.name=mlp", "optimizer.ema=0.2", "trainer.max_epochs=1", "handlers.progress=false"]
+    assert main(["train", *args, f"--output={run}"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0
+    said = capsys.readouterr().out.splitlines()[-1]
+    for ema in (True, False):
+        out = tmp_path / f"{ema}.msgpack"
+        assert main(["export", str(run), str(out), *(["--ema"] if ema else [])]) == 0
+        weights = serialization.msgpack_restore(out.read_bytes())["params"]
+        _, val, _ = build_data(load_config({}).data)
+        batch = next(iter(val))
+        accuracy = float(np.mean(np.argmax(MLP().apply({"params": weights}, batch["x"]), -1) == batch["y"]))
+        assert (f"val/accuracy {accuracy:.4f}" in said) == ema, (said, accuracy)  # the average, not the last step's
+    saved, _ = stored(run)
+    exported = serialization.msgpack_restore((tmp_path / "True.msgpack").read_bytes())["params"]
+    np.testing.assert_array_equal(exported["Dense_0"]["kernel"], saved["opt_state.ema.Dense_0.kernel"])
+    capsys.readouterr()
+    assert main(["export", str(mlp_run), str(tmp_path / "w.msgpack"), "--ema"]) == 2
+    assert capsys.readouterr().err == (
+        f"ember: error: `--ema`: {mlp_run} keeps no moving average of its parameters (its optimizer.ema is null).\n"
+    )
+    with pytest.raises(ConfigError, match=re.escape("optimizer.ema: expected a number in (0, 1) (or null for none)")):
+        load_config({"optimizer": {"ema": 1.5}})

@@ -108,12 +108,13 @@ def test_every_switch_that_adds_a_handler_or_a_record_resumes_exactly(tmp_path, 
     """Each config switch that adds a handler or a record, all at once, resumes bit for bit past an epoch's end.
 
     A named evaluation every 10 iterations, histograms every 10, a fast checkpoint tier, bf16-mixed precision and the
-    hparams record, in a fine-tuning run (``init:``, a new head): a new record or handler among them that does not
-    resume exactly fails here.
+    hparams record, in a fine-tuning run (``init:``, a new head) keeping a moving average of its parameters: a new
+    record or handler among them that does not resume exactly fails here.
     """
     config = tmp_path / "switches.yaml"
     config.write_text(
         "model: {name: mlp}\n"
+        "optimizer: {ema: 0.05}\n"
         f"init: {{source: {mlp_run}, fresh: [params.Dense_1]}}\n"
         "trainer: {precision: bf16-mixed}\n"
         f"handlers: {{histograms: 10, hparams: true, checkpoint: {{fast_dir: {tmp_path / 'fast'}}}}}\n"

@@ -167,6 +167,7 @@ def export_weights(
     take: str = "params",
     overrides: Sequence[str] = (),
     format: str | None = None,
+    ema: bool = False,
 ) -> str:
     """Write the weights of a run's checkpoint to ``output``; return the line ``ember export`` prints.
 
@@ -177,7 +178,8 @@ def export_weights(
     reads it back as nested dicts, ``{"params": {...}}``, what a linen module's ``apply`` takes), ``.safetensors``
     (flat keys named as ``ember inspect`` names them, ``params.Dense_0.kernel``; the optional ``safetensors``
     package, in the ``export`` extra), or ``format="orbax"``: an Orbax checkpoint folder of the same nested dicts
-    (``orbax.checkpoint.StandardCheckpointer().restore(output)`` reads it). A file is written whole or not at all (a
+    (``orbax.checkpoint.StandardCheckpointer().restore(output)`` reads it). ``ema`` writes the moving average of the
+    parameters a run with ``optimizer.ema`` keeps, in their place. A file is written whole or not at all (a
     temporary file, fsynced, renamed over ``output``); an Orbax folder is committed by Orbax, and never over one that
     exists.
 
@@ -210,16 +212,19 @@ def export_weights(
         raise ValueError(f"OUTPUT {target} is a folder; name the file to write.")
     if not target.parent.is_dir():
         raise FileNotFoundError(f"OUTPUT's folder {target.parent} does not exist.")
-    flat, info = _restored(run_dir, checkpoint, take, overrides)
+    flat, info = _restored(run_dir, checkpoint, take, overrides, ema)
     _write(flat, kind, target)
     values = sum(int(np.size(v)) for v in flat.values())
     return f"{info.path.name} (iteration {info.step}): {len(flat)} arrays, {values:,} values -> {target}"
 
 
 def _restored(
-    run_dir: str | os.PathLike[str], checkpoint: str, take: str, overrides: Sequence[str]
+    run_dir: str | os.PathLike[str], checkpoint: str, take: str, overrides: Sequence[str], ema: bool
 ) -> tuple[dict[str, np.ndarray], Any]:
-    """The parts ``take`` names of the checkpoint's train state, as ``{name: host array}``, and the checkpoint."""
+    """The parts ``take`` names of the checkpoint's train state as ``{name: host array}``, and the checkpoint.
+
+    With ``ema``, the moving average of the parameters stands as its parameters.
+    """
     import jax
 
     from ember._flat_tree import flatten_tree
@@ -227,8 +232,14 @@ def _restored(
 
     job = EvaluationJob(Path(run_dir), overrides)
     info = checkpoint_of(job.run, checkpoint)
+    if ema and job.cfg.optimizer.ema is None:
+        raise ValueError(f"`--ema`: {run_dir} keeps no moving average of its parameters (its optimizer.ema is null).")
     job.restore(info)
     state = job.trainer.state.train_state
+    if ema:
+        from ember.training import ema_params
+
+        state = state.replace(params=ema_params(state))
     flat = flatten_tree({part: _pure(getattr(state, part)) for part in TAKES[take]})
     return {name: np.asarray(jax.device_get(leaf)) for name, leaf in flat.items()}, info
 

@@ -185,6 +185,7 @@ def _add_reading_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p_export.add_argument(
         "--take", choices=("params", "model"), default="params", help="params (default), or model: its state too"
     )
+    p_export.add_argument("--ema", action="store_true", help="the parameters' moving average (optimizer.ema)")
     p_inspect = sub.add_parser("inspect", parents=[common], help="print what a checkpoint holds")
     p_inspect.add_argument("checkpoint", help="a checkpoint folder, or a folder of checkpoints (its latest)")
     p_goodput = sub.add_parser(
@@ -334,7 +335,7 @@ def _export(args: argparse.Namespace) -> str:
     bad = [item for item in args.overrides if "=" not in item]
     if bad:
         raise ConfigError(f"ember export takes RUN_DIR OUTPUT then KEY=VALUE overrides; {bad[0]!r} is not one.")
-    return export_weights(args.run_dir, args.output, args.checkpoint, args.take, args.overrides, args.format)
+    return export_weights(args.run_dir, args.output, args.checkpoint, args.take, args.overrides, args.format, args.ema)
 
 
 def _goodput(args: argparse.Namespace) -> str:

@@ -17,6 +17,7 @@ from flax import linen as nn
 from ember._extras import missing, require
 from ember.cli._config import ConfigError, config_error, suggest
 from ember.cli._schema import DataConfig, ModelConfig, OptimizerConfig, TrainerConfig
+from ember.training import ema
 
 
 class DigitsCNN(nn.Module):
@@ -185,7 +186,7 @@ def build_schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
 
 
 def build_optimizer(config: OptimizerConfig, schedule: optax.Schedule | None) -> optax.GradientTransformation:
-    """The optax optimizer: gradient clipping (if set), then the named update rule.
+    """The optax optimizer: gradient clipping (if set), then the named update rule; with ``ema``, an average kept.
 
     With ``schedule=None`` the rule's learning rate is an ``optax.inject_hyperparams`` hyperparameter, starting
     at ``config.learning_rate`` (what ``ember lr-find`` sets step by step).
@@ -201,7 +202,8 @@ def build_optimizer(config: OptimizerConfig, schedule: optax.Schedule | None) ->
         rule = optax.inject_hyperparams(make)(learning_rate=config.learning_rate, **kwargs)
     else:
         rule = make(schedule, **kwargs)
-    return optax.chain(optax.clip_by_global_norm(config.clip_norm), rule) if config.clip_norm else rule
+    tx = optax.chain(optax.clip_by_global_norm(config.clip_norm), rule) if config.clip_norm else rule
+    return tx if config.ema is None else ema(tx, momentum=config.ema)
 
 
 def load_data(config: DataConfig) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

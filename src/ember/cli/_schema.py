@@ -43,6 +43,10 @@ class OptimizerConfig:
     weight_decay: Annotated[float, Rule("a number >= 0", lambda v: v >= 0)] = 1e-4
     clip_norm: Annotated[float, Rule("a positive number (or null for no clipping)", lambda v: v > 0)] | None = 1.0
     momentum: Annotated[float, Rule("a number in [0, 1)", lambda v: 0 <= v < 1)] = 0.9
+    #: keep an exponential moving average of the parameters (``ember.training.ema``), moving by this much each step
+    #: (0.001: a decay of 0.999); the validations and the best checkpoints then judge the average, and ``ember
+    #: export --ema`` writes it
+    ema: Annotated[float, Rule("a number in (0, 1) (or null for none)", lambda v: 0 < v < 1)] | None = None
 
 
 @dataclass

@@ -30,8 +30,17 @@ def build_evaluations(cfg: Config, trainer: Any, val: Any, predict: Any) -> Extr
 
 
 def classifier_evaluator(cfg: Config, trainer: Any, predict: Any) -> Any:
-    """An evaluator of ``trainer``'s model with the run's placement and precision: its accuracy and loss."""
-    evaluator = create_evaluator(trainer, predict, placement=trainer.placement, precision=cfg.trainer.precision)
+    """An evaluator of ``trainer``'s model with the run's placement and precision: its accuracy and loss.
+
+    With ``optimizer.ema``, it evaluates the parameters' moving average.
+    """
+    evaluator = create_evaluator(
+        trainer,
+        predict,
+        placement=trainer.placement,
+        precision=cfg.trainer.precision,
+        use_ema=cfg.optimizer.ema is not None,
+    )
     Accuracy().attach(evaluator, "accuracy")
     Loss(optax.softmax_cross_entropy_with_integer_labels).attach(evaluator, "loss")
     return evaluator
