@@ -303,6 +303,13 @@ def _rows_checks() -> dict[str, object]:
         "`Checkpoint.load_objects(to_load, checkpoint)`": lambda: accepts(
             handlers.Checkpoint.load_objects, to_load={}, checkpoint="dir"
         ),
+        "`Checkpoint.load_objects(to_load, checkpoint, strict=False)` (transfer learning)": lambda: (
+            accepts(handlers.Checkpoint.load_objects, to_load={}, checkpoint="dir", strict=False),
+            _tested_by(
+                "handlers/test_checkpoint_ignite.py",
+                "test_strict_false_loads_the_shared_arrays_keeps_the_rest_and_warns_of_both",
+            )(),
+        ),
         "`Checkpoint.SAVED_CHECKPOINT`, `CheckpointEvents`, a `Checkpoint` added on "
         "`Events.EXCEPTION_RAISED`": lambda: (
             (handlers.Checkpoint.SAVED_CHECKPOINT is handlers.CheckpointEvents.SAVED_CHECKPOINT)
