@@ -163,10 +163,25 @@ FRESH = "`fresh` must be a list of names of the target's subtrees, got the strin
         ({"take": "weights"}, ValueError, TAKE),
         ({"fresh": "params.Dense_1"}, TypeError, FRESH),
         ({"name": "model"}, ValueError, "step_00000022 holds no object 'model'; it holds ['trainer']."),
+        (
+            {"rename": {"^params[.]encoder": "params.body"}},
+            ValueError,
+            "`rename` rule '^params[.]encoder' matches no name of {latest} (its names: params.Dense_0.bias, "
+            "params.Dense_0.kernel, params.Dense_1.bias, params.Dense_1.kernel, ... (16 in all)).",
+        ),
+        ({"rename": {"params[": "x"}}, ValueError, "`rename` rule 'params[' is not a regular expression ("),
+        (
+            {"fresh": ["params.head"]},
+            ValueError,
+            "`fresh` names 'params.head', which is no leaf or subtree of the target (its names: params.Dense_0.bias, "
+            "params.Dense_0.kernel, params.Dense_1.bias, params.Dense_1.kernel, ... (6 in all)).",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_by_name(mlp_run, kwargs, error, message):
-    with pytest.raises(error, match=re.escape(message) + "$"):
+    latest = mlp_run / "checkpoints" / "latest" / "step_00000022"
+    said = re.escape(message.format(latest=latest))
+    with pytest.raises(error, match=said + ("" if message.endswith("(") else "$")):
         init_from(new_state(10), mlp_run, **kwargs)
 
 

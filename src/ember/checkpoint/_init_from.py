@@ -105,15 +105,22 @@ def init_from(
         raise ValueError(f"`take` must be one of {sorted(TAKES)}, got {take!r}.")
     if isinstance(fresh, str):
         raise TypeError(f"`fresh` must be a list of names of the target's subtrees, got the string {fresh!r}.")
-    rules = [(re.compile(pattern), replacement) for pattern, replacement in (rename or {}).items()]
+    rules = [(_pattern(pattern), replacement) for pattern, replacement in (rename or {}).items()]
+    flat = flatten_tree(target)
+    _check_fresh(fresh, [_plain(n) for n in flat])
     found, where = _read(Path(source), checkpoint, name)
     source_flat: dict[str, Any] = {}
+    matched: set[str] = set()
     for original, leaf in found.items():
         renamed = _plain(original)
         for pattern, replacement in rules:
-            renamed = pattern.sub(replacement, renamed)
+            if pattern.search(renamed):
+                matched.add(pattern.pattern)
+                renamed = pattern.sub(replacement, renamed)
         source_flat[renamed] = leaf
-    flat = flatten_tree(target)
+    unmatched = [p.pattern for p, _ in rules if p.pattern not in matched]
+    if unmatched:
+        raise ValueError(f"`rename` rule {unmatched[0]!r} matches no name of {where} ({_some(found)}).")
     report, out, problems = InitReport(where), dict(flat), []
     used: set[str] = set()
     for leaf_name, leaf in flat.items():
@@ -146,6 +153,27 @@ def init_from(
         )
     report.unused = sorted(n for n in source_flat if n not in used and any(n.startswith(p) for p in TAKES[take]))
     return unflatten_like(target, out), report
+
+
+def _pattern(pattern: str) -> re.Pattern[str]:
+    """A ``rename`` rule's regular expression, compiled; one that is not one is named."""
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"`rename` rule {pattern!r} is not a regular expression ({e}).") from None
+
+
+def _check_fresh(fresh: Sequence[str], names: list[str]) -> None:
+    """Each of ``fresh`` must name a leaf or a subtree of the target (``names``, its leaves)."""
+    for subtree in fresh:
+        if not any(n == subtree or n.startswith(f"{subtree}.") for n in names):
+            raise ValueError(f"`fresh` names {subtree!r}, which is no leaf or subtree of the target ({_some(names)}).")
+
+
+def _some(names: Any) -> str:
+    """A few of ``names`` for a message, the parameters' first: ``its names: a, b, c, ... (12 in all)``."""
+    listed = sorted((_plain(n) for n in names), key=lambda n: (not n.startswith("params."), n))
+    return f"its names: {', '.join(listed[:4])}{', ...' if len(listed) > 4 else ''} ({len(listed)} in all)"
 
 
 def _plain(name: str) -> str:
