@@ -176,7 +176,9 @@ def _add_reading_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         "export", parents=[common], help="write the weights of a checkpoint of RUN_DIR: msgpack, safetensors, orbax"
     )
     p_export.add_argument("run_dir")
-    p_export.add_argument("output", help="the file: .msgpack (Flax's) or .safetensors (its extension picks)")
+    p_export.add_argument(
+        "output", help="the file: .msgpack (Flax's) or .safetensors, by its extension; a new folder with --format orbax"
+    )
     p_export.add_argument(
         "--format", choices=("msgpack", "safetensors", "orbax"), help="the format (default: OUTPUT's extension)"
     )
