@@ -109,18 +109,7 @@ def init_from(
     flat = flatten_tree(target)
     _check_fresh(fresh, [_plain(n) for n in flat])
     found, where = _read(Path(source), checkpoint, name)
-    source_flat: dict[str, Any] = {}
-    matched: set[str] = set()
-    for original, leaf in found.items():
-        renamed = _plain(original)
-        for pattern, replacement in rules:
-            if pattern.search(renamed):
-                matched.add(pattern.pattern)
-                renamed = pattern.sub(replacement, renamed)
-        source_flat[renamed] = leaf
-    unmatched = [p.pattern for p, _ in rules if p.pattern not in matched]
-    if unmatched:
-        raise ValueError(f"`rename` rule {unmatched[0]!r} matches no name of {where} ({_some(found)}).")
+    source_flat = _renamed(found, rules, where)
     report, out, problems = InitReport(where), dict(flat), []
     used: set[str] = set()
     for leaf_name, leaf in flat.items():
@@ -153,6 +142,23 @@ def init_from(
         )
     report.unused = sorted(n for n in source_flat if n not in used and any(n.startswith(p) for p in TAKES[take]))
     return unflatten_like(target, out), report
+
+
+def _renamed(found: dict[str, Any], rules: list[tuple[re.Pattern[str], str]], where: str) -> dict[str, Any]:
+    """The source's leaves by their names after ``rules``; a rule that matches no name is refused, naming it."""
+    out: dict[str, Any] = {}
+    matched: set[str] = set()
+    for original, leaf in found.items():
+        renamed = _plain(original)
+        for pattern, replacement in rules:
+            if pattern.search(renamed):
+                matched.add(pattern.pattern)
+                renamed = pattern.sub(replacement, renamed)
+        out[renamed] = leaf
+    unmatched = [p.pattern for p, _ in rules if p.pattern not in matched]
+    if unmatched:
+        raise ValueError(f"`rename` rule {unmatched[0]!r} matches no name of {where} ({_some(found)}).")
+    return out
 
 
 def _pattern(pattern: str) -> re.Pattern[str]:
