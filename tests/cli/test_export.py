@@ -271,3 +271,13 @@ def test_a_run_keeping_a_moving_average_is_judged_by_it_and_exports_it(mlp_run, 
     )
     with pytest.raises(ConfigError, match=re.escape("optimizer.ema: expected a number in (0, 1) (or null for none)")):
         load_config({"optimizer": {"ema": 1.5}})
+
+
+def test_format_names_the_format_of_a_file_whatever_its_extension(mlp_run, tmp_path, capsys):
+    """--format safetensors into ``weights.bin``: a safetensors file of the checkpoint's parameters."""
+    from safetensors.numpy import load_file
+
+    out = tmp_path / "weights.bin"
+    assert main(["export", str(mlp_run), str(out), "--format", "safetensors"]) == 0
+    assert capsys.readouterr().out == f"step_00000022 (iteration 22): 4 arrays, 9,610 values -> {out}\n"
+    np.testing.assert_array_equal(load_file(out)["params.Dense_0.kernel"], stored(mlp_run)[0]["params.Dense_0.kernel"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -203,7 +203,7 @@ def _placed(array: np.ndarray, like: Any) -> Any:
 def _read(path: Path, checkpoint: str | int, name: str | None) -> tuple[dict[str, Any], str]:
     """The source's leaves by name, and what was read (a file, or a checkpoint's folder)."""
     if path.suffix in (".msgpack", ".safetensors") and path.is_file():
-        return _read_file(path), str(path)
+        return _read_weights(path), str(path)
     if not path.is_dir():
         raise FileNotFoundError(
             f"`source` {path} is neither a .msgpack or .safetensors file nor a folder of checkpoints or a run."
@@ -211,7 +211,9 @@ def _read(path: Path, checkpoint: str | int, name: str | None) -> tuple[dict[str
     from ember.checkpoint._orbax import open_store
 
     if not (path / "manifest.json").is_file() and (path / "_CHECKPOINT_METADATA").is_file():
-        return _read_orbax(path), str(path)  # one checkpoint written by Orbax itself (``ember export --format orbax``)
+        return _read_weights(path), str(
+            path
+        )  # one checkpoint written by Orbax itself (``ember export --format orbax``)
     if (path / "manifest.json").is_file():  # one checkpoint
         store = open_store(path.parent)
         info = store.verify(path, full=True)
@@ -224,44 +226,46 @@ def _read(path: Path, checkpoint: str | int, name: str | None) -> tuple[dict[str
     return _object(tree, name, info.path), str(shown)
 
 
-def _read_file(path: Path) -> dict[str, Any]:
-    """A ``.msgpack`` or ``.safetensors`` file's arrays by name; one that does not decode (truncated, altered) named."""
-    if path.suffix == ".safetensors":
-        from ember._extras import require
+def _read_weights(path: Path) -> dict[str, Any]:
+    """The arrays by name of a ``.msgpack`` or ``.safetensors`` file, or of a folder Orbax wrote, on the host.
 
-        require("safetensors.numpy", feature="init_from a .safetensors file", package="safetensors", extra="export")
-    from flax import serialization, traverse_util
-
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.numpy import load_file
-
-            return dict(load_file(path))
-        restored = serialization.msgpack_restore(path.read_bytes())
-    except Exception as e:  # each library's own error for a file cut short or changed
-        raise ValueError(f"{path} is not a whole {path.suffix} file of arrays ({e}).") from e
-    if not isinstance(restored, dict):
-        raise ValueError(f"{path} holds a {type(restored).__name__}, not a dict of arrays.")
-    return traverse_util.flatten_dict(restored, sep=".")
-
-
-def _read_orbax(path: Path) -> dict[str, Any]:
-    """An Orbax checkpoint's arrays by name, on the host; one Orbax cannot read (truncated, altered) named."""
-    from ember._extras import require
-
-    ocp = require(
-        "orbax.checkpoint", feature="init_from an Orbax checkpoint", package="orbax-checkpoint", extra="orbax"
-    )
+    One its library cannot read (truncated, its metadata gone) is named; none of them has checksums to catch an array
+    altered inside.
+    """
     from flax import traverse_util
 
     try:
-        with ocp.StandardCheckpointer() as checkpointer:
-            restored = checkpointer.restore(path.resolve())
-    except Exception as e:  # Orbax's and TensorStore's own errors for a checkpoint cut short or changed
-        raise ValueError(f"{path} is not a whole Orbax checkpoint of arrays ({type(e).__name__}: {e}).") from e
+        restored = _loader(path)()
+    except Exception as e:  # each library's own error for a file cut short or changed
+        what = "Orbax checkpoint" if path.is_dir() else f"{path.suffix} file"
+        raise ValueError(f"{path} is not a whole {what} of arrays ({type(e).__name__}: {e}).") from e
     if not isinstance(restored, dict):
         raise ValueError(f"{path} holds a {type(restored).__name__}, not a dict of arrays.")
     return {name: np.asarray(leaf) for name, leaf in traverse_util.flatten_dict(restored, sep=".").items()}
+
+
+def _loader(path: Path) -> Callable[[], Any]:
+    """What reads ``path``'s arrays, its library imported (or the error naming the extra that brings it)."""
+    from ember._extras import require
+
+    if path.is_dir():
+        ocp = require(
+            "orbax.checkpoint", feature="init_from an Orbax checkpoint", package="orbax-checkpoint", extra="orbax"
+        )
+
+        def orbax() -> Any:
+            with ocp.StandardCheckpointer() as checkpointer:
+                return checkpointer.restore(path.resolve())
+
+        return orbax
+    if path.suffix == ".safetensors":
+        safetensors = require(
+            "safetensors.numpy", feature="init_from a .safetensors file", package="safetensors", extra="export"
+        )
+        return lambda: dict(safetensors.load_file(path))
+    from flax import serialization
+
+    return lambda: serialization.msgpack_restore(path.read_bytes())
 
 
 def chosen(path: Path, checkpoint: str | int) -> tuple[Any, Any]:
